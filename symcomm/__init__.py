@@ -1,0 +1,21 @@
+"""symcomm: NCCL symmetric-memory collectives for PyTorch.
+
+    comm = symcomm.Communicator()                  # collective over torch.distributed's WORLD
+    with symcomm.use_symmetric_memory(comm):
+        x = torch.randn(4096, device="cuda")       # lands in a registered NCCL window
+    comm.all_reduce(x, out=x)                      # zero-copy symmetric kernel where it wins
+"""
+from .communicator import Communicator
+from .dispatch import Choice
+from .errors import (ArgumentError, CommClosedError, CommTimeoutError, DtypeError, NcclError,
+                     NcclUnavailableError, PeerMismatchError, SymcommError, SymmetricMemoryError)
+from .memory import use_symmetric_memory
+from . import ops as _ops  # noqa: F401  (registers the torch.library ops)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "DtypeError",
+    "NcclError", "NcclUnavailableError", "PeerMismatchError", "SymcommError", "SymmetricMemoryError",
+    "use_symmetric_memory",
+]

@@ -1,0 +1,1 @@
+"""One module per path a collective can take."""

@@ -1,0 +1,50 @@
+"""What a backend sees of a collective call, and what it must answer."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
+REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter", "reduce_scatterv"})
+
+
+class Call:
+    """One validated collective call. Built per call, so it stays a bag of slots.
+
+    ``inputs[i]`` pairs with ``outputs[i]`` (several only for all_gatherv). ``sizes`` holds
+    per-rank row counts for the v-variants and is None otherwise. ``nbytes`` is the size that
+    selects a path: the tensor for all_reduce, the whole output for gathers, the whole input
+    for reduce-scatters (nccl-tests' convention, so tuning tables read like its output).
+    """
+
+    __slots__ = ("op", "inputs", "outputs", "sizes", "redop", "nbytes", "dtype", "_symmetric")
+
+    def __init__(self, op: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+                 sizes: list[int] | None, redop: str, nbytes: int) -> None:
+        self.op = op
+        self.inputs = inputs
+        self.outputs = outputs
+        self.sizes = sizes
+        self.redop = redop
+        self.nbytes = nbytes
+        self.dtype = inputs[0].dtype
+        self._symmetric: bool | None = None
+
+    @property
+    def even(self) -> bool:
+        """True unless a v-variant has unequal per-rank sizes."""
+        sizes = self.sizes
+        return sizes is None or sizes.count(sizes[0]) == len(sizes)
+
+
+class Backend(Protocol):
+    """One path a collective can take."""
+
+    name: str
+
+    def why_not(self, call: Call) -> str | None:
+        """None if this backend can serve ``call``; otherwise the reason, for people."""
+
+    def run(self, call: Call) -> None:
+        """Enqueue the collective on the current stream (CUDA) or run it (CPU)."""

@@ -1,0 +1,139 @@
+"""Plain NCCL, and NCCL on symmetric windows. One class serves both: they differ only in
+which communicator they enqueue on and in what they require of the tensors.
+
+The symmetric communicator has windows registered; NCCL picks its symmetric kernels there
+when every buffer of the call lies in a window (same offset on every rank). The plain
+communicator has none, so even a symmetric tensor runs NCCL's regular kernels on it, which
+win at large sizes without NVLS (ANCHORS.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .._nccl import REDUCE_OPS, UINT8, Library, reduce_dtype
+from ..errors import DtypeError
+from .base import Call
+
+# Returns the cudaStream_t as an int without building a torch.cuda.Stream (about 1 us saved per
+# call). Absent from CPU builds, where this backend is never constructed.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class NcclBackend:
+    def __init__(self, name: str, nccl: Library, comm: int, rank: int, world_size: int,
+                 device: torch.device, is_symmetric: Callable[[torch.Tensor], bool] | None = None) -> None:
+        self.name = name
+        self._nccl = nccl
+        self._lib = nccl.lib
+        self.comm = comm
+        self._rank = rank
+        self._world = world_size
+        self._device_index = device.index
+        # Only the symmetric backend has a membership test; its presence is what makes
+        # why_not demand windows.
+        self._is_symmetric = is_symmetric
+        self._runners = {
+            "all_reduce": self._all_reduce,
+            "all_gather": self._all_gather,
+            "all_gatherv": self._all_gatherv,
+            "reduce_scatter": self._reduce_scatter,
+            "reduce_scatterv": self._reduce_scatterv,
+        }
+
+    def why_not(self, call: Call) -> str | None:
+        if call.inputs[0].device.type != "cuda":
+            return "tensors are not on a CUDA device"
+        if call.redop is not None:
+            try:
+                reduce_dtype(call.dtype, self._nccl.version)
+            except DtypeError as exc:
+                return str(exc)
+        if self._is_symmetric is None:
+            return None
+        if not call.even:
+            # Uneven rows put each rank's slice at a different offset: a symmetric kernel
+            # would read the wrong peer memory (DESIGN.md, "same offset" rule).
+            return "per-rank sizes are uneven, so window offsets differ between ranks"
+        symmetric = call._symmetric
+        if symmetric is None:
+            check = self._is_symmetric
+            symmetric = all(check(t) for t in call.inputs) and all(check(t) for t in call.outputs)
+            call._symmetric = symmetric
+        if not symmetric:
+            return "input and output are not both in symmetric memory"
+        return None
+
+    def run(self, call: Call) -> None:
+        self._runners[call.op](call, _raw_stream(self._device_index))
+
+    def _ok(self, call: str, code: int) -> None:
+        if code:
+            self._nccl.check(call, code, self.comm)
+
+    def _all_reduce(self, call: Call, stream: int) -> None:
+        x, out = call.inputs[0], call.outputs[0]
+        self._ok("ncclAllReduce", self._lib.ncclAllReduce(
+            x.data_ptr(), out.data_ptr(), x.numel(), reduce_dtype(x.dtype, self._nccl.version),
+            REDUCE_OPS[call.redop], self.comm, stream))
+
+    def _all_gather(self, call: Call, stream: int) -> None:
+        # Byte-moving ops send every dtype (fp8, packed fp4, ...) as uint8.
+        x, out = call.inputs[0], call.outputs[0]
+        self._ok("ncclAllGather", self._lib.ncclAllGather(
+            x.data_ptr(), out.data_ptr(), x.nbytes, UINT8, self.comm, stream))
+
+    def _reduce_scatter(self, call: Call, stream: int) -> None:
+        x, out = call.inputs[0], call.outputs[0]
+        self._ok("ncclReduceScatter", self._lib.ncclReduceScatter(
+            x.data_ptr(), out.data_ptr(), out.numel(), reduce_dtype(x.dtype, self._nccl.version),
+            REDUCE_OPS[call.redop], self.comm, stream))
+
+    def _all_gatherv(self, call: Call, stream: int) -> None:
+        sizes, lib, comm = call.sizes, self._lib, self.comm
+        even = call.even
+        self._ok("ncclGroupStart", lib.ncclGroupStart())
+        try:
+            for x, out in zip(call.inputs, call.outputs):
+                row_bytes = out.nbytes // max(out.shape[0], 1) if out.ndim else 0
+                if even:
+                    code = lib.ncclAllGather(x.data_ptr(), out.data_ptr(), x.nbytes, UINT8, comm, stream)
+                    self._ok("ncclAllGather", code)
+                    continue
+                # One broadcast per root into its slice of the output; every rank knows the
+                # sizes, so every rank skips the same empty roots.
+                offset, base = 0, out.data_ptr()
+                for root, rows in enumerate(sizes):
+                    if rows:
+                        dst = base + offset
+                        src = x.data_ptr() if root == self._rank else dst
+                        code = lib.ncclBroadcast(src, dst, rows * row_bytes, UINT8, root, comm, stream)
+                        self._ok("ncclBroadcast", code)
+                    offset += rows * row_bytes
+        finally:
+            self._ok("ncclGroupEnd", lib.ncclGroupEnd())
+
+    def _reduce_scatterv(self, call: Call, stream: int) -> None:
+        x, out = call.inputs[0], call.outputs[0]
+        dtype = reduce_dtype(x.dtype, self._nccl.version)
+        op = REDUCE_OPS[call.redop]
+        if call.even:
+            self._ok("ncclReduceScatter", self._lib.ncclReduceScatter(
+                x.data_ptr(), out.data_ptr(), out.numel(), dtype, op, self.comm, stream))
+            return
+        row_elems = x.numel() // max(x.shape[0], 1)
+        elem = x.element_size()
+        lib, comm = self._lib, self.comm
+        self._ok("ncclGroupStart", lib.ncclGroupStart())
+        try:
+            offset = 0
+            for root, rows in enumerate(call.sizes):
+                if rows:
+                    src = x.data_ptr() + offset * row_elems * elem
+                    dst = out.data_ptr() if root == self._rank else src
+                    code = lib.ncclReduce(src, dst, rows * row_elems, dtype, op, root, comm, stream)
+                    self._ok("ncclReduce", code)
+                offset += rows
+        finally:
+            self._ok("ncclGroupEnd", lib.ncclGroupEnd())

@@ -1,0 +1,93 @@
+"""torch.distributed over the user's group: the CPU (gloo) path, and the last resort on GPU.
+
+gloo lacks some collectives and dtypes that NCCL has, so the v-variants and reduce-scatters
+are composed from all_gather / all_reduce. That costs bandwidth, which is fine for the path
+whose job is to make the same API work on a laptop and in CI.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .base import Call
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+# fp8 arithmetic is not implemented for CPU tensors in torch.
+_UNREDUCIBLE = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+
+
+class TorchDistBackend:
+    name = "torch"
+
+    def __init__(self, group: dist.ProcessGroup, rank: int, world_size: int) -> None:
+        self._group = group
+        self._rank = rank
+        self._world = world_size
+        self._runners = {
+            "all_reduce": self._all_reduce,
+            "all_gather": self._all_gather,
+            "all_gatherv": self._all_gatherv,
+            "reduce_scatter": self._reduce_scatter,
+            "reduce_scatterv": self._reduce_scatterv,
+        }
+
+    def why_not(self, call: Call) -> str | None:
+        if call.redop is not None and call.dtype in _UNREDUCIBLE:
+            return f"torch.distributed cannot reduce {call.dtype}"
+        return None
+
+    def run(self, call: Call) -> None:
+        self._runners[call.op](call)
+
+    def _reduce_in_place(self, t: torch.Tensor, redop: str) -> None:
+        # gloo has no AVG: sum, then divide (callers only allow avg on floating dtypes).
+        dist.all_reduce(t, op=_REDUCE_OPS["sum" if redop == "avg" else redop], group=self._group)
+        if redop == "avg":
+            t.div_(self._world)
+
+    def _all_reduce(self, call: Call) -> None:
+        x, out = call.inputs[0], call.outputs[0]
+        if out.data_ptr() != x.data_ptr():
+            out.copy_(x)
+        self._reduce_in_place(out, call.redop)
+
+    def _all_gather(self, call: Call) -> None:
+        x, out = call.inputs[0], call.outputs[0]
+        chunks = list(_bytes(out).chunk(self._world))
+        dist.all_gather(chunks, _bytes(x).clone(), group=self._group)
+
+    def _all_gatherv(self, call: Call) -> None:
+        longest = max(call.sizes)
+        for x, out in zip(call.inputs, call.outputs):
+            row = _bytes(out).numel() // max(out.shape[0], 1)
+            padded = torch.zeros(longest * row, dtype=torch.uint8, device=x.device)
+            padded[: x.numel() * x.element_size()] = _bytes(x)
+            gathered = [torch.empty_like(padded) for _ in range(self._world)]
+            dist.all_gather(gathered, padded, group=self._group)
+            flat, offset = _bytes(out), 0
+            for rows, part in zip(call.sizes, gathered):
+                flat[offset: offset + rows * row] = part[: rows * row]
+                offset += rows * row
+
+    def _reduce_scatter(self, call: Call) -> None:
+        rows = call.outputs[0].shape[0]
+        self._reduce_rows(call, self._rank * rows, rows)
+
+    def _reduce_scatterv(self, call: Call) -> None:
+        self._reduce_rows(call, sum(call.sizes[: self._rank]), call.sizes[self._rank])
+
+    def _reduce_rows(self, call: Call, first: int, rows: int) -> None:
+        x, out = call.inputs[0], call.outputs[0]
+        reduced = x.clone()
+        self._reduce_in_place(reduced, call.redop)
+        out.copy_(reduced[first: first + rows])
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view, so byte-moving ops carry any dtype (fp8, packed fp4) through gloo."""
+    return t.reshape(-1).view(torch.uint8)

@@ -1,0 +1,401 @@
+"""Communicator: owns the NCCL communicators, the symmetric pool and the path table."""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _native, _nccl, checks, validate
+from .backends.base import Backend, Call
+from .backends.nccl import NcclBackend
+from .backends.torch_dist import TorchDistBackend
+from .dispatch import Choice, DispatchTable, builtin_table
+from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError,
+                     SymmetricMemoryError)
+from .pool import SymmetricPool
+
+# Enough for the activations of a typical TP layer at serving batch sizes; grow it with
+# reserve_symmetric() or the constructor argument.
+DEFAULT_SYMMETRIC_CAPACITY = 256 << 20
+DEFAULT_TIMEOUT_S = 300.0
+
+# The one piece of global state: compiled graphs refer to a communicator by key, because a
+# torch.library op can take ints but not Python objects.
+_REGISTRY: dict[int, "Communicator"] = {}
+_KEYS = itertools.count(1)
+
+
+def lookup(key: int) -> "Communicator":
+    comm = _REGISTRY.get(key)
+    if comm is None:
+        raise CommClosedError(f"communicator {key} is closed or never existed")
+    return comm
+
+
+def _env_timeout() -> float:
+    return float(os.environ.get("SYMCOMM_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+
+
+def _bounded(what: str, fn: Callable[[], Any], timeout_s: float, device: torch.device | None) -> Any:
+    """Run a blocking native call in a helper thread and give up after ``timeout_s``.
+
+    NCCL init and destroy block until every peer arrives; a dead peer would hang the caller
+    forever. The helper thread is a daemon, so a timed-out call cannot keep the process alive.
+    """
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)  # the CUDA device is per thread
+            result["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=work, name=f"symcomm-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise CommTimeoutError(f"{what} did not finish within {timeout_s:.0f} s "
+                               f"(a peer is missing or stuck; SYMCOMM_TIMEOUT_S sets the bound)")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def _resolve_device(device: torch.device | str | int | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"device={device} requested but CUDA is not available")
+        return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    if device.type != "cpu":
+        raise ArgumentError(f"device must be cpu or cuda, got {device}")
+    return device
+
+
+class Communicator:
+    """Collectives over one torch.distributed group, each on the fastest correct path.
+
+    Construction is collective over ``group``: every rank builds its Communicator in the same
+    order with the same arguments. ``symmetric_capacity`` bytes are reserved and registered
+    as NCCL symmetric windows up front; ``reserve_symmetric`` adds more, also collectively.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | int | None = None,
+                 *, symmetric: bool = True, symmetric_capacity: int = DEFAULT_SYMMETRIC_CAPACITY,
+                 check: bool | None = None, timeout_s: float | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ArgumentError("torch.distributed is not initialized: call init_process_group first")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank: int = dist.get_rank(self.group)
+        self.world_size: int = dist.get_world_size(self.group)
+        if self.rank < 0:
+            raise ArgumentError("this process is not a member of the given group")
+        self.device = _resolve_device(device)
+        self.timeout_s = float(timeout_s) if timeout_s is not None else _env_timeout()
+        self.check = (os.environ.get("SYMCOMM_CHECK", "0") == "1") if check is None else check
+        self.closed = False
+        self.nccl: _nccl.Library | None = None
+        self._nccl_comms: list[int] = []
+        self._pool: SymmetricPool | None = None
+        self._find: Callable[[int, int], int] | None = None
+        self._disabled: dict[str, str] = {}
+        self._backends: dict[str, Backend] = {}
+        if self.device.type == "cuda":
+            self._init_nccl(symmetric, symmetric_capacity)
+        else:
+            self._disabled["nccl"] = self._disabled["nccl-symm"] = "the communicator's device is the CPU"
+        self._backends["torch"] = TorchDistBackend(self.group, self.rank, self.world_size)
+        self.table: DispatchTable = builtin_table(self.world_size)
+        self.key = next(_KEYS)
+        _REGISTRY[self.key] = self
+
+    # ----------------------------------------------------------------- setup
+    def _group_device(self) -> torch.device:
+        backend = str(dist.get_backend(self.group))
+        return torch.device("cpu") if "gloo" in backend else self.device
+
+    def _exchange_ints(self, values: list[int]) -> list[list[int]]:
+        """All-gather a short int vector over the torch group (setup and check mode only)."""
+        local = torch.tensor(values, dtype=torch.int64, device=self._group_device())
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local, group=self.group)
+        return [row.tolist() for row in gathered]
+
+    def _symmetric_blocker(self, nccl: _nccl.Library) -> str | None:
+        if not nccl.has_windows:
+            return (f"NCCL {nccl.version_string} has no symmetric windows "
+                    f"(needs >= {'.'.join(map(str, _nccl.SYMMETRIC_MIN_VERSION))})")
+        try:
+            _native.load()
+        except OSError as exc:
+            return str(exc)
+        return None
+
+    def _init_nccl(self, symmetric: bool, capacity: int) -> None:
+        try:
+            nccl = _nccl.load()
+        except _nccl.NcclUnavailableError as exc:
+            self._disabled["nccl"] = self._disabled["nccl-symm"] = str(exc)
+            return
+        self.nccl = nccl
+        blocker = "disabled by the caller (symmetric=False)" if not symmetric else self._symmetric_blocker(nccl)
+        # Every rank must make the same choice, or the second communicator's init would hang.
+        votes = self._exchange_ints([0 if blocker else 1])
+        if blocker is None and not all(v for v, in votes):
+            blocker = "symmetric memory is unavailable on another rank"
+        want = 1 if blocker is None else 0
+        ids = [nccl.get_unique_id().to_bytes() for _ in range(1 + want)] if self.rank == 0 else None
+        box = [ids]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group,
+                                   device=self._group_device())
+        uids = [_nccl.UniqueId.from_bytes(b) for b in box[0]]
+        plain = self._new_comm(nccl, uids[0])
+        self._backends["nccl"] = NcclBackend("nccl", nccl, plain, self.rank, self.world_size, self.device)
+        if blocker is not None:
+            self._disabled["nccl-symm"] = blocker
+            return
+        symm = self._new_comm(nccl, uids[1])
+        self._pool = SymmetricPool(nccl, _native.load(), symm, self.device, self._exchange_ints)
+        if capacity > 0:
+            self._pool.reserve(capacity)
+        self._find = self._pool.index.find
+        self._backends["nccl-symm"] = NcclBackend("nccl-symm", nccl, symm, self.rank, self.world_size,
+                                                  self.device, is_symmetric=self.is_symmetric)
+
+    def _new_comm(self, nccl: _nccl.Library, uid: _nccl.UniqueId) -> int:
+        comm = _bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(self.world_size, uid, self.rank),
+                        self.timeout_s, self.device)
+        self._nccl_comms.append(comm)
+        return comm
+
+    # ------------------------------------------------------------ symmetric memory
+    @property
+    def symmetric_pool(self) -> SymmetricPool | None:
+        """The pool behind use_symmetric_memory, or None where symmetric memory is off."""
+        return self._pool
+
+    def is_symmetric(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lies wholly inside a registered symmetric window. O(log regions)."""
+        find = self._find
+        return find is not None and t.numel() > 0 and find(t.data_ptr(), t.nbytes) >= 0
+
+    def reserve_symmetric(self, nbytes: int) -> None:
+        """Collective: add ``nbytes`` (rounded up to 2 MiB) of registered symmetric memory.
+
+        Every rank must call it with the same ``nbytes`` at the same point; ranks that disagree
+        all raise PeerMismatchError. Not allowed during CUDA-graph capture.
+        """
+        self._require_open()
+        if self._pool is None:
+            raise SymmetricMemoryError("symmetric memory is off: " + self._disabled.get("nccl-symm", "unknown"))
+        self._pool.reserve(nbytes)
+
+    # --------------------------------------------------------------- dispatch
+    def algorithms(self) -> list[str]:
+        """The concrete paths this communicator can use, for ``algo=``."""
+        return list(self._backends)
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise CommClosedError("this Communicator is closed")
+
+    def _choose(self, call: Call, algo: str) -> Backend:
+        if algo == "auto":
+            for name in self.table.preference(call.op, call.nbytes):
+                backend = self._backends.get(name)
+                if backend is not None and backend.why_not(call) is None:
+                    return backend
+            raise ArgumentError(f"no path can serve this {call.op}: " + "; ".join(
+                f"{n}: {r}" for n, r in self._explain(call).rejected.items()))
+        backend = self._backends.get(algo)
+        if backend is None:
+            if algo in self._disabled:
+                raise ArgumentError(f"algo={algo!r} is unavailable: {self._disabled[algo]}")
+            raise ArgumentError(f"algo must be 'auto' or one of {', '.join(self._backends)}, got {algo!r}")
+        reason = backend.why_not(call)
+        if reason is not None:
+            raise ArgumentError(f"algo={algo!r} cannot serve this {call.op}: {reason}")
+        return backend
+
+    def _explain(self, call: Call) -> Choice:
+        rejected: dict[str, str] = {}
+        chosen = ""
+        for name in self.table.preference(call.op, call.nbytes):
+            backend = self._backends.get(name)
+            reason = self._disabled.get(name, "not built") if backend is None else backend.why_not(call)
+            if reason is None:
+                chosen = name
+                break
+            rejected[name] = reason
+        return Choice(chosen, rejected)
+
+    def _launch(self, call: Call, algo: str) -> None:
+        self._require_open()
+        backend = self._choose(call, algo)
+        if self.check:
+            self._verify(call, backend.name)
+        if call.nbytes:
+            backend.run(call)
+
+    def _verify(self, call: Call, algo: str) -> None:
+        if self._group_device().type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return
+        locate = self._pool.locate if algo == "nccl-symm" and self._pool is not None else None
+        values, names = checks.signature(call, algo, self.world_size,
+                                         locate and (lambda t: locate(t.data_ptr(), t.nbytes)))
+        problem = checks.first_mismatch(self._exchange_ints(values), names)
+        if problem is not None:
+            raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same "
+                                    f"call, and symmetric tensors must be allocated in the same order "
+                                    f"and sizes on every rank")
+
+    def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
+               sizes: Sequence[int] | None = None, reduce_op: str = "sum") -> Choice:
+        """The path ``algo='auto'`` would take for this call, and why the others were passed over."""
+        self._require_open()
+        return self._explain(self._build(op, x, out, sizes, reduce_op))
+
+    def _build(self, op: str, x: Any, out: Any, sizes: Any, reduce_op: str) -> Call:
+        if op == "all_reduce":
+            return validate.all_reduce(x, out, reduce_op, self.device)
+        if op == "all_gather":
+            return validate.all_gather(x, out, self.world_size, self.device)
+        if op == "reduce_scatter":
+            return validate.reduce_scatter(x, out, reduce_op, self.world_size, self.device)
+        if op == "all_gatherv":
+            return validate.all_gatherv(x, sizes, out, self.rank, self.world_size, self.device)[0]
+        if op == "reduce_scatterv":
+            return validate.reduce_scatterv(x, sizes, out, reduce_op, self.rank, self.world_size, self.device)
+        raise ArgumentError(f"op must be one of all_reduce, all_gather, all_gatherv, reduce_scatter, "
+                            f"reduce_scatterv; got {op!r}")
+
+    # ------------------------------------------------------------- collectives
+    def all_reduce(self, x: torch.Tensor, out: torch.Tensor | None = None, op: str = "sum",
+                   algo: str = "auto") -> torch.Tensor:
+        """Reduce ``x`` over all ranks into ``out`` (a new tensor, or ``x`` itself for in place)."""
+        if torch.compiler.is_compiling():
+            from . import ops
+            return ops.compiled_all_reduce(self, x, out, op, algo)
+        call = validate.all_reduce(x, out, op, self.device)
+        self._launch(call, algo)
+        return call.outputs[0]
+
+    def all_gather(self, x: torch.Tensor, out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
+        """Concatenate every rank's ``x`` along dim 0, in rank order."""
+        if torch.compiler.is_compiling():
+            from . import ops
+            return ops.compiled_all_gather(self, x, out, algo)
+        call = validate.all_gather(x, out, self.world_size, self.device)
+        self._launch(call, algo)
+        return call.outputs[0]
+
+    def all_gatherv(self, tensors: torch.Tensor | Sequence[torch.Tensor], sizes: Sequence[int],
+                    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
+                    algo: str = "auto") -> torch.Tensor | list[torch.Tensor]:
+        """Gather rows with per-rank counts ``sizes`` (zeros allowed); several tensors share one
+        NCCL group. Returns a tensor for a tensor, a list for a list."""
+        if torch.compiler.is_compiling():
+            from . import ops
+            return ops.compiled_all_gatherv(self, tensors, sizes, out, algo)
+        call, single = validate.all_gatherv(tensors, sizes, out, self.rank, self.world_size, self.device)
+        self._launch(call, algo)
+        return call.outputs[0] if single else call.outputs
+
+    def reduce_scatter(self, x: torch.Tensor, out: torch.Tensor | None = None, op: str = "sum",
+                       algo: str = "auto") -> torch.Tensor:
+        """Reduce ``x`` over ranks; rank r keeps rows [r*n, (r+1)*n) with n = x.shape[0] / world."""
+        if torch.compiler.is_compiling():
+            from . import ops
+            return ops.compiled_reduce_scatter(self, x, out, op, algo)
+        call = validate.reduce_scatter(x, out, op, self.world_size, self.device)
+        self._launch(call, algo)
+        return call.outputs[0]
+
+    def reduce_scatterv(self, x: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None = None,
+                        op: str = "sum", algo: str = "auto") -> torch.Tensor:
+        """Reduce ``x`` (sum(sizes) rows) over ranks; rank r keeps its ``sizes[r]`` rows."""
+        if torch.compiler.is_compiling():
+            from . import ops
+            return ops.compiled_reduce_scatterv(self, x, sizes, out, op, algo)
+        call = validate.reduce_scatterv(x, sizes, out, op, self.rank, self.world_size, self.device)
+        self._launch(call, algo)
+        return call.outputs[0]
+
+    # ------------------------------------------------------------ introspection
+    def capabilities(self) -> dict[str, Any]:
+        """What is enabled, and for everything disabled, why."""
+        paths = {name: {"enabled": True} for name in self._backends}
+        for name, reason in self._disabled.items():
+            paths[name] = {"enabled": False, "reason": reason}
+        pool = self._pool
+        return {
+            "device": str(self.device),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "paths": paths,
+            "nccl": None if self.nccl is None else {
+                "version": self.nccl.version_string, "library": self.nccl.path, "found_by": self.nccl.source},
+            "symmetric_memory": {
+                "enabled": pool is not None,
+                "reason": None if pool is not None else self._disabled.get("nccl-symm"),
+                "capacity": pool.capacity if pool else 0,
+                "bytes_in_use": pool.bytes_in_use if pool else 0,
+                "regions": len(pool.regions) if pool else 0,
+            },
+            "tuning_table": self.table.source,
+            "check_mode": self.check,
+        }
+
+    # ---------------------------------------------------------------- teardown
+    def close(self) -> None:
+        """Deregister windows, free the pool and destroy the NCCL communicators. Idempotent.
+
+        Tensors still allocated from the symmetric pool must not be used afterwards. Bounded by
+        the communicator's timeout; on timeout the NCCL communicators are aborted instead.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        _REGISTRY.pop(self.key, None)
+        self._find = None
+        self._backends = {"torch": self._backends["torch"]}
+        nccl, comms, pool = self.nccl, self._nccl_comms, self._pool
+        self._nccl_comms, self._pool = [], None
+        if nccl is None:
+            return
+
+        def teardown() -> None:
+            if pool is not None:
+                torch.cuda.synchronize(self.device)
+                pool.close()
+            for comm in comms:
+                nccl.comm_destroy(comm)
+
+        try:
+            _bounded("close", teardown, self.timeout_s, self.device)
+        except CommTimeoutError:
+            for comm in comms:
+                try:
+                    _bounded("ncclCommAbort", lambda c=comm: nccl.comm_abort(c), self.timeout_s, self.device)
+                except Exception:  # noqa: BLE001 - best effort after a timeout already reported
+                    pass
+            raise
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ",".join(self._backends)
+        return f"Communicator(rank={self.rank}, world_size={self.world_size}, device={self.device}, paths={state})"

@@ -1,0 +1,75 @@
+"""Which path serves a call: a table from (op, message size) to an ordered list of paths.
+
+The first path in the list that can serve the call wins, so the table states preferences and
+each backend's ``why_not`` states ability. A forced ``algo=`` skips the table. Thresholds
+are upper bounds in bytes (inclusive), in nccl-tests' byte convention (see Call.nbytes).
+
+Where the numbers come from: bench/results/ (graph-replay timing, 2x and 4x H200, NVLS off);
+ANCHORS.md has the NCCL-only picture that motivated the shape: symmetric kernels halve
+latency up to ~64 KiB and lose 25-35% from 16 MiB up.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+SYMM = ("nccl-symm", "nccl", "torch")
+PLAIN = ("nccl", "nccl-symm", "torch")
+INF = float("inf")
+
+# world size -> op -> [(max nbytes, preference)]. World sizes not listed use the nearest
+# smaller one that is.
+_KiB, _MiB = 1 << 10, 1 << 20
+BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
+    2: {
+        "all_reduce": [(32 * _KiB, SYMM), (2 * _MiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+        "all_gather": [(64 * _MiB, SYMM), (INF, PLAIN)],
+        "reduce_scatter": [(64 * _KiB, SYMM), (512 * _KiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+    },
+    4: {
+        "all_reduce": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (6 * _MiB, SYMM), (INF, PLAIN)],
+        "all_gather": [(128 * _MiB, SYMM), (INF, PLAIN)],
+        "reduce_scatter": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+    },
+}
+# The v-variants with equal sizes are the plain collectives; with unequal sizes the
+# symmetric backend declines by itself.
+_ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The path a call takes, and why each path ahead of it in the table was passed over."""
+
+    algo: str
+    rejected: dict[str, str]
+
+
+class DispatchTable:
+    """Preferences for one world size."""
+
+    def __init__(self, rules: dict[str, list[tuple[float, tuple[str, ...]]]], source: str) -> None:
+        self.source = source
+        self._bounds: dict[str, list[float]] = {}
+        self._prefs: dict[str, list[tuple[str, ...]]] = {}
+        for op, steps in rules.items():
+            bounds = [b for b, _ in steps]
+            if bounds != sorted(bounds) or bounds[-1] != INF:
+                raise ValueError(f"tuning rules for {op} must ascend and end at infinity")
+            self._bounds[op] = bounds
+            self._prefs[op] = [p for _, p in steps]
+        for alias, op in _ALIASES.items():
+            if alias not in self._bounds and op in self._bounds:
+                self._bounds[alias], self._prefs[alias] = self._bounds[op], self._prefs[op]
+
+    def preference(self, op: str, nbytes: int) -> tuple[str, ...]:
+        bounds = self._bounds.get(op)
+        if bounds is None:
+            return PLAIN
+        return self._prefs[op][bisect.bisect_left(bounds, nbytes)]
+
+
+def builtin_table(world_size: int) -> DispatchTable:
+    known = [w for w in BUILTIN if w <= world_size]
+    world = max(known) if known else min(BUILTIN)
+    return DispatchTable(BUILTIN[world], source=f"builtin (measured at world {world})")

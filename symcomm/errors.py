@@ -1,0 +1,52 @@
+"""One exception hierarchy, rooted at SymcommError.
+
+Bad-argument errors also derive from the matching built-in (ValueError, TypeError), so callers
+that already catch those keep working.
+"""
+from __future__ import annotations
+
+
+class SymcommError(Exception):
+    """Base of every error symcomm raises on purpose."""
+
+
+class ArgumentError(SymcommError, ValueError):
+    """A call's arguments break a rule. Raised before any communication starts."""
+
+
+class DtypeError(ArgumentError, TypeError):
+    """A tensor's dtype is not supported by the requested operation or path."""
+
+
+class CommClosedError(SymcommError):
+    """The communicator was used after close()."""
+
+
+class NcclError(SymcommError):
+    """An NCCL call returned an error code."""
+
+    def __init__(self, call: str, code: int, name: str, message: str, last_error: str = ""):
+        self.call = call
+        self.code = code
+        self.name = name
+        self.last_error = last_error
+        detail = f"{call} failed: {name} ({code}): {message}"
+        if last_error:
+            detail += f"; last error: {last_error}"
+        super().__init__(detail)
+
+
+class NcclUnavailableError(SymcommError):
+    """No usable libnccl could be loaded."""
+
+
+class SymmetricMemoryError(SymcommError):
+    """Symmetric memory cannot do what was asked (exhausted, unavailable, during capture)."""
+
+
+class PeerMismatchError(SymcommError):
+    """SYMCOMM_CHECK found that ranks disagree about a call (sizes, dtype, window offsets)."""
+
+
+class CommTimeoutError(SymcommError, TimeoutError):
+    """A bounded wait on peers ran out."""

@@ -1,0 +1,212 @@
+"""The symmetric pool: NCCL-allocated regions registered as symmetric windows, carved up by
+torch's caching allocator through csrc/pool_alloc.cc, plus the membership index.
+
+Rules this module enforces (DESIGN.md, "Symmetric memory"):
+- Registration is a collective: every rank adds the same region sizes in the same order, so
+  regions are added only by :meth:`SymmetricPool.reserve`, which first checks that all ranks
+  asked for the same thing and refuses during CUDA-graph capture.
+- Membership runs on every collective, so it is a bisect over region starts, never a scan.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ._native import Native
+from ._nccl import Library
+from .errors import PeerMismatchError, SymmetricMemoryError
+
+# ncclMemAlloc rounds to the cuMem granularity (2 MiB on Hopper); registering whole
+# granules keeps the window size equal to what was really mapped.
+REGION_GRANULE = 2 << 20
+
+Exchange = Callable[[list[int]], list[list[int]]]
+
+
+class SegmentIndex:
+    """Sorted, non-overlapping [start, end) intervals answering "which one holds this range?"."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def add(self, start: int, nbytes: int) -> None:
+        if nbytes <= 0:
+            raise ValueError(f"segment size must be positive, got {nbytes}")
+        i = bisect.bisect_right(self._starts, start)
+        if (i > 0 and self._ends[i - 1] > start) or (i < len(self._starts) and self._starts[i] < start + nbytes):
+            raise ValueError(f"segment [{start:#x}, +{nbytes}) overlaps a registered one")
+        self._starts.insert(i, start)
+        self._ends.insert(i, start + nbytes)
+
+    def remove(self, start: int) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        if i == len(self._starts) or self._starts[i] != start:
+            raise KeyError(f"no segment starts at {start:#x}")
+        del self._starts[i], self._ends[i]
+
+    def find(self, ptr: int, nbytes: int) -> int:
+        """Start of the segment holding [ptr, ptr + nbytes), or -1."""
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i >= 0 and ptr + nbytes <= self._ends[i]:
+            return self._starts[i]
+        return -1
+
+
+@dataclass(frozen=True)
+class Region:
+    number: int  # registration order: equal across ranks, unlike the address
+    base: int
+    nbytes: int
+    window: int
+
+
+def round_to_granule(nbytes: int) -> int:
+    return -(-nbytes // REGION_GRANULE) * REGION_GRANULE
+
+
+class SymmetricPool:
+    """Registered regions on one NCCL communicator, served to torch through a MemPool."""
+
+    def __init__(self, nccl: Library, native: Native, comm: int, device: torch.device,
+                 exchange: Exchange) -> None:
+        self._nccl = nccl
+        self._native = native.lib
+        self._comm = comm
+        self._device = device
+        self._exchange = exchange
+        self.pool_id: int = self._native.symcomm_pool_create()
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(native.path, "symcomm_alloc", "symcomm_free")
+        self._allocator = allocator  # torch keeps a raw pointer into it: keep it alive
+        self.mempool = torch.cuda.MemPool(allocator.allocator())
+        self.index = SegmentIndex()
+        self.regions: dict[int, Region] = {}  # keyed by base
+
+    @property
+    def capacity(self) -> int:
+        return sum(r.nbytes for r in self.regions.values())
+
+    @property
+    def bytes_in_use(self) -> int:
+        return self._native.symcomm_pool_bytes_in_use(self.pool_id)
+
+    def reserve(self, nbytes: int) -> Region:
+        """Collective: add one region of ``nbytes`` (rounded up to 2 MiB) on every rank."""
+        if torch.cuda.is_current_stream_capturing():
+            raise SymmetricMemoryError(
+                "reserve_symmetric() registers an NCCL window, a collective that cannot run "
+                "during CUDA-graph capture; reserve before capturing")
+        if nbytes <= 0:
+            raise SymmetricMemoryError(f"reserve_symmetric(nbytes): nbytes must be positive, got {nbytes}")
+        nbytes = round_to_granule(nbytes)
+        number = len(self.regions)
+        asked = self._exchange([nbytes, number])
+        if any(row != asked[0] for row in asked):
+            raise PeerMismatchError(
+                "reserve_symmetric(nbytes): ranks disagree on (nbytes, regions so far): "
+                + ", ".join(f"rank {r}: {tuple(row)}" for r, row in enumerate(asked)))
+        with torch.cuda.device(self._device):
+            ptr, failure = 0, ""
+            try:
+                ptr = self._nccl.mem_alloc(nbytes)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                failure = str(exc)
+            # A rank that failed to allocate must not leave the others inside the register
+            # collective: agree on success first.
+            if not all(ok for ok, in self._exchange([0 if failure else 1])):
+                if ptr:
+                    self._nccl.mem_free(ptr)
+                raise SymmetricMemoryError(
+                    f"reserve_symmetric({nbytes}): ncclMemAlloc failed on at least one rank"
+                    + (f" (here: {failure})" if failure else ""))
+            try:
+                window = self._nccl.window_register(self._comm, ptr, nbytes)
+            except Exception:
+                self._nccl.mem_free(ptr)
+                raise
+        if self._native.symcomm_pool_add_region(self.pool_id, ptr, nbytes) != 0:
+            raise SymmetricMemoryError(f"native pool refused region {ptr:#x}+{nbytes}")
+        region = Region(number, ptr, nbytes, window)
+        self.regions[ptr] = region
+        self.index.add(ptr, nbytes)
+        return region
+
+    def locate(self, ptr: int, nbytes: int) -> tuple[int, int]:
+        """(region number, offset) of a registered range; (-1, -1) when not registered."""
+        base = self.index.find(ptr, nbytes)
+        if base < 0:
+            return -1, -1
+        return self.regions[base].number, ptr - base
+
+    def take_failed_request(self) -> int:
+        return self._native.symcomm_pool_take_failed_request(self.pool_id)
+
+    def close(self) -> int:
+        """Deregister windows and free regions. Returns the number of allocations still live."""
+        live = self._native.symcomm_pool_live_allocations(self.pool_id)
+        self._native.symcomm_pool_destroy(self.pool_id)
+        with torch.cuda.device(self._device):
+            # Windows go in reverse registration order, the same on every rank.
+            for region in sorted(self.regions.values(), key=lambda r: -r.number):
+                self._nccl.window_deregister(self._comm, region.window)
+                self._nccl.mem_free(region.base)
+        self.regions.clear()
+        self.index = SegmentIndex()
+        self.mempool = None
+        return live
+
+
+class SymmetricContext:
+    """Routes allocations on this thread to a SymmetricPool until exit."""
+
+    __slots__ = ("_pool", "_native", "_torch_ctx", "_previous")
+
+    def __init__(self, pool: SymmetricPool) -> None:
+        self._pool = pool
+        self._native = pool._native
+        self._torch_ctx = None
+        self._previous = -1
+
+    def __enter__(self) -> SymmetricPool:
+        self._previous = self._native.symcomm_pool_set_active(self._pool.pool_id)
+        self._torch_ctx = torch.cuda.use_mem_pool(self._pool.mempool, self._pool._device)
+        self._torch_ctx.__enter__()
+        return self._pool
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            self._torch_ctx.__exit__(exc_type, exc, tb)
+        finally:
+            self._native.symcomm_pool_set_active(self._previous)
+        if exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError):
+            failed = self._pool.take_failed_request()
+            if failed:
+                raise SymmetricMemoryError(
+                    f"symmetric pool exhausted: a {failed}-byte request did not fit in "
+                    f"{self._pool.capacity} bytes ({self._pool.bytes_in_use} in use). Call "
+                    f"comm.reserve_symmetric(nbytes) on every rank, outside graph capture, or "
+                    f"pass a larger symmetric_capacity to Communicator") from exc
+        return False
+
+
+class _NullContext:
+    """Shared do-nothing context: use_symmetric_memory(disabled=True) builds no object."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+NULL_CONTEXT = _NullContext()

@@ -1,0 +1,131 @@
+"""Argument checks that turn a collective's arguments into a Call, before any communication.
+
+Each rule raises ArgumentError (a ValueError) or DtypeError (also a TypeError) naming the
+argument and the rule. ``out=None`` allocates the output with torch.empty, so inside
+use_symmetric_memory it lands in the symmetric pool like any other tensor.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .backends.base import Call
+from .errors import ArgumentError, DtypeError
+
+REDOPS = ("sum", "prod", "max", "min", "avg")
+
+
+def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ArgumentError(f"{name} is on {t.device}, but this communicator runs on {device}")
+    if not t.is_contiguous():
+        raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
+    return t
+
+
+def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    out = tensor(name, out, like.device)
+    if out.dtype != like.dtype:
+        raise DtypeError(f"{name} has dtype {out.dtype}, but the input has {like.dtype}")
+    if tuple(out.shape) != shape:
+        raise ArgumentError(f"{name} has shape {tuple(out.shape)}, expected {shape}")
+    return out
+
+
+def redop(op: object, dtype: torch.dtype) -> str:
+    if op not in REDOPS:
+        raise ArgumentError(f"op must be one of {', '.join(REDOPS)}, got {op!r}")
+    if op == "avg" and not dtype.is_floating_point:
+        raise DtypeError(f"op='avg' needs a floating-point dtype, got {dtype}")
+    if dtype == torch.bool or dtype.is_complex:
+        raise DtypeError(f"cannot reduce dtype {dtype}")
+    return op
+
+
+def rows(name: str, t: torch.Tensor) -> int:
+    if t.ndim == 0:
+        raise ArgumentError(f"{name} must have at least one dimension (collectives split dim 0)")
+    return t.shape[0]
+
+
+def sizes_arg(sizes: object, world_size: int) -> list[int]:
+    if isinstance(sizes, torch.Tensor):
+        sizes = sizes.tolist()
+    if not isinstance(sizes, Sequence) or isinstance(sizes, (str, bytes)):
+        raise ArgumentError(f"sizes must be a sequence of {world_size} ints, got {type(sizes).__name__}")
+    if len(sizes) != world_size:
+        raise ArgumentError(f"sizes must have one entry per rank ({world_size}), got {len(sizes)}")
+    clean = []
+    for i, s in enumerate(sizes):
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise ArgumentError(f"sizes[{i}] must be an int, got {type(s).__name__}")
+        if s < 0:
+            raise ArgumentError(f"sizes[{i}] must be >= 0, got {s}")
+        clean.append(s)
+    return clean
+
+
+def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call:
+    x = tensor("x", x, device)
+    op = redop(op, x.dtype)
+    out = x if out is x else output("out", out, tuple(x.shape), x)
+    return Call("all_reduce", [x], [out], None, op, x.nbytes)
+
+
+def all_gather(x: object, out: object, world_size: int, device: torch.device) -> Call:
+    x = tensor("x", x, device)
+    n = rows("x", x)
+    out = output("out", out, (world_size * n, *x.shape[1:]), x)
+    return Call("all_gather", [x], [out], None, None, out.nbytes)
+
+
+def reduce_scatter(x: object, out: object, op: object, world_size: int, device: torch.device) -> Call:
+    x = tensor("x", x, device)
+    op = redop(op, x.dtype)
+    n = rows("x", x)
+    if n % world_size:
+        raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
+    out = output("out", out, (n // world_size, *x.shape[1:]), x)
+    return Call("reduce_scatter", [x], [out], None, op, x.nbytes)
+
+
+def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_size: int,
+                device: torch.device) -> tuple[Call, bool]:
+    """Returns the call and whether the caller passed a single tensor (not a list)."""
+    single = isinstance(tensors, torch.Tensor)
+    xs = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) else None
+    if not xs:
+        raise ArgumentError("tensors must be a tensor or a non-empty list of tensors")
+    sizes = sizes_arg(sizes, world_size)
+    if out is None:
+        outs = [None] * len(xs)
+    elif single:
+        outs = [out]
+    elif isinstance(out, (list, tuple)) and len(out) == len(xs):
+        outs = list(out)
+    else:
+        raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
+    total = sum(sizes)
+    for i, x in enumerate(xs):
+        name = "tensors" if single else f"tensors[{i}]"
+        xs[i] = x = tensor(name, x, device)
+        if rows(name, x) != sizes[rank]:
+            raise ArgumentError(f"{name} has {x.shape[0]} rows, but sizes[{rank}] (this rank) is {sizes[rank]}")
+        outs[i] = output("out" if single else f"out[{i}]", outs[i], (total, *x.shape[1:]), x)
+    return Call("all_gatherv", xs, outs, sizes, None, sum(o.nbytes for o in outs)), single
+
+
+def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int, world_size: int,
+                    device: torch.device) -> Call:
+    x = tensor("x", x, device)
+    op = redop(op, x.dtype)
+    sizes = sizes_arg(sizes, world_size)
+    if rows("x", x) != sum(sizes):
+        raise ArgumentError(f"x has {x.shape[0]} rows, but sizes add up to {sum(sizes)}")
+    out = output("out", out, (sizes[rank], *x.shape[1:]), x)
+    return Call("reduce_scatterv", [x], [out], sizes, op, x.nbytes)
