@@ -10,7 +10,6 @@ from .dispatch import Choice
 from .errors import (ArgumentError, CommClosedError, CommTimeoutError, DtypeError, NcclError,
                      NcclUnavailableError, PeerMismatchError, SymcommError, SymmetricMemoryError)
 from .memory import use_symmetric_memory
-from . import ops as _ops  # noqa: F401  (registers the torch.library ops)
 
 __version__ = "0.1.0"
 

@@ -26,10 +26,13 @@ _DTYPES = {d: i for i, d in enumerate([
 def signature(call: Call, algo: str, world_size: int,
               locate: Callable[[torch.Tensor], tuple[int, int]] | None) -> tuple[list[int], list[str]]:
     """A fixed-length vector (same length on every rank) and the name of each entry."""
-    values = [OPS.index(call.op), _ALGOS.index(algo), _DTYPES.get(call.dtype, 99), call.nbytes, len(call.inputs)]
-    names = ["op", "path", "dtype", "message size in bytes", "number of tensors"]
+    values = [OPS.index(call.op), _ALGOS.index(algo), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs)]
+    names = ["op", "path", "dtype", "number of tensors"]
+    # sizes before the byte count: a disagreement there is the cause, the byte count the symptom
     values += call.sizes if call.sizes is not None else [-1] * world_size
     names += [f"sizes[{r}]" for r in range(world_size)]
+    values.append(call.nbytes)
+    names.append("message size in bytes")
     many = len(call.inputs) > 1
     for i in range(MAX_CHECKED_TENSORS):
         for kind, tensors in (("tensors" if call.op == "all_gatherv" else "x", call.inputs), ("out", call.outputs)):
@@ -40,10 +43,14 @@ def signature(call: Call, algo: str, world_size: int,
     return values, names
 
 
+_DECODE = {"op": OPS, "path": _ALGOS, "dtype": [*map(str, _DTYPES), "other"]}
+
+
 def first_mismatch(table: list[list[int]], names: list[str]) -> str | None:
     for column, name in enumerate(names):
         seen = [row[column] for row in table]
         if any(v != seen[0] for v in seen):
-            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(seen))
+            shown = [_DECODE[name][v] for v in seen] if name in _DECODE else seen
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
             return f"ranks disagree on the {name} ({per_rank})"
     return None

@@ -1,7 +1,6 @@
 """Communicator: owns the NCCL communicators, the symmetric pool and the path table."""
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -10,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _native, _nccl, checks, validate
+from . import _native, _nccl, checks, ops, registry, validate
 from .backends.base import Backend, Call
 from .backends.nccl import NcclBackend
 from .backends.torch_dist import TorchDistBackend
@@ -23,19 +22,6 @@ from .pool import SymmetricPool
 # reserve_symmetric() or the constructor argument.
 DEFAULT_SYMMETRIC_CAPACITY = 256 << 20
 DEFAULT_TIMEOUT_S = 300.0
-
-# The one piece of global state: compiled graphs refer to a communicator by key, because a
-# torch.library op can take ints but not Python objects.
-_REGISTRY: dict[int, "Communicator"] = {}
-_KEYS = itertools.count(1)
-
-
-def lookup(key: int) -> "Communicator":
-    comm = _REGISTRY.get(key)
-    if comm is None:
-        raise CommClosedError(f"communicator {key} is closed or never existed")
-    return comm
-
 
 def _env_timeout() -> float:
     return float(os.environ.get("SYMCOMM_TIMEOUT_S", DEFAULT_TIMEOUT_S))
@@ -106,7 +92,7 @@ class Communicator:
         self.nccl: _nccl.Library | None = None
         self._nccl_comms: list[int] = []
         self._pool: SymmetricPool | None = None
-        self._find: Callable[[int, int], int] | None = None
+        self._find: Callable[[int], int] | None = None
         self._disabled: dict[str, str] = {}
         self._backends: dict[str, Backend] = {}
         if self.device.type == "cuda":
@@ -115,8 +101,7 @@ class Communicator:
             self._disabled["nccl"] = self._disabled["nccl-symm"] = "the communicator's device is the CPU"
         self._backends["torch"] = TorchDistBackend(self.group, self.rank, self.world_size)
         self.table: DispatchTable = builtin_table(self.world_size)
-        self.key = next(_KEYS)
-        _REGISTRY[self.key] = self
+        self.key = registry.register(self)
 
     # ----------------------------------------------------------------- setup
     def _group_device(self) -> torch.device:
@@ -184,9 +169,9 @@ class Communicator:
         return self._pool
 
     def is_symmetric(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` lies wholly inside a registered symmetric window. O(log regions)."""
+        """Whether ``t`` lies in a registered symmetric window. O(1): one dict lookup."""
         find = self._find
-        return find is not None and t.numel() > 0 and find(t.data_ptr(), t.nbytes) >= 0
+        return find is not None and find(t.data_ptr()) >= 0
 
     def reserve_symmetric(self, nbytes: int) -> None:
         """Collective: add ``nbytes`` (rounded up to 2 MiB) of registered symmetric memory.
@@ -249,9 +234,9 @@ class Communicator:
     def _verify(self, call: Call, algo: str) -> None:
         if self._group_device().type == "cuda" and torch.cuda.is_current_stream_capturing():
             return
-        locate = self._pool.locate if algo == "nccl-symm" and self._pool is not None else None
+        pool = self._pool if algo == "nccl-symm" else None
         values, names = checks.signature(call, algo, self.world_size,
-                                         locate and (lambda t: locate(t.data_ptr(), t.nbytes)))
+                                         None if pool is None else lambda t: pool.locate(t.data_ptr()))
         problem = checks.first_mismatch(self._exchange_ints(values), names)
         if problem is not None:
             raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same "
@@ -283,7 +268,6 @@ class Communicator:
                    algo: str = "auto") -> torch.Tensor:
         """Reduce ``x`` over all ranks into ``out`` (a new tensor, or ``x`` itself for in place)."""
         if torch.compiler.is_compiling():
-            from . import ops
             return ops.compiled_all_reduce(self, x, out, op, algo)
         call = validate.all_reduce(x, out, op, self.device)
         self._launch(call, algo)
@@ -292,7 +276,6 @@ class Communicator:
     def all_gather(self, x: torch.Tensor, out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
         """Concatenate every rank's ``x`` along dim 0, in rank order."""
         if torch.compiler.is_compiling():
-            from . import ops
             return ops.compiled_all_gather(self, x, out, algo)
         call = validate.all_gather(x, out, self.world_size, self.device)
         self._launch(call, algo)
@@ -304,7 +287,6 @@ class Communicator:
         """Gather rows with per-rank counts ``sizes`` (zeros allowed); several tensors share one
         NCCL group. Returns a tensor for a tensor, a list for a list."""
         if torch.compiler.is_compiling():
-            from . import ops
             return ops.compiled_all_gatherv(self, tensors, sizes, out, algo)
         call, single = validate.all_gatherv(tensors, sizes, out, self.rank, self.world_size, self.device)
         self._launch(call, algo)
@@ -314,7 +296,6 @@ class Communicator:
                        algo: str = "auto") -> torch.Tensor:
         """Reduce ``x`` over ranks; rank r keeps rows [r*n, (r+1)*n) with n = x.shape[0] / world."""
         if torch.compiler.is_compiling():
-            from . import ops
             return ops.compiled_reduce_scatter(self, x, out, op, algo)
         call = validate.reduce_scatter(x, out, op, self.world_size, self.device)
         self._launch(call, algo)
@@ -324,7 +305,6 @@ class Communicator:
                         op: str = "sum", algo: str = "auto") -> torch.Tensor:
         """Reduce ``x`` (sum(sizes) rows) over ranks; rank r keeps its ``sizes[r]`` rows."""
         if torch.compiler.is_compiling():
-            from . import ops
             return ops.compiled_reduce_scatterv(self, x, sizes, out, op, algo)
         call = validate.reduce_scatterv(x, sizes, out, op, self.rank, self.world_size, self.device)
         self._launch(call, algo)
@@ -365,7 +345,7 @@ class Communicator:
         if self.closed:
             return
         self.closed = True
-        _REGISTRY.pop(self.key, None)
+        registry.unregister(self.key)
         self._find = None
         self._backends = {"torch": self._backends["torch"]}
         nccl, comms, pool = self.nccl, self._nccl_comms, self._pool

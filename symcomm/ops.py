@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .communicator import lookup
+from .registry import lookup
 
 _LIB = "symcomm"
 

@@ -50,8 +50,8 @@ class NcclBackend:
                 reduce_dtype(call.dtype, self._nccl.version)
             except DtypeError as exc:
                 return str(exc)
-        if self._is_symmetric is None:
-            return None
+        if self._is_symmetric is None or call.nbytes == 0:
+            return None  # plain NCCL takes any buffer; an empty call touches no memory
         if not call.even:
             # Uneven rows put each rank's slice at a different offset: a symmetric kernel
             # would read the wrong peer memory (DESIGN.md, "same offset" rule).

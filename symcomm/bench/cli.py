@@ -1,0 +1,270 @@
+"""``symcomm-bench OP [options]``: argument parsing, validation and process launch.
+
+Flags keep nccl-tests' names and meanings. Under torchrun (RANK/WORLD_SIZE set) every process
+is one rank; otherwise ``-g N`` starts N local ranks as subprocesses and only rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from .config import (ALGOS, CORRUPT_ENV, DATATYPES, FLOAT_TYPES, GATHER_OPS, REDOPS, BenchConfig,
+                     BenchError)
+from .sizes import OPS, parse_size, sweep
+
+PROG = "symcomm-bench"
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of argparse's usage dump
+        raise BenchError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Bandwidth and latency of symcomm collectives, "
+                "printed in nccl-tests' table layout.")
+    p.add_argument("collective", metavar="OP", choices=OPS, help=" | ".join(OPS))
+    p.add_argument("-b", "--minbytes", default="32M", help="smallest size (K/M/G suffixes; default 32M)")
+    p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
+    p.add_argument("-d", "--datatype", default=None,
+                   help="float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2 "
+                        "(default float on cpu, bfloat16 on cuda)")
+    p.add_argument("-o", "--op", dest="redop", choices=REDOPS, default="sum", help="reduction (default sum)")
+    p.add_argument("-G", "--cudagraph", type=int, default=0,
+                   help="CUDA-graph replays of the n captured ops (default 0: eager)")
+    p.add_argument("-g", "--ngpus", type=int, default=None, help="local processes to start (default 1)")
+    p.add_argument("--algo", choices=ALGOS, default="auto",
+                   help="path to measure; 'all' measures every available path and auto")
+    p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
+                   help="allocate buffers from the symmetric pool (default: on for cuda)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write results as JSON")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda if available")
+    p.add_argument("--seed", type=int, default=0, help="seed of the check data (default 0)")
+    return p
+
+
+def _size(flag: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise BenchError(f"{flag}: {exc}") from None
+
+
+def build_config(args: argparse.Namespace, device: str) -> BenchConfig:
+    minbytes = _size("-b/--minbytes", args.minbytes)
+    maxbytes = _size("-e/--maxbytes", args.maxbytes)
+    if minbytes < 1:
+        raise BenchError("-b/--minbytes must be at least 1 byte")
+    if minbytes > maxbytes:
+        raise BenchError(f"-b/--minbytes ({minbytes}) is larger than -e/--maxbytes ({maxbytes})")
+    if args.stepfactor < 2:
+        raise BenchError(f"-f/--stepfactor must be at least 2 (got {args.stepfactor})")
+    if args.iters < 1:
+        raise BenchError(f"-n/--iters must be at least 1 (got {args.iters})")
+    if args.warmup_iters < 0 or args.cudagraph < 0:
+        raise BenchError("-w/--warmup_iters and -G/--cudagraph cannot be negative")
+    if args.cudagraph > 0 and device != "cuda":
+        raise BenchError("-G/--cudagraph needs --device cuda")
+    datatype = args.datatype or ("bfloat16" if device == "cuda" else "float")
+    if datatype not in DATATYPES:
+        raise BenchError(f"unknown datatype {datatype!r} (choose from {', '.join(DATATYPES)})")
+    if args.redop == "avg" and DATATYPES[datatype][0] not in FLOAT_TYPES and args.collective not in GATHER_OPS:
+        raise BenchError(f"-o avg needs a floating-point datatype, not {datatype}")
+    corrupt = os.environ.get(CORRUPT_ENV)
+    try:
+        corrupt_rank = int(corrupt) if corrupt not in (None, "") else None
+    except ValueError:
+        raise BenchError(f"{CORRUPT_ENV} must be a rank number, not {corrupt!r}") from None
+    return BenchConfig(
+        op=args.collective, sizes=sweep(minbytes, maxbytes, args.stepfactor),
+        minbytes=minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor,
+        iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
+        graph=args.cudagraph, datatype=datatype, redop=args.redop, algo=args.algo,
+        symmetric=args.symmetric, json_path=args.json_path, device=device,
+        seed=args.seed, corrupt_rank=corrupt_rank)
+
+
+def _resolve_device(requested: str | None) -> str:
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise BenchError(f"--device cuda, but no CUDA device is visible (torch {torch.__version__})")
+    return requested or ("cuda" if has_cuda else "cpu")
+
+
+def _check_world(device: str, ngpus: int) -> None:
+    if ngpus < 1:
+        raise BenchError(f"-g/--ngpus must be at least 1 (got {ngpus})")
+    if device == "cuda":
+        import torch
+
+        visible = torch.cuda.device_count()
+        if ngpus > visible:
+            raise BenchError(f"-g {ngpus} needs {ngpus} GPUs, but only {visible} are visible")
+    else:
+        cores = os.cpu_count() or 1
+        if ngpus > cores:
+            # One rank per core at most: oversubscribed gloo ranks time the scheduler.
+            raise BenchError(f"-g {ngpus} needs {ngpus} CPU cores for --device cpu, "
+                             f"but this machine has {cores}")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def launch_local(world: int, argv: Sequence[str]) -> int:
+    """Starts ``world`` ranks of this same command line and waits for them. If one fails, the
+    others are stopped, since they would otherwise wait forever in a collective."""
+    port = _free_port()
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # so children import this same symcomm
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    procs = []
+    for rank in range(world):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "symcomm.bench", *argv], env={**env, **_rank_env(rank, world, port)},
+            stdout=None if rank == 0 else subprocess.DEVNULL))
+    stopped: set[int] = set()
+    status: int | None = None
+    try:
+        while any(p.poll() is None for p in procs):
+            if status is None:
+                failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+                if failed:
+                    status = failed[0]
+                    for p in procs:
+                        if p.poll() is None:
+                            stopped.add(p.pid)
+                            p.terminate()
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        status = 130
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if status is None:
+        # Rank order, so rank 0's verdict wins when several ranks fail together.
+        codes = [p.returncode for p in procs if p.pid not in stopped and p.returncode]
+        status = codes[0] if codes else 0
+    return 1 if status < 0 else status  # killed by a signal
+
+
+def run_rank(cfg: BenchConfig) -> int:
+    """One rank: join the process group, build the communicator, run the sweep."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    cuda = cfg.device == "cuda"
+    try:
+        if cuda:
+            if local_rank >= torch.cuda.device_count():
+                raise BenchError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                                 f"GPUs are visible")
+            torch.cuda.set_device(local_rank)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        else:
+            dist.init_process_group("gloo")
+        import symcomm
+        from . import runner
+
+        comm = _communicator(symcomm, cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
+        status = runner.run(cfg, comm)
+        comm.close()
+        dist.destroy_process_group()
+        return status
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit status
+        status = _report_failure(exc, rank)
+        # Tearing down NCCL while a peer may still sit in a collective can hang; leave instead.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if cuda:
+            os._exit(status)
+        return status
+
+
+def _communicator(symcomm, cfg: BenchConfig, device):
+    """Communicator for the run. On cuda the runner reserves exactly the pool the sweep needs,
+    so the constructor's default reservation is skipped where the core offers that knob."""
+    params = inspect.signature(symcomm.Communicator).parameters
+    kwargs = {}
+    if device.type == "cuda":
+        want = cfg.symmetric is not False
+        if "symmetric" in params:
+            kwargs["symmetric"] = want
+        if want and "symmetric_capacity" in params:
+            kwargs["symmetric_capacity"] = 0
+    return symcomm.Communicator(device=device, **kwargs)
+
+
+def _report_failure(exc: Exception, rank: int) -> int:
+    usage = isinstance(exc, BenchError) or _is_argument_error(exc)
+    if usage:
+        # Every rank hits the same usage problem; one line is enough.
+        if rank == 0:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if os.environ.get("SYMCOMM_BENCH_DEBUG"):
+        traceback.print_exc()
+    print(f"{PROG}: error: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
+def _is_argument_error(exc: Exception) -> bool:
+    try:
+        from symcomm import ArgumentError
+    except ImportError:
+        return False
+    return isinstance(exc, ArgumentError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        device = _resolve_device(args.device)
+        cfg = build_config(args, device)
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            world = int(os.environ["WORLD_SIZE"])
+            if args.ngpus is not None and args.ngpus != world:
+                raise BenchError(f"-g {args.ngpus} conflicts with WORLD_SIZE={world} set by the launcher")
+            return run_rank(cfg)
+        world = args.ngpus or 1
+        _check_world(device, world)
+        if world == 1:
+            os.environ.update(_rank_env(0, 1, _free_port()))
+            return run_rank(cfg)
+        return launch_local(world, argv)
+    except BenchError as exc:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would say the same
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

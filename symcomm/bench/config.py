@@ -1,0 +1,71 @@
+"""The validated settings of one benchmark run, shared by the CLI and the runner.
+
+Kept free of torch so that bad command lines fail fast, before torch is imported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# "custom" is the kernel path that only some builds have; the runner checks each name against
+# the communicator's algorithms().
+ALGOS = ("auto", "nccl", "nccl-symm", "custom", "torch", "all")
+REDOPS = ("sum", "prod", "max", "min", "avg")
+GATHER_OPS = ("all_gather", "all_gatherv")
+
+# nccl-tests' -d names (and common aliases) -> (name printed in the table, torch dtype attribute).
+DATATYPES: dict[str, tuple[str, str]] = {
+    "int8": ("int8", "int8"), "char": ("int8", "int8"),
+    "uint8": ("uint8", "uint8"),
+    "int32": ("int32", "int32"), "int": ("int32", "int32"),
+    "int64": ("int64", "int64"),
+    "half": ("half", "float16"), "float16": ("half", "float16"), "fp16": ("half", "float16"),
+    "float": ("float", "float32"), "float32": ("float", "float32"), "fp32": ("float", "float32"),
+    "double": ("double", "float64"), "float64": ("double", "float64"),
+    "bfloat16": ("bfloat16", "bfloat16"), "bf16": ("bfloat16", "bfloat16"),
+    "f8e4m3": ("f8e4m3", "float8_e4m3fn"), "fp8_e4m3": ("f8e4m3", "float8_e4m3fn"),
+    "f8e5m2": ("f8e5m2", "float8_e5m2"), "fp8_e5m2": ("f8e5m2", "float8_e5m2"),
+}
+
+FLOAT_TYPES = ("half", "float", "double", "bfloat16", "f8e4m3", "f8e5m2")
+
+# Fault injection for tests: the rank named here overwrites one output element after every
+# checked call, so #wrong must come out non-zero.
+CORRUPT_ENV = "SYMCOMM_BENCH_CORRUPT"
+
+
+class BenchError(Exception):
+    """A problem with what was asked for; reported as one line, exit status 2."""
+
+
+@dataclass
+class BenchConfig:
+    op: str
+    sizes: list[int]
+    minbytes: int
+    maxbytes: int
+    stepfactor: int
+    iters: int
+    warmup: int
+    check: bool
+    graph: int
+    datatype: str            # key of DATATYPES
+    redop: str
+    algo: str
+    symmetric: bool | None   # None: on for cuda, off for cpu
+    json_path: str | None
+    device: str              # "cpu" or "cuda"
+    seed: int = 0
+    corrupt_rank: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def type_name(self) -> str:
+        return DATATYPES[self.datatype][0]
+
+    @property
+    def torch_dtype_name(self) -> str:
+        return DATATYPES[self.datatype][1]
+
+    @property
+    def table_redop(self) -> str:
+        return "none" if self.op in GATHER_OPS else self.redop

@@ -1,0 +1,274 @@
+"""Output: nccl-tests' table layout, bus-bandwidth factors, the JSON record, the rich summary.
+
+The text layout copies nccl-tests column for column so the two tools' outputs can be diffed.
+Nothing here touches torch.distributed: the runner hands over rank-averaged numbers.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Iterable, Sequence
+
+SCHEMA = "symcomm-bench/1"
+
+
+def bus_factor(op: str, world: int) -> float:
+    """busbw / algbw: the fraction of the data each rank's link carries (nccl-tests' factors)."""
+    if world < 1:
+        raise ValueError("world must be positive")
+    if op == "all_reduce":
+        return 2.0 * (world - 1) / world
+    if op in ("all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv"):
+        return (world - 1) / world
+    raise ValueError(f"unknown op {op!r}")
+
+
+def algbw_gbs(nbytes: int, time_us: float) -> float:
+    """Bytes per second in GB/s (10^9), 0 where the time is 0 so empty messages print."""
+    return nbytes / (time_us * 1e3) if time_us > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    time_us: float
+    wrong: int | None  # None when the check was off
+
+
+@dataclass(frozen=True)
+class SizeRow:
+    algo: str
+    nbytes: int
+    count: int
+    out_of_place: Timing
+    in_place: Timing
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    rank: int
+    pid: int
+    host: str
+    index: int | None  # None on cpu
+    pci: tuple[int, int, int] | None  # (domain, bus, device)
+    name: str
+
+
+@dataclass
+class RunInfo:
+    op: str
+    world: int
+    type_name: str
+    redop: str           # "none" for gathers
+    minbytes: int
+    maxbytes: int
+    stepfactor: int
+    warmup: int
+    iters: int
+    check: bool
+    graph: int
+    device: str          # "cpu" / "cuda"
+    device_name: str
+    backend: str
+    torch_version: str
+    nccl_version: str | None
+    notes: list[str] = field(default_factory=list)
+    devices: list[DeviceInfo] = field(default_factory=list)
+
+
+def format_time(time_us: float) -> str:
+    # nccl-tests drops decimals as the number grows so the column stays 7 wide.
+    if time_us >= 10000.0:
+        return f"{time_us:7.0f}"
+    if time_us >= 100.0:
+        return f"{time_us:7.1f}"
+    return f"{time_us:7.2f}"
+
+
+def device_line(dev: DeviceInfo) -> str:
+    head = f"#  Rank {dev.rank:2d} Group  0 Pid {dev.pid:6d} on {dev.host:>10s} device "
+    if dev.index is None:
+        return head + f"cpu [cpu] {dev.name}"
+    domain, bus, device = dev.pci or (0, 0, 0)
+    return head + f"{dev.index:2d} [{domain:04x}:{bus:02x}:{device:02x}] {dev.name}"
+
+
+def header_lines(info: RunInfo) -> list[str]:
+    lines = [
+        f"# nThread 1 nGpus 1 minBytes {info.minbytes} maxBytes {info.maxbytes} "
+        f"step: {info.stepfactor}(factor) warmup iters: {info.warmup} iters: {info.iters} "
+        f"agg iters: 1 validation: {int(info.check)} graph: {info.graph}",
+        "#",
+        f"# symcomm-bench {info.op}: world {info.world}, {info.device} ({info.backend}), "
+        f"{info.device_name}, torch {info.torch_version}, nccl {info.nccl_version or 'n/a'}",
+    ]
+    lines += [f"# {note}" for note in info.notes]
+    lines += ["#", "# Using devices"]
+    lines += [device_line(dev) for dev in info.devices]
+    lines.append("#")
+    return lines
+
+
+def column_header() -> list[str]:
+    blank = ""
+    return [
+        f"# {blank:10s}  {blank:12s}  {blank:8s}  {blank:6s}  {blank:6s}"
+        "           out-of-place                       in-place          ",
+        f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}"
+        f"  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}"
+        f"  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}",
+        f"# {'(B)':>10s}  {'(elements)':>12s}  {blank:8s}  {blank:6s}  {blank:6s}"
+        f"  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {blank:5s}"
+        f"  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {blank:5s}",
+    ]
+
+
+def block_header(algo: str) -> list[str]:
+    return [f"# Using algo: {algo}", "#", *column_header()]
+
+
+def format_row(row: SizeRow, info: RunInfo) -> str:
+    factor = bus_factor(info.op, info.world)
+    line = (f"{row.nbytes:12d}  {row.count:12d}  {info.type_name:>8s}  {info.redop:>6s}  "
+            f"{-1:6d}")
+    for timing in (row.out_of_place, row.in_place):
+        algbw = algbw_gbs(row.nbytes, timing.time_us)
+        wrong = "N/A" if timing.wrong is None else "%g" % timing.wrong
+        line += (f"  {format_time(timing.time_us)}  {algbw:6.2f}  {algbw * factor:6.2f}"
+                 f"  {wrong:>5s}")
+    return line
+
+
+def total_wrong(rows: Iterable[SizeRow]) -> int:
+    return sum((t.wrong or 0) for r in rows for t in (r.out_of_place, r.in_place))
+
+
+def avg_busbw(rows: Sequence[SizeRow], op: str, world: int) -> float:
+    # nccl-tests averages every timed busbw, out-of-place and in-place alike.
+    factor = bus_factor(op, world)
+    values = [algbw_gbs(r.nbytes, t.time_us) * factor
+              for r in rows for t in (r.out_of_place, r.in_place)]
+    return sum(values) / len(values) if values else 0.0
+
+
+def footer_lines(rows: Sequence[SizeRow], info: RunInfo) -> list[str]:
+    wrong = total_wrong(rows)
+    return [
+        f"# Out of bounds values : {wrong} {'FAILED' if wrong else 'OK'}",
+        "# Avg bus bandwidth    : %g " % avg_busbw(rows, info.op, info.world),
+        "#",
+    ]
+
+
+def format_block(algo: str, rows: Sequence[SizeRow], info: RunInfo) -> list[str]:
+    return [*block_header(algo), *(format_row(r, info) for r in rows), *footer_lines(rows, info)]
+
+
+def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str) -> dict:
+    factor = bus_factor(info.op, info.world)
+    flat = []
+    for row in rows:
+        for inplace, timing in ((False, row.out_of_place), (True, row.in_place)):
+            algbw = algbw_gbs(row.nbytes, timing.time_us)
+            flat.append({"algo": row.algo, "bytes": row.nbytes, "count": row.count,
+                         "time_us": timing.time_us, "algbw": algbw, "busbw": algbw * factor,
+                         "wrong": timing.wrong, "inplace": inplace})
+    return {
+        "schema": SCHEMA,
+        "op": info.op,
+        "dtype": info.type_name,
+        "redop": info.redop,
+        "world_size": info.world,
+        "device": info.device,
+        "device_name": info.device_name,
+        "torch": info.torch_version,
+        "nccl": info.nccl_version,
+        "date": date,
+        "graph_replays": info.graph,
+        "iters": info.iters,
+        "warmup_iters": info.warmup,
+        "rows": flat,
+    }
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=1)
+        fh.write("\n")
+
+
+def pick_baseline(algos: Sequence[str]) -> str:
+    for name in ("nccl", "torch"):
+        if name in algos:
+            return name
+    return algos[0]
+
+
+def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
+    """rich Table: out-of-place time per path, the winner, and each path's speed-up over the
+    baseline path (plain nccl on GPU, torch on CPU)."""
+    from rich.table import Table
+
+    baseline = pick_baseline(algos)
+    table = Table(title=f"out-of-place time (us); speed-up = {baseline} time / path time",
+                  title_justify="left")
+    table.add_column("size (B)", justify="right")
+    for algo in algos:
+        table.add_column(algo, justify="right")
+    table.add_column("winner")
+    others = [a for a in algos if a != baseline]
+    for algo in others:
+        table.add_column(f"{algo} vs {baseline}", justify="right")
+
+    by_size: dict[int, dict[str, float]] = {}
+    for row in rows:
+        by_size.setdefault(row.nbytes, {})[row.algo] = row.out_of_place.time_us
+    for nbytes, times in by_size.items():
+        present = {a: t for a, t in times.items() if a in algos}
+        winner = min(present, key=present.get) if present else "-"
+        cells = [str(nbytes)]
+        cells += [f"{times[a]:.2f}" if a in times else "-" for a in algos]
+        cells.append(winner)
+        base = times.get(baseline)
+        for algo in others:
+            t = times.get(algo)
+            cells.append(f"{base / t:.2f}x" if base and t else "-")
+        table.add_row(*cells)
+    return table
+
+
+def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | None = None) -> None:
+    from rich.console import Console
+
+    out = out or sys.stdout
+    # Piped output gets a fixed width so the table is never folded at rich's 80-column default.
+    console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    console.print(summary_table(rows, algos))
+
+
+class Progress:
+    """A rich progress bar on stderr, or nothing. Never writes to stdout."""
+
+    def __init__(self, total: int, enabled: bool):
+        self._bar = None
+        self._task = None
+        if enabled and total > 0:
+            from rich.console import Console
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(console=Console(stderr=True), transient=True,
+                                     redirect_stdout=False, redirect_stderr=False)
+            self._task = self._bar.add_task("symcomm-bench", total=total)
+
+    def __enter__(self) -> "Progress":
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def advance(self, description: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=description)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,365 @@
+"""Runs the sweep on every rank: buffers, timing, correctness, rank averaging, rank-0 output.
+
+Expects torch.distributed to be initialised already (the CLI does that).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from . import check, report
+from .config import BenchConfig, BenchError
+from .sizes import UNEVEN_OPS, Layout, layout, uneven_rule
+
+_MIB = 1 << 20
+_POOL_SLACK = 8 * _MIB
+_POOL_ROUND = 2 * _MIB
+
+
+def pool_bytes(maxbytes: int, world: int) -> int:
+    """Symmetric pool to reserve up front: every rank must register the same amount, and growing
+    it later is a collective that must not happen between timed calls."""
+    need = 2 * maxbytes * world + _POOL_SLACK
+    return -(-need // _POOL_ROUND) * _POOL_ROUND
+
+
+@dataclass
+class Buffers:
+    send: torch.Tensor
+    recv: torch.Tensor
+    symmetric: bool
+
+
+def views(lay: Layout, bufs: Buffers, rank: int, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) for one call. In-place aliases them the way nccl-tests does: the same
+    tensor for all_reduce, the rank's slice of the output for gathers, the rank's slice of the
+    input as the output for reduce-scatters."""
+    op, row = lay.op, lay.row
+    if op == "all_reduce":
+        x = bufs.send[:lay.count]
+        return x, (x if inplace else bufs.recv[:lay.count])
+    lo, hi = lay.offset(rank), lay.offset(rank) + lay.parts[rank]
+    if op in ("all_gather", "all_gatherv"):
+        out = bufs.recv[:lay.total]
+        x = out[lo:hi] if inplace else bufs.send[:lay.parts[rank]]
+    else:
+        x = bufs.send[:lay.total]
+        out = x[lo:hi] if inplace else bufs.recv[:lay.parts[rank]]
+    if op in UNEVEN_OPS:
+        x, out = x.view(-1, row), out.view(-1, row)
+    return x, out
+
+
+def make_call(comm, lay: Layout, x: torch.Tensor, out: torch.Tensor, redop: str,
+              algo: str) -> Callable[[], object]:
+    """A zero-argument closure, so the timed loop costs one Python call on top of the API."""
+    op = lay.op
+    if op == "all_reduce":
+        return lambda: comm.all_reduce(x, out=out, op=redop, algo=algo)
+    if op == "all_gather":
+        return lambda: comm.all_gather(x, out=out, algo=algo)
+    if op == "reduce_scatter":
+        return lambda: comm.reduce_scatter(x, out=out, op=redop, algo=algo)
+    rows = [p // lay.row for p in lay.parts]
+    if op == "all_gatherv":
+        return lambda: comm.all_gatherv(x, rows, out=out, algo=algo)
+    return lambda: comm.reduce_scatterv(x, rows, out=out, op=redop, algo=algo)
+
+
+class Timer:
+    """Per-rank time of one collective, in microseconds."""
+
+    def __init__(self, device: torch.device, iters: int, warmup: int, graph_replays: int):
+        self.cuda = device.type == "cuda"
+        self.iters = iters
+        self.warmup = warmup
+        self.graph_replays = graph_replays
+
+    def barrier(self) -> None:
+        dist.barrier()
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def measure(self, call: Callable[[], object]) -> float:
+        for _ in range(self.warmup):
+            call()
+        if not self.cuda:
+            self.barrier()
+            start = time.perf_counter()
+            for _ in range(self.iters):
+                call()
+            return (time.perf_counter() - start) * 1e6 / self.iters
+        if self.graph_replays > 0:
+            return self._graph(call)
+        return self._eager_cuda(call)
+
+    def _eager_cuda(self, call: Callable[[], object]) -> float:
+        start, end = _events()
+        self.barrier()
+        start.record()
+        for _ in range(self.iters):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / self.iters
+
+    def _graph(self, call: Callable[[], object]) -> float:
+        # n collectives captured back to back, replayed G times with no barrier in between:
+        # a barrier per replay would add the ranks' start skew to every sample.
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(self.iters):
+                call()
+        start, end = _events()
+        self.barrier()
+        start.record()
+        for _ in range(self.graph_replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        elapsed_ms = start.elapsed_time(end)
+        del graph
+        return elapsed_ms * 1e3 / (self.iters * self.graph_replays)
+
+
+def _events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+class Runner:
+    def __init__(self, cfg: BenchConfig, comm):
+        self.cfg = cfg
+        self.comm = comm
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.device = torch.device(comm.device)
+        self.dtype: torch.dtype = getattr(torch, cfg.torch_dtype_name)
+        self.stats_device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.notes: list[str] = list(cfg.notes)
+        self.algos = self._algos()
+        self.bufs = self._buffers()
+        self.timer = Timer(self.device, cfg.iters, cfg.warmup,
+                           cfg.graph if self.device.type == "cuda" else 0)
+
+    # -- setup ---------------------------------------------------------------------------
+    def _algos(self) -> list[str]:
+        available = list(self.comm.algorithms())
+        self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}")
+        if self.cfg.algo == "all":
+            return [a for a in available if a != "auto"] + ["auto"]
+        if self.cfg.algo != "auto" and self.cfg.algo not in available:
+            raise BenchError(f"--algo {self.cfg.algo} is not available on this communicator "
+                             f"(available: {', '.join(['auto', *available])})")
+        return [self.cfg.algo]
+
+    def _buffers(self) -> Buffers:
+        import symcomm
+
+        itemsize = self.dtype.itemsize
+        lays = [layout(self.cfg.op, n, self.world, itemsize, self.rank) for n in self.cfg.sizes]
+        n_send = max(max(lay.in_elems for lay in lays), 1)
+        n_recv = max(max(lay.out_elems for lay in lays), 1)
+
+        want = self.cfg.symmetric if self.cfg.symmetric is not None else self.device.type == "cuda"
+        symmetric = False
+        if want and self.device.type != "cuda":
+            self.notes.append("Buffers: plain (symmetric memory needs --device cuda)")
+        elif want:
+            nbytes = pool_bytes(self.cfg.maxbytes, self.world)
+            try:
+                self.comm.reserve_symmetric(nbytes)
+                symmetric = True
+                self.notes.append(f"Buffers: symmetric (pool of {nbytes // _MIB} MiB "
+                                  f"reserved per rank)")
+            except symcomm.SymcommError as exc:
+                self.notes.append(f"Buffers: plain (symmetric memory unavailable: {exc})")
+        else:
+            self.notes.append("Buffers: plain" + (" (--no-symmetric)" if self.cfg.symmetric is False else ""))
+
+        if not symmetric and "nccl-symm" in self.algos:
+            if self.cfg.algo == "nccl-symm":
+                raise BenchError("--algo nccl-symm needs symmetric buffers "
+                                 "(drop --no-symmetric, or pick another algo)")
+            self.algos.remove("nccl-symm")
+            self.notes.append("Skipping nccl-symm: buffers are not symmetric")
+
+        ctx = symcomm.use_symmetric_memory(self.comm) if symmetric else nullcontext()
+        with ctx:
+            send = torch.empty(n_send, dtype=self.dtype, device=self.device)
+            recv = torch.empty(n_recv, dtype=self.dtype, device=self.device)
+        return Buffers(send, recv, symmetric)
+
+    def run_info(self) -> report.RunInfo:
+        cfg = self.cfg
+        cuda = self.device.type == "cuda"
+        if cuda and cfg.graph > 0:
+            timing = (f"Timing: {cfg.iters} ops captured in one CUDA graph, replayed {cfg.graph} "
+                      f"times, CUDA events; time = elapsed/(iters*replays), averaged over ranks")
+        elif cuda:
+            timing = f"Timing: {cfg.iters} eager ops between CUDA events, averaged over ranks"
+        else:
+            timing = (f"Timing: {cfg.iters} eager ops after a barrier, perf_counter, "
+                      f"averaged over ranks")
+        notes = [*self.notes, timing]
+        if cfg.check:
+            notes.append(f"Check: seeded random data (seed {cfg.seed}) against a float64 "
+                         f"reference; #wrong summed over ranks")
+        if cfg.op in UNEVEN_OPS:
+            notes.append(f"Split: {uneven_rule(self.world)}")
+        devices: list[report.DeviceInfo | None] = [None] * self.world
+        dist.all_gather_object(devices, _device_info(self.rank, self.device))
+        return report.RunInfo(
+            op=cfg.op, world=self.world, type_name=cfg.type_name, redop=cfg.table_redop,
+            minbytes=cfg.minbytes, maxbytes=cfg.maxbytes, stepfactor=cfg.stepfactor,
+            warmup=cfg.warmup, iters=cfg.iters, check=cfg.check,
+            graph=cfg.graph if cuda else 0, device=self.device.type,
+            device_name=devices[0].name, backend=dist.get_backend(),
+            torch_version=torch.__version__, nccl_version=_nccl_version(self.comm),
+            notes=notes, devices=devices)
+
+    # -- one size ------------------------------------------------------------------------
+    def measure_size(self, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
+        cfg = self.cfg
+        lay = layout(cfg.op, nbytes, self.world, self.dtype.itemsize, self.rank)
+        data_redop = cfg.table_redop
+
+        def gen(p: int) -> torch.Tensor:
+            return check.make_input(check.input_elems(lay, p), self.dtype, self.device, cfg.seed,
+                                    p, lay.nbytes, data_redop, self.world)
+
+        mine = gen(self.rank)
+        exp = check.expected(lay, cfg.redop, self.dtype, self.rank, self.world, gen) \
+            if cfg.check else None
+
+        stats = torch.zeros(len(self.algos), 4, dtype=torch.float64)
+        for i, algo in enumerate(self.algos):
+            for j, inplace in enumerate((False, True)):
+                x, out = views(lay, self.bufs, self.rank, inplace)
+                call = make_call(self.comm, lay, x, out, cfg.redop, algo)
+                _load(x, out, mine)
+                stats[i, 2 * j] = self.timer.measure(call)
+                if exp is not None:
+                    stats[i, 2 * j + 1] = self._check(call, x, out, mine, exp)
+            progress.advance(f"{cfg.op} {lay.nbytes} B {algo}")
+
+        stats = stats.to(self.stats_device)
+        dist.all_reduce(stats)
+        stats = stats.cpu()
+        rows = []
+        for i, algo in enumerate(self.algos):
+            t_oop, w_oop, t_ip, w_ip = (float(v) for v in stats[i])
+            checked = exp is not None
+            rows.append(report.SizeRow(
+                algo, lay.nbytes, lay.count,
+                report.Timing(t_oop / self.world, int(w_oop) if checked else None),
+                report.Timing(t_ip / self.world, int(w_ip) if checked else None)))
+        return rows
+
+    def _check(self, call: Callable[[], object], x: torch.Tensor, out: torch.Tensor,
+               mine: torch.Tensor, exp: check.Expected) -> int:
+        _load(x, out, mine)
+        call()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        if self.cfg.corrupt_rank == self.rank:
+            check.corrupt(out)
+        return check.count_wrong(out, exp)
+
+
+def _load(x: torch.Tensor, out: torch.Tensor, mine: torch.Tensor) -> None:
+    """Poison the output, then write this rank's input (in-place layouts overlap the two, so
+    the order matters)."""
+    check.poison_fill(out)
+    if x.numel():
+        x.reshape(-1).copy_(mine)
+
+
+def _device_info(rank: int, device: torch.device) -> report.DeviceInfo:
+    host = socket.gethostname()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        pci = (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", 0),
+               getattr(props, "pci_device_id", 0))
+        return report.DeviceInfo(rank, os.getpid(), host, index, pci, props.name)
+    return report.DeviceInfo(rank, os.getpid(), host, None, None, _cpu_name())
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def _nccl_version(comm) -> str | None:
+    try:
+        nccl = comm.capabilities().get("nccl") or {}
+        if nccl.get("version"):
+            return str(nccl["version"])
+    except Exception:  # noqa: BLE001 - capabilities() is informational; never stop a run for it
+        pass
+    if torch.cuda.is_available():
+        try:
+            return ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - CPU builds have no NCCL to report
+            return None
+    return None
+
+
+def run(cfg: BenchConfig, comm) -> int:
+    """The whole sweep. Returns the exit status: 1 if any element was wrong, else 0."""
+    runner = Runner(cfg, comm)
+    info = runner.run_info()
+    lead = runner.rank == 0
+    streaming = len(runner.algos) == 1
+    out = sys.stdout
+
+    def emit(lines: list[str]) -> None:
+        if lead:
+            out.write("".join(line + "\n" for line in lines))
+            out.flush()
+
+    emit(report.header_lines(info))
+    if streaming:
+        emit(report.block_header(runner.algos[0]))
+
+    # The bar shares the terminal with the table only when rows are not streaming to it.
+    show_bar = lead and sys.stderr.isatty() and not (streaming and out.isatty())
+    rows: list[report.SizeRow] = []
+    with report.Progress(len(cfg.sizes) * len(runner.algos), show_bar) as progress:
+        for nbytes in cfg.sizes:
+            size_rows = runner.measure_size(nbytes, progress)
+            rows += size_rows
+            if streaming:
+                emit([report.format_row(r, info) for r in size_rows])
+
+    if streaming:
+        emit(report.footer_lines(rows, info))
+    else:
+        for algo in runner.algos:
+            emit(report.format_block(algo, [r for r in rows if r.algo == algo], info))
+        if lead:
+            report.print_summary(rows, runner.algos, out)
+            out.flush()
+
+    if lead and cfg.json_path:
+        date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        report.write_json(cfg.json_path, report.json_payload(info, rows, date))
+    return 1 if report.total_wrong(rows) else 0

@@ -1,0 +1,60 @@
+"""Run a function on N gloo ranks in fresh processes, with a hard time bound.
+
+Each rank runs ``fn(rank, world_size, *args)`` after init_process_group. A rank that raises
+reports its traceback; a world that outlives ``timeout_s`` is killed and the test fails, so a
+collective bug shows up as a failure, never as a hung CI job.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world_size, port, args, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        try:
+            fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, None))
+    except BaseException:  # noqa: BLE001 - everything goes back to the test
+        results.put((rank, traceback.format_exc()))
+
+
+def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0) -> None:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    failures, seen = {}, set()
+    try:
+        for _ in range(world_size):
+            rank, error = results.get(timeout=timeout_s)
+            seen.add(rank)
+            if error:
+                failures[rank] = error
+    except Exception:  # queue.Empty: some rank never finished
+        missing = sorted(set(range(world_size)) - seen)
+        failures.update({r: f"rank {r} did not finish within {timeout_s} s (hang?)" for r in missing})
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if failures:
+        raise AssertionError("\n".join(f"--- rank {r} ---\n{e}" for r, e in sorted(failures.items())))

@@ -1,0 +1,176 @@
+"""Which path ran, CUDA graphs, torch.compile, fallbacks, check mode and pool limits."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import symcomm
+from _data import all_inputs, assert_reduced, rank_input
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def _pair(comm, op, numel, dtype=torch.bfloat16, seed=1):
+    w = comm.world_size
+    out_numel = {"all_reduce": numel, "all_gather": numel * w, "reduce_scatter": numel // w}[op]
+    with symcomm.use_symmetric_memory(comm):
+        x = torch.empty(numel, dtype=dtype, device=comm.device)
+        out = torch.empty(out_numel, dtype=dtype, device=comm.device)
+    x.copy_(rank_input(numel, dtype, comm.rank, seed))
+    return x, out
+
+
+def _gpu_activity(fn) -> list[str]:
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_symmetric_path_runs_symmetric_kernels_without_copies(comm, op):
+    """Profiler proof: nccl-symm launches NCCL's symmetric kernels (named ...Sym...) and no
+    memcpy; the plain communicator on the very same buffers launches regular kernels."""
+    x, out = _pair(comm, op, 32768)
+    symm = _gpu_activity(lambda: getattr(comm, op)(x, out=out, algo="nccl-symm"))
+    plain = _gpu_activity(lambda: getattr(comm, op)(x, out=out, algo="nccl"))
+    print(f"\n{op} nccl-symm kernels: {sorted(set(symm))}\n{op} nccl kernels: {sorted(set(plain))}")
+    assert any(re.search("sym", k, re.I) for k in symm), symm
+    assert not any(re.search("sym", k, re.I) for k in plain), plain
+    assert not any(re.search("memcpy|memset", k, re.I) for k in symm), symm
+
+
+def test_auto_routes_by_size_and_symmetry(comm):
+    small, _ = _pair(comm, "all_reduce", 1024)
+    assert comm.select("all_reduce", small, out=small).algo == "nccl-symm"
+    big, _ = _pair(comm, "all_reduce", 64 << 20)  # 128 MiB bf16: plain NCCL wins there
+    assert comm.select("all_reduce", big, out=big).algo == "nccl"
+    plain = torch.ones(1024, dtype=torch.bfloat16, device=comm.device)
+    choice = comm.select("all_reduce", plain)
+    assert choice.algo == "nccl" and "symmetric memory" in choice.rejected["nccl-symm"]
+
+
+def test_forcing_symmetric_on_ordinary_memory_raises(comm):
+    plain = torch.ones(1024, dtype=torch.bfloat16, device=comm.device)
+    with pytest.raises(symcomm.ArgumentError, match="nccl-symm.*symmetric memory"):
+        comm.all_reduce(plain, algo="nccl-symm")
+
+
+def test_wrong_device_raises_before_communicating(comm):
+    with pytest.raises(symcomm.ArgumentError, match="x is on cpu"):
+        comm.all_reduce(torch.ones(4))
+
+
+@pytest.mark.parametrize("algo", ("nccl", "nccl-symm", "auto"))
+@pytest.mark.parametrize("op", OPS)
+def test_graph_replay_is_bitwise_equal_to_eager(comm, op, algo):
+    numel = 40_000 * comm.world_size + 8 * comm.world_size
+    x, out = _pair(comm, op, numel, seed=11)
+    run = getattr(comm, op)
+    run(x, out=out, algo=algo)
+    eager = out.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(x, out=out, algo=algo)  # warm-up before capture, as frameworks do
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(x, out=out, algo=algo)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+
+
+def test_compiled_function_matches_eager(comm):
+    w, rank = comm.world_size, comm.rank
+    sizes = [2 * r + 1 for r in range(w)]
+
+    def step(x, y, rows):
+        a = comm.all_reduce(x * 2)
+        b = comm.all_gather(y)
+        c = comm.reduce_scatter(a)
+        d = comm.all_gatherv(rows, sizes)
+        e = comm.reduce_scatterv(d, sizes)
+        return a + 1, b, c, d, e
+
+    x = rank_input((8 * w, 16), torch.float32, rank, 21)
+    y = rank_input((3, 5), torch.bfloat16, rank, 22)
+    rows = rank_input((sizes[rank], 4), torch.float32, rank, 23)
+    eager = step(x, y, rows)
+    compiled = torch.compile(step, fullgraph=True)(x, y, rows)
+    for i, (e, c) in enumerate(zip(eager, compiled)):
+        assert torch.equal(e, c), f"output {i} differs"
+    assert_reduced(eager[0] - 1, [2 * t for t in all_inputs((8 * w, 16), torch.float32, w, 21)], "compiled all_reduce")
+
+
+def test_reserve_during_capture_is_refused(comm):
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(symcomm.SymmetricMemoryError, match="capture"):
+        with torch.cuda.graph(graph):
+            comm.reserve_symmetric(2 << 20)
+
+
+@pytest.fixture()
+def fresh(dist_env):
+    """A communicator with a small pool of its own, so its allocations start from a known state."""
+    c = symcomm.Communicator(symmetric_capacity=64 << 20, check=True)
+    yield c
+    c.close()
+
+
+def test_check_mode_names_the_misplaced_tensor(fresh):
+    rank = fresh.rank
+    with symcomm.use_symmetric_memory(fresh):
+        pad = torch.empty((rank + 1) * (2 << 20), dtype=torch.uint8, device=fresh.device)
+        x = torch.ones(1 << 20, dtype=torch.bfloat16, device=fresh.device)
+    assert fresh.is_symmetric(pad) and fresh.is_symmetric(x)
+    with pytest.raises(symcomm.PeerMismatchError, match="offset of 'x'"):
+        fresh.all_reduce(x, out=x, algo="nccl-symm")
+
+
+def test_check_mode_catches_size_mismatch_instead_of_hanging(fresh):
+    x = torch.ones(1000 + fresh.rank, device=fresh.device)
+    with pytest.raises(symcomm.PeerMismatchError, match="message size"):
+        fresh.all_reduce(x)
+
+
+def test_reserve_mismatch_raises_on_every_rank(fresh):
+    with pytest.raises(symcomm.PeerMismatchError, match="reserve_symmetric"):
+        fresh.reserve_symmetric((2 << 20) * (fresh.rank + 1))
+
+
+def test_pool_exhaustion_is_a_clear_error(fresh):
+    with pytest.raises(symcomm.SymmetricMemoryError, match="reserve_symmetric"):
+        with symcomm.use_symmetric_memory(fresh):
+            torch.empty(128 << 20, dtype=torch.uint8, device=fresh.device)
+
+
+def test_reserve_grows_pool_and_close_releases_it(fresh):
+    before = fresh.capabilities()["symmetric_memory"]
+    fresh.reserve_symmetric(96 << 20)
+    after = fresh.capabilities()["symmetric_memory"]
+    assert after["regions"] == before["regions"] + 1
+    assert after["capacity"] == before["capacity"] + (96 << 20)
+    with symcomm.use_symmetric_memory(fresh):
+        big = torch.empty(80 << 20, dtype=torch.uint8, device=fresh.device)
+    assert fresh.is_symmetric(big)
+    del big
+    fresh.close()
+    assert fresh.capabilities()["symmetric_memory"]["regions"] == 0
+    with pytest.raises(symcomm.CommClosedError):
+        fresh.all_reduce(torch.ones(4, device="cuda"))
+
+
+def test_disabled_context_allocates_ordinary_memory(comm):
+    with symcomm.use_symmetric_memory(comm, disabled=True):
+        t = torch.empty(4096, device=comm.device)
+    assert not comm.is_symmetric(t)
+    with symcomm.use_symmetric_memory(comm):
+        s = torch.empty(4096, device=comm.device)
+    assert comm.is_symmetric(s)

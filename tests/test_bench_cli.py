@@ -1,0 +1,140 @@
+"""symcomm-bench end to end on CPU over gloo, plus argument handling and bad-input exits."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from symcomm.bench import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "SYMCOMM_BENCH_CORRUPT")
+
+
+def clean_env(**extra):
+    # Under torchrun the test process itself has RANK/WORLD_SIZE; the CLI must not inherit them.
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+def bench(*args, timeout=120, **env):
+    return subprocess.run([sys.executable, "-m", "symcomm.bench", *args], cwd=ROOT,
+                          env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def table_rows(stdout):
+    """Data rows of every nccl-tests block: (bytes, count, wrong out-of-place, wrong in-place)."""
+    rows = []
+    for line in stdout.splitlines():
+        fields = line.split()
+        if line.startswith("#") or len(fields) != 13:
+            continue
+        rows.append((int(fields[0]), int(fields[1]), fields[8], fields[12]))
+    return rows
+
+
+@pytest.fixture
+def no_launcher_env(monkeypatch):
+    for key in LAUNCHER_VARS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_all_reduce_two_ranks_table_and_json(tmp_path):
+    out = tmp_path / "run.json"
+    res = bench("all_reduce", "-g", "2", "--device", "cpu", "-b", "1K", "-e", "64K", "-n", "2",
+                "-w", "1", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("# nThread 1 nGpus 1 minBytes 1024 maxBytes 65536 step: 2(factor)")
+    assert "# Using algo: auto" in lines
+    assert sum(l.startswith("#  Rank ") for l in lines) == 2   # one device line per rank
+    rows = table_rows(res.stdout)
+    assert [(b, c) for b, c, _, _ in rows] == [(1024 << i, 256 << i) for i in range(7)]
+    assert all(w_oop == "0" and w_ip == "0" for _, _, w_oop, w_ip in rows)
+    assert "# Out of bounds values : 0 OK" in lines
+
+    payload = json.loads(out.read_text())
+    assert payload["schema"] == "symcomm-bench/1"
+    assert (payload["op"], payload["dtype"], payload["world_size"]) == ("all_reduce", "float", 2)
+    assert payload["iters"] == 2 and payload["graph_replays"] == 0
+    assert payload["torch"] == torch.__version__ and payload["date"]
+    assert len(payload["rows"]) == 14
+    for row in payload["rows"]:
+        assert row["algo"] == "auto" and row["wrong"] == 0 and row["time_us"] > 0
+        assert row["busbw"] == pytest.approx(row["algbw"])  # 2(n-1)/n = 1 at world 2
+    assert sorted({r["bytes"] for r in payload["rows"]}) == [1024 << i for i in range(7)]
+    assert {r["inplace"] for r in payload["rows"]} == {True, False}
+
+
+def test_injected_error_is_counted_in_every_block():
+    res = bench("reduce_scatterv", "-g", "2", "--device", "cpu", "-b", "1K", "-e", "4K", "-n", "1",
+                "-w", "0", "--algo", "all", SYMCOMM_BENCH_CORRUPT="1")
+    assert res.returncode == 1, res.stderr
+    rows = table_rows(res.stdout)
+    assert len(rows) == 3 * 2  # 3 sizes, blocks for "torch" and "auto"
+    assert all(w_oop == "1" and w_ip == "1" for _, _, w_oop, w_ip in rows)
+    assert res.stdout.count("# Out of bounds values : 6 FAILED") == 2
+    assert "rank r gets floor(R*(r+1)/3)" in res.stdout
+    assert "winner" in res.stdout  # the rich summary after the blocks
+
+
+def _one_error_line(stderr):
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    assert "Traceback" not in stderr
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("symcomm-bench: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["all_reduce", "-b", "2M", "-e", "1M"], "larger than"),
+    (["all_to_all"], "invalid choice"),
+    (["all_reduce", "--algo", "fastest"], "invalid choice"),
+    (["all_reduce", "-f", "1"], "stepfactor"),
+    (["all_reduce", "--device", "cpu", "-g", "4096"], "4096"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    res = bench(*args, timeout=60)
+    assert res.returncode == 2
+    assert needle in _one_error_line(res.stderr)
+    assert res.stdout == ""
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["all_reduce", "-b", "1X"], "-b/--minbytes"),
+    (["all_reduce", "-n", "0"], "iters"),
+    (["all_reduce", "-d", "float7"], "datatype"),
+    (["all_reduce", "-d", "int32", "-o", "avg"], "floating-point"),
+    (["all_reduce", "--device", "cpu", "-G", "4"], "--cudagraph"),
+    (["all_reduce", "--device", "cpu", "-g", "0"], "at least 1"),
+    (["all_reduce", "--unknown-flag"], "unrecognized"),
+])
+def test_bad_input_in_process(args, needle, capsys, no_launcher_env):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in _one_error_line(err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_gpu_is_a_usage_error(capsys, no_launcher_env):
+    assert cli.main(["all_reduce", "--device", "cuda"]) == 2
+    assert "no CUDA device" in _one_error_line(capsys.readouterr().err)
+
+
+def test_flags_map_to_config():
+    args = cli.build_parser().parse_args(
+        ["reduce_scatter", "-b", "1K", "-e", "1M", "-f", "4", "-n", "7", "-w", "3", "-c", "0",
+         "-d", "half", "-o", "max", "--algo", "all", "--no-symmetric"])
+    cfg = cli.build_config(args, "cpu")
+    assert cfg.sizes == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert (cfg.iters, cfg.warmup, cfg.check, cfg.type_name, cfg.redop) == (7, 3, False, "half", "max")
+    assert (cfg.algo, cfg.symmetric, cfg.graph) == ("all", False, 0)
+    gathered = cli.build_config(cli.build_parser().parse_args(["all_gather"]), "cuda")
+    assert (gathered.type_name, gathered.table_redop, gathered.sizes) == ("bfloat16", "none", [32 << 20])

@@ -1,0 +1,187 @@
+"""The public API end to end on CPU over gloo, in spawned multi-rank worlds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import symcomm
+from _spawn import run_world
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+NUMELS = (0, 1, 7, 1023, 4097)
+
+
+def _input(shape, dtype, rank, seed):
+    gen = torch.Generator().manual_seed(seed * 7919 + rank)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if dtype.is_floating_point:
+        t = (torch.rand(shape, generator=gen) + 0.5) * (torch.randint(0, 2, shape, generator=gen) * 2 - 1)
+        return t.to(dtype)
+    return torch.randint(-50, 50, shape, generator=gen).to(dtype)
+
+
+def _inputs(shape, dtype, world, seed):
+    return [_input(shape, dtype, r, seed) for r in range(world)]
+
+
+def _assert_sum(out, parts, what):
+    stacked = torch.stack([p.double() for p in parts])
+    ref, bound = stacked.sum(0), len(parts) * (torch.finfo(out.dtype).eps if out.dtype.is_floating_point else 0) * stacked.abs().sum(0)
+    err = (out.double() - ref).abs()
+    assert bool((err <= bound).all()), f"{what}: max err {err.max().item() if err.numel() else 0}"
+
+
+def _collectives(rank, world):
+    comm = symcomm.Communicator()
+    assert comm.algorithms() == ["torch"] and comm.device == torch.device("cpu")
+    for dtype in FLOATS + (torch.int32, torch.int64):
+        for numel in NUMELS:
+            seed = numel + 13
+            x = _input(numel, dtype, rank, seed)
+            _assert_sum(comm.all_reduce(x), _inputs(numel, dtype, world, seed), f"all_reduce {dtype} {numel}")
+            y = x.clone()
+            assert comm.all_reduce(y, out=y) is y
+            _assert_sum(y, _inputs(numel, dtype, world, seed), "in place")
+            g = comm.all_gather(x.reshape(numel, 1))
+            assert torch.equal(g, torch.cat(_inputs(numel, dtype, world, seed)).reshape(-1, 1))
+            big = _input(world * numel, dtype, rank, seed + 1)
+            mine = [t[rank * numel:(rank + 1) * numel] for t in _inputs(world * numel, dtype, world, seed + 1)]
+            _assert_sum(comm.reduce_scatter(big), mine, f"reduce_scatter {dtype} {numel}")
+    parts = _inputs(101, torch.float32, world, 5)
+    stacked = torch.stack(parts).double()
+    x = parts[rank]
+    for op, ref in (("max", stacked.max(0).values), ("min", stacked.min(0).values), ("avg", stacked.mean(0)),
+                    ("prod", stacked.prod(0))):
+        torch.testing.assert_close(comm.all_reduce(x, op=op).double(), ref, rtol=1e-5, atol=1e-6, msg=op)
+    for sizes in ([3, 0, 5][:world], [0] * world, [0] * (world - 1) + [4], [2] * world):
+        specs = [((7,), torch.bfloat16), ((16,), torch.uint8), ((4,), torch.float8_e4m3fn), ((2,), torch.int64)]
+        xs = [_input((sizes[rank], *s), torch.float32, rank, i).to(d) for i, (s, d) in enumerate(specs)]
+        outs = comm.all_gatherv(xs, sizes)
+        for i, (s, d) in enumerate(specs):
+            expect = torch.cat([_input((sizes[r], *s), torch.float32, r, i).to(d) for r in range(world)])
+            assert torch.equal(outs[i].view(torch.uint8), expect.view(torch.uint8)), (sizes, d)
+        single = comm.all_gatherv(xs[0], sizes)
+        assert isinstance(single, torch.Tensor) and single.shape == (sum(sizes), 7)
+        full = _input((sum(sizes), 5), torch.float32, rank, 77)
+        first = sum(sizes[:rank])
+        got = comm.reduce_scatterv(full, sizes)
+        _assert_sum(got, [t[first:first + sizes[rank]] for t in _inputs((sum(sizes), 5), torch.float32, world, 77)],
+                    f"reduce_scatterv {sizes}")
+    choice = comm.select("all_reduce", torch.ones(3))
+    assert choice.algo == "torch" and "CPU" in choice.rejected["nccl"]
+    caps = comm.capabilities()
+    assert caps["paths"]["nccl-symm"]["enabled"] is False and caps["paths"]["nccl-symm"]["reason"]
+    comm.close()
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_collectives_match_float64_reference(world):
+    run_world(_collectives, world)
+
+
+BAD_CALLS = [
+    # (callable taking comm and rank, exception type, message fragment)
+    (lambda c, r: c.all_reduce([1, 2]), symcomm.ArgumentError, "x must be a torch.Tensor"),
+    (lambda c, r: c.all_reduce(torch.empty(4, device="meta")), symcomm.ArgumentError, "x is on meta"),
+    (lambda c, r: c.all_reduce(torch.ones(4, 4).t()), symcomm.ArgumentError, "contiguous"),
+    (lambda c, r: c.all_reduce(torch.ones(4), out=torch.ones(5)), symcomm.ArgumentError, "out has shape"),
+    (lambda c, r: c.all_reduce(torch.ones(4), out=torch.ones(4, dtype=torch.float64)), symcomm.DtypeError, "dtype"),
+    (lambda c, r: c.all_reduce(torch.ones(4), op="mean"), symcomm.ArgumentError, "op must be one of"),
+    (lambda c, r: c.all_reduce(torch.ones(4, dtype=torch.int32), op="avg"), symcomm.DtypeError, "floating"),
+    (lambda c, r: c.all_reduce(torch.ones(4, dtype=torch.bool)), symcomm.DtypeError, "cannot reduce"),
+    (lambda c, r: c.all_reduce(torch.ones(4).to(torch.float8_e4m3fn)), symcomm.ArgumentError, "no path can serve"),
+    (lambda c, r: c.all_reduce(torch.ones(4), algo="fast"), symcomm.ArgumentError, "algo must be"),
+    (lambda c, r: c.all_reduce(torch.ones(4), algo="nccl-symm"), symcomm.ArgumentError, "unavailable"),
+    (lambda c, r: c.all_gather(torch.tensor(1.0)), symcomm.ArgumentError, "at least one dimension"),
+    (lambda c, r: c.all_gather(torch.ones(2), out=torch.ones(3)), symcomm.ArgumentError, "out has shape"),
+    (lambda c, r: c.reduce_scatter(torch.ones(3)), symcomm.ArgumentError, "divisible"),
+    (lambda c, r: c.all_gatherv(torch.ones(1), [1]), symcomm.ArgumentError, "one entry per rank"),
+    (lambda c, r: c.all_gatherv(torch.ones(1), [1, -1]), symcomm.ArgumentError, "sizes[1] must be >= 0"),
+    (lambda c, r: c.all_gatherv(torch.ones(1), [1, 1.5]), symcomm.ArgumentError, "must be an int"),
+    (lambda c, r: c.all_gatherv(torch.ones(2), [1, 1]), symcomm.ArgumentError, f"sizes["),
+    (lambda c, r: c.all_gatherv([], [1, 1]), symcomm.ArgumentError, "non-empty"),
+    (lambda c, r: c.all_gatherv([torch.ones(1)], [1, 1], out=torch.ones(2)), symcomm.ArgumentError, "list of 1"),
+    (lambda c, r: c.reduce_scatterv(torch.ones(3), [1, 1]), symcomm.ArgumentError, "add up to"),
+    (lambda c, r: c.reduce_scatterv(torch.ones(2), "ab"), symcomm.ArgumentError, "sequence"),
+    (lambda c, r: c.select("broadcast", torch.ones(2)), symcomm.ArgumentError, "op must be one of"),
+]
+
+
+def _bad_inputs(rank, world):
+    comm = symcomm.Communicator()
+    for i, (call, exc_type, fragment) in enumerate(BAD_CALLS):
+        with pytest.raises(exc_type, match=None) as info:
+            call(comm, rank)
+        assert fragment in str(info.value), f"case {i}: {info.value!r} lacks {fragment!r}"
+        assert isinstance(info.value, symcomm.SymcommError)
+    # Every bad call raised before communicating: the ranks are still in step.
+    assert comm.all_reduce(torch.ones(3)).tolist() == [world] * 3
+    comm.close()
+    comm.close()  # idempotent
+    with pytest.raises(symcomm.CommClosedError):
+        comm.all_reduce(torch.ones(3))
+    with pytest.raises(symcomm.CommClosedError):
+        comm.reserve_symmetric(1 << 21)
+
+
+def test_bad_inputs_raise_before_communication():
+    run_world(_bad_inputs, 2)
+
+
+def _check_mode(rank, world):
+    comm = symcomm.Communicator(check=True)
+    with pytest.raises(symcomm.PeerMismatchError, match="message size"):
+        comm.all_reduce(torch.ones(10 + rank))
+    # Each rank is self-consistent, but they disagree about rank 1's row count.
+    sizes = [1, 2 + rank]
+    with pytest.raises(symcomm.PeerMismatchError, match=r"sizes\[1\]"):
+        comm.all_gatherv(torch.ones(sizes[rank], 3), sizes)
+    assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # still in step
+    comm.close()
+
+
+def test_check_mode_turns_rank_mismatch_into_an_error():
+    run_world(_check_mode, 2)
+
+
+def _compiled(rank, world):
+    comm = symcomm.Communicator()
+    sizes = [1, 3][:world]
+
+    def step(x, y, rows):
+        a = comm.all_reduce(x * 2)
+        return a + 1, comm.all_gather(y), comm.reduce_scatter(a), comm.all_gatherv(rows, sizes), \
+            comm.reduce_scatterv(comm.all_gatherv(rows, sizes), sizes)
+
+    args = (_input((4 * world, 3), torch.float32, rank, 1), _input((2, 2), torch.bfloat16, rank, 2),
+            _input((sizes[rank], 4), torch.float32, rank, 3))
+    eager = step(*args)
+    compiled = torch.compile(step, fullgraph=True)(*args)
+    for i, (e, c) in enumerate(zip(eager, compiled)):
+        assert torch.equal(e, c), f"output {i}"
+    comm.close()
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    run_world(_compiled, 2, timeout_s=600)
+
+
+def test_communicator_needs_torch_distributed():
+    with pytest.raises(symcomm.ArgumentError, match="init_process_group"):
+        symcomm.Communicator()
+
+
+def _disabled_context_is_free(rank, world):
+    comm = symcomm.Communicator()
+    first = symcomm.use_symmetric_memory(comm)
+    assert first is symcomm.use_symmetric_memory(comm, disabled=True), "no object per call"
+    with first:
+        t = torch.ones(4)
+    assert not comm.is_symmetric(t)
+    with pytest.raises(symcomm.SymmetricMemoryError, match="CPU"):
+        comm.reserve_symmetric(1 << 21)
+    comm.close()
+
+
+def test_symmetric_memory_unavailable_on_cpu_costs_nothing():
+    run_world(_disabled_context_is_free, 2)
