@@ -73,7 +73,7 @@ def test_allocator_is_deterministic_across_bases(native):
     for base in (0x7F00_0000_0000, 0x7A00_0000_0000):
         pool = native.symcomm_pool_create()
         assert native.symcomm_pool_add_region(pool, base, 32 * G) == 0
-        assert native.symcomm_pool_add_region(pool, base + 64 * G, 8 * G) == 0
+        assert native.symcomm_pool_add_region(pool, base + 64 * G, 16 * G) == 0
         ptrs = [_alloc(native, pool, n) for n in requests]
         native.symcomm_free(ptrs[1], 0, 0, None)
         ptrs.append(_alloc(native, pool, 4 * G))

@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.ngpus is not None and args.ngpus != world:
                 raise BenchError(f"-g {args.ngpus} conflicts with WORLD_SIZE={world} set by the launcher")
             return run_rank(cfg)
-        world = args.ngpus or 1
+        world = args.ngpus if args.ngpus is not None else 1
         _check_world(device, world)
         if world == 1:
             os.environ.update(_rank_env(0, 1, _free_port()))
