@@ -156,7 +156,9 @@ class Runner:
         available = list(self.comm.algorithms())
         self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}")
         if self.cfg.algo == "all":
-            return [a for a in available if a != "auto"] + ["auto"]
+            # On GPUs the torch path is a last resort, not a contender: keep it out of "all".
+            skip = {"auto", "torch"} if self.device.type == "cuda" else {"auto"}
+            return [a for a in available if a not in skip] + ["auto"]
         if self.cfg.algo != "auto" and self.cfg.algo not in available:
             raise BenchError(f"--algo {self.cfg.algo} is not available on this communicator "
                              f"(available: {', '.join(['auto', *available])})")

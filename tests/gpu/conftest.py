@@ -52,7 +52,10 @@ def dist_env():
 @pytest.fixture(scope="session")
 def comm(dist_env):
     import symcomm
-    # 256 MiB in + out for the largest message, plus room for the rest of the suite.
-    c = symcomm.Communicator(symmetric_capacity=1536 << 20)
+    # 256 MiB in + out for the largest message, plus room for the rest of the suite. Check mode
+    # is on: a test that fails on one rank keeps its tensors alive in the traceback, which shifts
+    # that rank's later pool offsets; check mode then names the problem instead of letting the
+    # symmetric kernels read the wrong memory on every later test.
+    c = symcomm.Communicator(symmetric_capacity=1536 << 20, check=True)
     yield c
     c.close()

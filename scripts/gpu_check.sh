@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
+#
+#   bash scripts/gpu_check.sh [all|tests|bench] [OUT]
+#
+# Writes logs and JSON under $OUT (default ./out), packed as logs.tgz and results.tgz so the
+# device tool's few-files limit holds, and prints a short summary last. A GPU test that skips
+# fails the run (SYMCOMM_REQUIRE_GPU=1): a GPU run must never pass by skipping.
+set -uo pipefail
+MODE=${1:-all}
+OUT=${2:-${OUT:-$PWD/out}}
+mkdir -p "$OUT/logs" "$OUT/results"
+cd "$(dirname "$0")/.."
+
+# NVLink multicast stays off: it can take the host's shared GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONUNBUFFERED=1
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+pack() {  # also on timeout: whatever was measured still comes back
+  tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  tar -czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"
+  echo "==== summary ===="
+  cat "$SUMMARY"
+}
+trap pack EXIT
+
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sort | uniq -c
+  nvidia-smi topo -m
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
+  nvcc --version | tail -2
+} >"$OUT/logs/env.txt" 2>&1
+note "$(grep -E '^date|torch ' "$OUT/logs/env.txt" | tr '\n' ' ')"
+note "gpus: $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+
+if ! pip install --no-build-isolation --no-deps -e . >"$OUT/logs/build.log" 2>&1; then
+  note "BUILD FAILED (see logs/build.log)"; tail -20 "$OUT/logs/build.log"; exit 1
+fi
+note "build: ok ($(ls symcomm/_native/))"
+
+run_tests() {
+  local world=$1
+  # Each rank writes its own log; the wrapper keeps the per-rank pytest summary line.
+  SYMCOMM_REQUIRE_GPU=1 timeout 240 torchrun --nproc-per-node="$world" --no-python bash -c \
+    "python3 -m pytest tests/gpu -q -s -rs -p no:cacheprovider >$OUT/logs/gpu_w${world}_r\$RANK.log 2>&1"
+  local rc=$?
+  for log in "$OUT"/logs/gpu_w"${world}"_r*.log; do
+    note "tests world=$world $(basename "$log" .log): $(tail -1 "$log")"
+  done
+  note "tests world=$world exit: $rc"
+}
+
+run_bench() {
+  local world=$1
+  for op in all_reduce all_gather reduce_scatter; do
+    timeout 150 torchrun --nproc-per-node="$world" -m symcomm.bench "$op" -b 1K -e 256M -f 2 \
+      -w 5 -n 20 -G 20 -d bfloat16 --algo all --json "$OUT/results/${op}_w${world}.json" \
+      >"$OUT/results/${op}_w${world}.txt" 2>"$OUT/logs/bench_${op}_w${world}.err"
+    note "bench $op world=$world exit: $? ($(grep -c '^ ' "$OUT/results/${op}_w${world}.txt") rows)"
+  done
+  timeout 120 torchrun --nproc-per-node="$world" bench/eager_overhead.py \
+    --json "$OUT/results/eager_w${world}.json" >"$OUT/results/eager_w${world}.txt" 2>"$OUT/logs/eager_w${world}.err"
+  note "$(tail -1 "$OUT/results/eager_w${world}.txt") [world $world]"
+}
+
+if [[ $MODE == all || $MODE == tests ]]; then
+  for world in 2 4; do
+    if ((world <= NGPU)); then run_tests "$world"; else note "tests world=$world: NOT RUN ($NGPU GPUs)"; fi
+  done
+fi
+if [[ $MODE == all || $MODE == bench ]]; then
+  python3 bench/membership.py --json "$OUT/results/membership.json" >"$OUT/results/membership.txt" 2>&1
+  sed 's/^/membership: /' "$OUT/results/membership.txt" | tee -a "$SUMMARY"
+  for world in 4 2; do
+    if ((world <= NGPU)); then run_bench "$world"; else note "bench world=$world: NOT RUN ($NGPU GPUs)"; fi
+  done
+fi
+
