@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 # NVLink multicast stays off: it can take the host's shared GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN} PYTHONUNBUFFERED=1
+# bench/*.py run as scripts: make the checkout importable whatever the editable install did.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"

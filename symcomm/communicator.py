@@ -214,13 +214,14 @@ class Communicator:
     def _explain(self, call: Call) -> Choice:
         rejected: dict[str, str] = {}
         chosen = ""
-        for name in self.table.preference(call.op, call.nbytes):
+        preference = self.table.preference(call.op, call.nbytes)
+        for name in (*preference, *(n for n in (*self._backends, *self._disabled) if n not in preference)):
             backend = self._backends.get(name)
             reason = self._disabled.get(name, "not built") if backend is None else backend.why_not(call)
-            if reason is None:
+            if reason is None and not chosen:
                 chosen = name
-                break
-            rejected[name] = reason
+            elif name not in rejected and name != chosen:
+                rejected[name] = reason or f"ranked below {chosen} at {call.nbytes} bytes by the {self.table.source} table"
         return Choice(chosen, rejected)
 
     def _launch(self, call: Call, algo: str) -> None:

@@ -21,14 +21,16 @@ INF = float("inf")
 # smaller one that is.
 _KiB, _MiB = 1 << 10, 1 << 20
 BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
+    # bench/results/2026-11-21_h200: the faster of nccl and nccl-symm per power-of-two size,
+    # bf16, CUDA-graph replay, out-of-place.
     2: {
-        "all_reduce": [(32 * _KiB, SYMM), (2 * _MiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
-        "all_gather": [(64 * _MiB, SYMM), (INF, PLAIN)],
-        "reduce_scatter": [(64 * _KiB, SYMM), (512 * _KiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+        "all_reduce": [(32 * _KiB, SYMM), (1 * _MiB, PLAIN), (4 * _MiB, SYMM), (INF, PLAIN)],
+        "all_gather": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (16 * _MiB, SYMM), (INF, PLAIN)],
+        "reduce_scatter": [(64 * _KiB, SYMM), (1 * _MiB, PLAIN), (4 * _MiB, SYMM), (INF, PLAIN)],
     },
     4: {
-        "all_reduce": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (6 * _MiB, SYMM), (INF, PLAIN)],
-        "all_gather": [(128 * _MiB, SYMM), (INF, PLAIN)],
+        "all_reduce": [(64 * _KiB, SYMM), (1 * _MiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+        "all_gather": [(INF, SYMM)],
         "reduce_scatter": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
     },
 }

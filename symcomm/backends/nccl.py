@@ -52,6 +52,11 @@ class NcclBackend:
                 return str(exc)
         if self._is_symmetric is None or call.nbytes == 0:
             return None  # plain NCCL takes any buffer; an empty call touches no memory
+        if call.op in ("reduce_scatter", "reduce_scatterv") and call.outputs[0].nbytes % 16:
+            # Measured 2026-11-21, NCCL 2.28.9, 2x/4x H200: the symmetric reduce-scatter kernels
+            # got one element wrong on odd ranks when a rank's chunk was 14 bytes (7 bf16), and
+            # NCCL raised no error. Chunks that are whole 16-byte vectors were always right.
+            return "each rank's chunk must be a multiple of 16 bytes for NCCL's symmetric reduce-scatter"
         if not call.even:
             # Uneven rows put each rank's slice at a different offset: a symmetric kernel
             # would read the wrong peer memory (DESIGN.md, "same offset" rule).

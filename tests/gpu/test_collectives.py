@@ -80,6 +80,11 @@ def test_reduce_scatter(comm, algo, dtype, numel):
     seed, w = 77 + numel, comm.world_size
     x = _alloc(comm, w * numel, dtype, True).copy_(rank_input(w * numel, dtype, comm.rank, seed))
     out = _poison(_alloc(comm, numel, dtype, True))
+    if algo == "nccl-symm" and numel * dtype.itemsize % 16:
+        # NCCL 2.28.9's symmetric reduce-scatter got such chunks wrong; the path refuses them.
+        with pytest.raises(symcomm.ArgumentError, match="multiple of 16 bytes"):
+            comm.reduce_scatter(x, out=out, algo=algo)
+        return
     comm.reduce_scatter(x, out=out, algo=algo)
     mine = [t[comm.rank * numel:(comm.rank + 1) * numel] for t in all_inputs(w * numel, dtype, w, seed)]
     assert_reduced(out, mine, f"reduce_scatter {algo}")
