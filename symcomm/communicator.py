@@ -22,6 +22,7 @@ from .pool import SymmetricPool
 # reserve_symmetric() or the constructor argument.
 DEFAULT_SYMMETRIC_CAPACITY = 256 << 20
 DEFAULT_TIMEOUT_S = 300.0
+_is_compiling = torch.compiler.is_compiling
 
 def _env_timeout() -> float:
     return float(os.environ.get("SYMCOMM_TIMEOUT_S", DEFAULT_TIMEOUT_S))
@@ -225,7 +226,8 @@ class Communicator:
         return Choice(chosen, rejected)
 
     def _launch(self, call: Call, algo: str) -> None:
-        self._require_open()
+        if self.closed:
+            raise CommClosedError("this Communicator is closed")
         backend = self._choose(call, algo)
         if self.check:
             self._verify(call, backend.name)
@@ -268,7 +270,7 @@ class Communicator:
     def all_reduce(self, x: torch.Tensor, out: torch.Tensor | None = None, op: str = "sum",
                    algo: str = "auto") -> torch.Tensor:
         """Reduce ``x`` over all ranks into ``out`` (a new tensor, or ``x`` itself for in place)."""
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return ops.compiled_all_reduce(self, x, out, op, algo)
         call = validate.all_reduce(x, out, op, self.device)
         self._launch(call, algo)
@@ -276,7 +278,7 @@ class Communicator:
 
     def all_gather(self, x: torch.Tensor, out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
         """Concatenate every rank's ``x`` along dim 0, in rank order."""
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return ops.compiled_all_gather(self, x, out, algo)
         call = validate.all_gather(x, out, self.world_size, self.device)
         self._launch(call, algo)
@@ -287,7 +289,7 @@ class Communicator:
                     algo: str = "auto") -> torch.Tensor | list[torch.Tensor]:
         """Gather rows with per-rank counts ``sizes`` (zeros allowed); several tensors share one
         NCCL group. Returns a tensor for a tensor, a list for a list."""
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return ops.compiled_all_gatherv(self, tensors, sizes, out, algo)
         call, single = validate.all_gatherv(tensors, sizes, out, self.rank, self.world_size, self.device)
         self._launch(call, algo)
@@ -296,7 +298,7 @@ class Communicator:
     def reduce_scatter(self, x: torch.Tensor, out: torch.Tensor | None = None, op: str = "sum",
                        algo: str = "auto") -> torch.Tensor:
         """Reduce ``x`` over ranks; rank r keeps rows [r*n, (r+1)*n) with n = x.shape[0] / world."""
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return ops.compiled_reduce_scatter(self, x, out, op, algo)
         call = validate.reduce_scatter(x, out, op, self.world_size, self.device)
         self._launch(call, algo)
@@ -305,7 +307,7 @@ class Communicator:
     def reduce_scatterv(self, x: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None = None,
                         op: str = "sum", algo: str = "auto") -> torch.Tensor:
         """Reduce ``x`` (sum(sizes) rows) over ranks; rank r keeps its ``sizes[r]`` rows."""
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return ops.compiled_reduce_scatterv(self, x, sizes, out, op, algo)
         call = validate.reduce_scatterv(x, sizes, out, op, self.rank, self.world_size, self.device)
         self._launch(call, algo)

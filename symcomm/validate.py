@@ -14,36 +14,48 @@ from .backends.base import Call
 from .errors import ArgumentError, DtypeError
 
 REDOPS = ("sum", "prod", "max", "min", "avg")
+_REDOP_SET = frozenset(REDOPS)
+_UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
+
+# These checks run on every eager call, inside the <= 3 us budget symcomm may add over a raw
+# ctypes NCCL call (bench/eager_overhead.py). So the happy path reads a few cheap attributes
+# (get_device() returns an int; .device would build a torch.device) and only the failure
+# path builds a message.
+
+
+def _placed(t: torch.Tensor, device: torch.device) -> bool:
+    index = device.index
+    return t.get_device() == index if index is not None else t.device == device
 
 
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
+    if isinstance(t, torch.Tensor) and t.is_contiguous() and _placed(t, device):
+        return t
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != device:
         raise ArgumentError(f"{name} is on {t.device}, but this communicator runs on {device}")
-    if not t.is_contiguous():
-        raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
-    return t
+    raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
 
 
 def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     out = tensor(name, out, like.device)
-    if out.dtype != like.dtype:
+    if out.dtype is not like.dtype:
         raise DtypeError(f"{name} has dtype {out.dtype}, but the input has {like.dtype}")
-    if tuple(out.shape) != shape:
-        raise ArgumentError(f"{name} has shape {tuple(out.shape)}, expected {shape}")
+    if out.shape != shape:
+        raise ArgumentError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
     return out
 
 
 def redop(op: object, dtype: torch.dtype) -> str:
-    if op not in REDOPS:
+    if op not in _REDOP_SET:
         raise ArgumentError(f"op must be one of {', '.join(REDOPS)}, got {op!r}")
+    if dtype in _UNREDUCIBLE:
+        raise DtypeError(f"cannot reduce dtype {dtype}")
     if op == "avg" and not dtype.is_floating_point:
         raise DtypeError(f"op='avg' needs a floating-point dtype, got {dtype}")
-    if dtype == torch.bool or dtype.is_complex:
-        raise DtypeError(f"cannot reduce dtype {dtype}")
     return op
 
 
@@ -73,15 +85,18 @@ def sizes_arg(sizes: object, world_size: int) -> list[int]:
 def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call:
     x = tensor("x", x, device)
     op = redop(op, x.dtype)
-    out = x if out is x else output("out", out, tuple(x.shape), x)
-    return Call("all_reduce", [x], [out], None, op, x.nbytes)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out is not x:
+        out = output("out", out, x.shape, x)
+    return Call("all_reduce", (x,), (out,), None, op, x.nbytes)
 
 
 def all_gather(x: object, out: object, world_size: int, device: torch.device) -> Call:
     x = tensor("x", x, device)
     n = rows("x", x)
     out = output("out", out, (world_size * n, *x.shape[1:]), x)
-    return Call("all_gather", [x], [out], None, None, out.nbytes)
+    return Call("all_gather", (x,), (out,), None, None, out.nbytes)
 
 
 def reduce_scatter(x: object, out: object, op: object, world_size: int, device: torch.device) -> Call:
@@ -91,7 +106,7 @@ def reduce_scatter(x: object, out: object, op: object, world_size: int, device: 
     if n % world_size:
         raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
     out = output("out", out, (n // world_size, *x.shape[1:]), x)
-    return Call("reduce_scatter", [x], [out], None, op, x.nbytes)
+    return Call("reduce_scatter", (x,), (out,), None, op, x.nbytes)
 
 
 def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_size: int,
@@ -128,4 +143,4 @@ def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int
     if rows("x", x) != sum(sizes):
         raise ArgumentError(f"x has {x.shape[0]} rows, but sizes add up to {sum(sizes)}")
     out = output("out", out, (sizes[rank], *x.shape[1:]), x)
-    return Call("reduce_scatterv", [x], [out], sizes, op, x.nbytes)
+    return Call("reduce_scatterv", (x,), (out,), sizes, op, x.nbytes)

@@ -1,12 +1,13 @@
 """What a backend sees of a collective call, and what it must answer."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
 OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
-REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter", "reduce_scatterv"})
+SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 
 
 class Call:
@@ -20,7 +21,7 @@ class Call:
 
     __slots__ = ("op", "inputs", "outputs", "sizes", "redop", "nbytes", "dtype", "_symmetric")
 
-    def __init__(self, op: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+    def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                  sizes: list[int] | None, redop: str, nbytes: int) -> None:
         self.op = op
         self.inputs = inputs

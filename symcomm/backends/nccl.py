@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from .._nccl import REDUCE_OPS, UINT8, Library, reduce_dtype
+from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
 from ..errors import DtypeError
-from .base import Call
+from .base import SCATTERING_OPS, Call
 
 # Returns the cudaStream_t as an int without building a torch.cuda.Stream (about 1 us saved per
 # call). Absent from CPU builds, where this backend is never constructed.
@@ -34,6 +34,12 @@ class NcclBackend:
         # Only the symmetric backend has a membership test; its presence is what makes
         # why_not demand windows.
         self._is_symmetric = is_symmetric
+        self._reduce_codes: dict[torch.dtype, int] = {}
+        for dtype in DTYPES:
+            try:
+                self._reduce_codes[dtype] = reduce_dtype(dtype, nccl.version)
+            except DtypeError:
+                pass
         self._runners = {
             "all_reduce": self._all_reduce,
             "all_gather": self._all_gather,
@@ -43,32 +49,36 @@ class NcclBackend:
         }
 
     def why_not(self, call: Call) -> str | None:
-        if call.inputs[0].device.type != "cuda":
-            return "tensors are not on a CUDA device"
-        if call.redop is not None:
-            try:
-                reduce_dtype(call.dtype, self._nccl.version)
-            except DtypeError as exc:
-                return str(exc)
+        # Runs on every call: cheapest tests first, and nothing the validator already did
+        # (device, contiguity, shapes).
+        if call.redop is not None and call.dtype not in self._reduce_codes:
+            return self._unreducible(call.dtype)
         if self._is_symmetric is None or call.nbytes == 0:
             return None  # plain NCCL takes any buffer; an empty call touches no memory
-        if call.op in ("reduce_scatter", "reduce_scatterv") and call.outputs[0].nbytes % 16:
+        if call.op in SCATTERING_OPS and call.outputs[0].nbytes % 16:
             # Measured 2026-11-21, NCCL 2.28.9, 2x/4x H200: the symmetric reduce-scatter kernels
             # got one element wrong on odd ranks when a rank's chunk was 14 bytes (7 bf16), and
             # NCCL raised no error. Chunks that are whole 16-byte vectors were always right.
             return "each rank's chunk must be a multiple of 16 bytes for NCCL's symmetric reduce-scatter"
-        if not call.even:
+        if call.sizes is not None and not call.even:
             # Uneven rows put each rank's slice at a different offset: a symmetric kernel
             # would read the wrong peer memory (DESIGN.md, "same offset" rule).
             return "per-rank sizes are uneven, so window offsets differ between ranks"
         symmetric = call._symmetric
         if symmetric is None:
             check = self._is_symmetric
-            symmetric = all(check(t) for t in call.inputs) and all(check(t) for t in call.outputs)
+            symmetric = all(map(check, call.inputs)) and all(map(check, call.outputs))
             call._symmetric = symmetric
         if not symmetric:
             return "input and output are not both in symmetric memory"
         return None
+
+    def _unreducible(self, dtype: torch.dtype) -> str:
+        try:
+            reduce_dtype(dtype, self._nccl.version)
+        except DtypeError as exc:
+            return str(exc)
+        return f"NCCL cannot reduce {dtype}"
 
     def run(self, call: Call) -> None:
         self._runners[call.op](call, _raw_stream(self._device_index))
@@ -80,7 +90,7 @@ class NcclBackend:
     def _all_reduce(self, call: Call, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
         self._ok("ncclAllReduce", self._lib.ncclAllReduce(
-            x.data_ptr(), out.data_ptr(), x.numel(), reduce_dtype(x.dtype, self._nccl.version),
+            x.data_ptr(), out.data_ptr(), x.numel(), self._reduce_codes[x.dtype],
             REDUCE_OPS[call.redop], self.comm, stream))
 
     def _all_gather(self, call: Call, stream: int) -> None:
@@ -92,7 +102,7 @@ class NcclBackend:
     def _reduce_scatter(self, call: Call, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
         self._ok("ncclReduceScatter", self._lib.ncclReduceScatter(
-            x.data_ptr(), out.data_ptr(), out.numel(), reduce_dtype(x.dtype, self._nccl.version),
+            x.data_ptr(), out.data_ptr(), out.numel(), self._reduce_codes[x.dtype],
             REDUCE_OPS[call.redop], self.comm, stream))
 
     def _all_gatherv(self, call: Call, stream: int) -> None:
@@ -121,7 +131,7 @@ class NcclBackend:
 
     def _reduce_scatterv(self, call: Call, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
-        dtype = reduce_dtype(x.dtype, self._nccl.version)
+        dtype = self._reduce_codes[x.dtype]
         op = REDUCE_OPS[call.redop]
         if call.even:
             self._ok("ncclReduceScatter", self._lib.ncclReduceScatter(
