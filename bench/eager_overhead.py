@@ -3,10 +3,11 @@
     torchrun --nproc-per-node=4 bench/eager_overhead.py --json out.json
 
 Two numbers per variant, both medians over ranks' samples:
-- ``loop_us``: wall time of N back-to-back calls, then one synchronize, divided by N. This is
-  what a serving loop sees when it is host-bound.
-- ``issue_us``: median host time to return from one call (the Python + ctypes + NCCL enqueue
-  cost), timed per call with perf_counter_ns.
+- ``loop_us``: wall time of a batch of 64 back-to-back calls and one synchronize, per call.
+  This is what a serving loop sees when it is host-bound.
+- ``issue_us``: host time to return from one call (the Python + ctypes + NCCL enqueue cost),
+  timed per call with perf_counter_ns.
+Variants run interleaved, batch by batch, and the medians are taken over rounds and ranks.
 symcomm's overhead is its number minus the raw ctypes call on the same NCCL communicator.
 """
 from __future__ import annotations
@@ -24,30 +25,34 @@ import symcomm
 from symcomm import _nccl
 
 
-def measure(fn, iters: int) -> tuple[float, float]:
-    for _ in range(200):
-        fn()
+def measure(variants: dict, rounds: int, batch: int) -> dict[str, tuple[float, float]]:
+    """Interleaved: every round runs a batch of each variant in turn, so drift in clocks or
+    peers' progress lands on all variants alike. Returns name -> (loop_us, issue_us) medians."""
+    for fn in variants.values():
+        for _ in range(200):
+            fn()
     torch.cuda.synchronize()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    loop_us = (time.perf_counter() - start) / iters * 1e6
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-        if len(samples) % 64 == 0:
-            torch.cuda.synchronize()  # keep the queue short so enqueue never blocks on it
-    torch.cuda.synchronize()
-    return loop_us, statistics.median(samples) / 1e3
+    issue: dict[str, list[int]] = {name: [] for name in variants}
+    loop: dict[str, list[float]] = {name: [] for name in variants}
+    clock = time.perf_counter_ns
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = clock()
+            for _ in range(batch):
+                t0 = clock()
+                fn()
+                issue[name].append(clock() - t0)
+            torch.cuda.synchronize()
+            loop[name].append((clock() - start) / batch)
+    return {name: (statistics.median(loop[name]) / 1e3, statistics.median(issue[name]) / 1e3)
+            for name in variants}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--nbytes", type=int, default=1024)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -78,13 +83,11 @@ def main() -> None:
         "symcomm all_reduce auto": lambda: comm.all_reduce(x, out=y),
         "torch.distributed.all_reduce": lambda: dist.all_reduce(t),
     }
-    rows = {}
-    for name, fn in variants.items():
-        loop_us, issue_us = measure(fn, args.iters)
-        both = [None] * dist.get_world_size()
-        dist.all_gather_object(both, (loop_us, issue_us))
-        rows[name] = {"loop_us": statistics.median(b[0] for b in both),
-                      "issue_us": statistics.median(b[1] for b in both)}
+    mine = measure(variants, rounds=args.rounds, batch=64)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    rows = {name: {"loop_us": statistics.median(r[name][0] for r in everyone),
+                   "issue_us": statistics.median(r[name][1] for r in everyone)} for name in variants}
     if dist.get_rank() == 0:
         print(f"# eager 1 KiB bf16 all_reduce, world {dist.get_world_size()}, "
               f"{torch.cuda.get_device_name()}, NCCL {comm.nccl.version_string}, torch {torch.__version__}")

@@ -59,8 +59,8 @@ run_tests() {
 run_bench() {
   local world=$1
   for op in all_reduce all_gather reduce_scatter; do
-    timeout 150 torchrun --nproc-per-node="$world" -m symcomm.bench "$op" -b 1K -e 256M -f 2 \
-      -w 5 -n 20 -G 20 -d bfloat16 --algo all --json "$OUT/results/${op}_w${world}.json" \
+    timeout 240 torchrun --nproc-per-node="$world" -m symcomm.bench "$op" -b 1K -e 256M -f 2 \
+      -w 5 -n 20 -G ${GRAPH_REPLAYS:-20} -d bfloat16 --algo all --json "$OUT/results/${op}_w${world}.json" \
       >"$OUT/results/${op}_w${world}.txt" 2>"$OUT/logs/bench_${op}_w${world}.err"
     note "bench $op world=$world exit: $? ($(grep -c '^ ' "$OUT/results/${op}_w${world}.txt") rows)"
   done
