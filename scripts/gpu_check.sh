@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
-#   bash scripts/gpu_check.sh [all|tests|bench] [OUT]
+#   bash scripts/gpu_check.sh [all|tests|bench|quick] [OUT]
+#   (quick = tests, then the host-side costs: membership and eager overhead, no sweeps)
 #
 # Writes logs and JSON under $OUT (default ./out), packed as logs.tgz and results.tgz so the
 # device tool's few-files limit holds, and prints a short summary last. A GPU test that skips
@@ -64,19 +65,32 @@ run_bench() {
       >"$OUT/results/${op}_w${world}.txt" 2>"$OUT/logs/bench_${op}_w${world}.err"
     note "bench $op world=$world exit: $? ($(grep -c '^ ' "$OUT/results/${op}_w${world}.txt") rows)"
   done
+  run_eager "$world"
+}
+
+run_eager() {
+  local world=$1
   timeout 120 torchrun --nproc-per-node="$world" bench/eager_overhead.py \
     --json "$OUT/results/eager_w${world}.json" >"$OUT/results/eager_w${world}.txt" 2>"$OUT/logs/eager_w${world}.err"
   note "$(tail -1 "$OUT/results/eager_w${world}.txt") [world $world]"
 }
 
-if [[ $MODE == all || $MODE == tests ]]; then
+run_membership() {
+  python3 bench/membership.py --json "$OUT/results/membership.json" >"$OUT/results/membership.txt" 2>&1
+  sed 's/^/membership: /' "$OUT/results/membership.txt" | tee -a "$SUMMARY"
+}
+
+if [[ $MODE == all || $MODE == tests || $MODE == quick ]]; then
   for world in 2 4; do
     if ((world <= NGPU)); then run_tests "$world"; else note "tests world=$world: NOT RUN ($NGPU GPUs)"; fi
   done
 fi
+if [[ $MODE == quick ]]; then
+  run_membership
+  for world in 4 2; do ((world <= NGPU)) && run_eager "$world"; done
+fi
 if [[ $MODE == all || $MODE == bench ]]; then
-  python3 bench/membership.py --json "$OUT/results/membership.json" >"$OUT/results/membership.txt" 2>&1
-  sed 's/^/membership: /' "$OUT/results/membership.txt" | tee -a "$SUMMARY"
+  run_membership
   for world in 4 2; do
     if ((world <= NGPU)); then run_bench "$world"; else note "bench world=$world: NOT RUN ($NGPU GPUs)"; fi
   done

@@ -23,13 +23,10 @@ _UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.co
 # path builds a message.
 
 
-def _placed(t: torch.Tensor, device: torch.device) -> bool:
-    index = device.index
-    return t.get_device() == index if index is not None else t.device == device
-
-
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
-    if isinstance(t, torch.Tensor) and t.is_contiguous() and _placed(t, device):
+    index = device.index
+    if isinstance(t, torch.Tensor) and t.is_contiguous() and (
+            t.get_device() == index if index is not None else t.device == device):
         return t
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -83,12 +80,17 @@ def sizes_arg(sizes: object, world_size: int) -> list[int]:
 
 
 def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call:
+    # The hottest eager path: the common case is inlined, the helpers only raise.
     x = tensor("x", x, device)
-    op = redop(op, x.dtype)
+    dtype = x.dtype
+    if op not in _REDOP_SET or dtype in _UNREDUCIBLE or (op == "avg" and not dtype.is_floating_point):
+        redop(op, dtype)
     if out is None:
         out = torch.empty_like(x)
     elif out is not x:
-        out = output("out", out, x.shape, x)
+        out = tensor("out", out, device)
+        if out.dtype is not dtype or out.shape != x.shape:
+            output("out", out, x.shape, x)
     return Call("all_reduce", (x,), (out,), None, op, x.nbytes)
 
 

@@ -93,18 +93,24 @@ def _one_error_line(stderr):
     return lines[0]
 
 
-@pytest.mark.parametrize("args,needle", [
+SUBPROCESS_BAD_INPUT = [
     (["all_reduce", "-b", "2M", "-e", "1M"], "larger than"),
     (["all_to_all"], "invalid choice"),
-    (["all_reduce", "--algo", "fastest"], "invalid choice"),
     (["all_reduce", "-f", "1"], "stepfactor"),
-    (["all_reduce", "--device", "cpu", "-g", "4096"], "4096"),
-])
-def test_bad_input_exits_2_with_one_line(args, needle):
-    res = bench(*args, timeout=60)
-    assert res.returncode == 2
-    assert needle in _one_error_line(res.stderr)
-    assert res.stdout == ""
+    (["all_gather", "--device", "cpu", "-g", "4096"], "4096"),
+]
+
+
+def test_bad_input_exits_2_with_one_line():
+    # Started together: each process spends most of its time importing torch.
+    procs = [subprocess.Popen([sys.executable, "-m", "symcomm.bench", *args], cwd=ROOT,
+                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for args, _ in SUBPROCESS_BAD_INPUT]
+    for proc, (args, needle) in zip(procs, SUBPROCESS_BAD_INPUT):
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (args, stderr)
+        assert needle in _one_error_line(stderr), args
+        assert stdout == ""
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -115,6 +121,8 @@ def test_bad_input_exits_2_with_one_line(args, needle):
     (["all_reduce", "--device", "cpu", "-G", "4"], "--cudagraph"),
     (["all_reduce", "--device", "cpu", "-g", "0"], "at least 1"),
     (["all_reduce", "--unknown-flag"], "unrecognized"),
+    (["all_reduce", "--algo", "fastest"], "invalid choice"),
+    (["reduce_scatter", "--device", "cpu", "-g", "100000"], "CPU cores"),
 ])
 def test_bad_input_in_process(args, needle, capsys, no_launcher_env):
     assert cli.main(args) == 2
@@ -126,6 +134,20 @@ def test_bad_input_in_process(args, needle, capsys, no_launcher_env):
 def test_cuda_without_gpu_is_a_usage_error(capsys, no_launcher_env):
     assert cli.main(["all_reduce", "--device", "cuda"]) == 2
     assert "no CUDA device" in _one_error_line(capsys.readouterr().err)
+
+
+def test_algo_missing_on_the_communicator_is_a_usage_error(capsys, monkeypatch):
+    # The torchrun path, in process, as a world of one: the CPU communicator has no NCCL path.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
+    assert cli.main(["all_reduce", "--device", "cpu", "--algo", "nccl", "-b", "1K", "-e", "1K"]) == 2
+    captured = capsys.readouterr()
+    assert "not available on this communicator" in _one_error_line(captured.err)
+    assert captured.out == ""
+    assert not torch.distributed.is_initialized()  # torn down, so the process can init again
 
 
 def test_flags_map_to_config():

@@ -87,11 +87,15 @@ class NcclBackend:
         if code:
             self._nccl.check(call, code, self.comm)
 
+    def _fail(self, call: str, code: int) -> None:
+        self._nccl.check(call, code, self.comm)
+
     def _all_reduce(self, call: Call, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
-        self._ok("ncclAllReduce", self._lib.ncclAllReduce(
-            x.data_ptr(), out.data_ptr(), x.numel(), self._reduce_codes[x.dtype],
-            REDUCE_OPS[call.redop], self.comm, stream))
+        code = self._lib.ncclAllReduce(x.data_ptr(), out.data_ptr(), x.numel(), self._reduce_codes[x.dtype],
+                                       REDUCE_OPS[call.redop], self.comm, stream)
+        if code:  # no helper call on success: this is the eager hot path
+            self._fail("ncclAllReduce", code)
 
     def _all_gather(self, call: Call, stream: int) -> None:
         # Byte-moving ops send every dtype (fp8, packed fp4, ...) as uint8.
