@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from . import _native, _nccl, checks, ops, registry, validate
 from .backends.base import Backend, Call
 from .backends.nccl import NcclBackend
 from .backends.torch_dist import TorchDistBackend
-from .dispatch import Choice, DispatchTable, builtin_table
+from .dispatch import PLAIN_ROW, Choice, DispatchTable, builtin_table
 from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError,
                      SymmetricMemoryError)
 from .pool import SymmetricPool
@@ -155,7 +156,7 @@ class Communicator:
             self._pool.reserve(capacity)
         self._find = self._pool.index.find
         self._backends["nccl-symm"] = NcclBackend("nccl-symm", nccl, symm, self.rank, self.world_size,
-                                                  self.device, is_symmetric=self.is_symmetric)
+                                                  self.device, granules=self._pool.index.granules)
 
     def _new_comm(self, nccl: _nccl.Library, uid: _nccl.UniqueId) -> int:
         comm = _bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(self.world_size, uid, self.rank),
@@ -196,7 +197,8 @@ class Communicator:
 
     def _choose(self, call: Call, algo: str) -> Backend:
         if algo == "auto":
-            for name in self.table.preference(call.op, call.nbytes):
+            bounds, prefs = self.table.rows.get(call.table_key, PLAIN_ROW)
+            for name in prefs[bisect_left(bounds, call.nbytes)]:
                 backend = self._backends.get(name)
                 if backend is not None and backend.why_not(call) is None:
                     return backend
@@ -215,7 +217,7 @@ class Communicator:
     def _explain(self, call: Call) -> Choice:
         rejected: dict[str, str] = {}
         chosen = ""
-        preference = self.table.preference(call.op, call.nbytes)
+        preference = self.table.preference(call.table_key, call.nbytes)
         for name in (*preference, *(n for n in (*self._backends, *self._disabled) if n not in preference)):
             backend = self._backends.get(name)
             reason = self._disabled.get(name, "not built") if backend is None else backend.why_not(call)
@@ -256,7 +258,7 @@ class Communicator:
         if op == "all_reduce":
             return validate.all_reduce(x, out, reduce_op, self.device)
         if op == "all_gather":
-            return validate.all_gather(x, out, self.world_size, self.device)
+            return validate.all_gather(x, out, self.rank, self.world_size, self.device)
         if op == "reduce_scatter":
             return validate.reduce_scatter(x, out, reduce_op, self.world_size, self.device)
         if op == "all_gatherv":
@@ -280,7 +282,7 @@ class Communicator:
         """Concatenate every rank's ``x`` along dim 0, in rank order."""
         if _is_compiling():
             return ops.compiled_all_gather(self, x, out, algo)
-        call = validate.all_gather(x, out, self.world_size, self.device)
+        call = validate.all_gather(x, out, self.rank, self.world_size, self.device)
         self._launch(call, algo)
         return call.outputs[0]
 

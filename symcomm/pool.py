@@ -65,6 +65,12 @@ class SegmentIndex:
         """Start of the segment holding address ``ptr``, or -1."""
         return self._granules.get(ptr >> GRANULE_SHIFT, -1)
 
+    @property
+    def granules(self) -> dict[int, int]:
+        """granule number (address >> GRANULE_SHIFT) -> segment start. Read-only for callers:
+        the per-call path looks addresses up here directly, with no Python frame in between."""
+        return self._granules
+
 
 @dataclass(frozen=True)
 class Region:

@@ -94,11 +94,14 @@ def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call
     return Call("all_reduce", (x,), (out,), None, op, x.nbytes)
 
 
-def all_gather(x: object, out: object, world_size: int, device: torch.device) -> Call:
+def all_gather(x: object, out: object, rank: int, world_size: int, device: torch.device) -> Call:
     x = tensor("x", x, device)
     n = rows("x", x)
     out = output("out", out, (world_size * n, *x.shape[1:]), x)
-    return Call("all_gather", (x,), (out,), None, None, out.nbytes)
+    call = Call("all_gather", (x,), (out,), None, None, out.nbytes)
+    if x.data_ptr() == out.data_ptr() + rank * x.nbytes and x.nbytes:
+        call.table_key = "all_gather:inplace"  # x is this rank's slice of out
+    return call
 
 
 def reduce_scatter(x: object, out: object, op: object, world_size: int, device: torch.device) -> Call:

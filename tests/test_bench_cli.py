@@ -160,3 +160,41 @@ def test_flags_map_to_config():
     assert (cfg.algo, cfg.symmetric, cfg.graph) == ("all", False, 0)
     gathered = cli.build_config(cli.build_parser().parse_args(["all_gather"]), "cuda")
     assert (gathered.type_name, gathered.table_redop, gathered.sizes) == ("bfloat16", "none", [32 << 20])
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    """The torchrun path in this process, as a world of one over gloo."""
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(cli._free_port()))):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SYMCOMM_BENCH_CORRUPT", raising=False)
+    yield
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("args", [
+    ["all_reduce", "-o", "max", "-d", "int32"],
+    ["all_gather", "-d", "bfloat16"],
+    ["all_gatherv", "-d", "half"],
+    ["reduce_scatter", "-o", "prod", "-d", "double"],
+    ["reduce_scatterv", "-o", "avg", "-d", "float"],
+])
+def test_every_op_runs_clean_in_one_process(args, world_of_one, capsys):
+    assert cli.main([*args, "--device", "cpu", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0"]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert len(rows) == 3
+    assert all(w_oop == "0" and w_ip == "0" for _, _, w_oop, w_ip in rows)
+
+
+def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path):
+    # gloo cannot reduce fp8, so every path refuses: rows say N/A, the run goes on.
+    out = tmp_path / "fp8.json"
+    assert cli.main(["all_reduce", "--device", "cpu", "-d", "f8e4m3", "--algo", "all", "-b", "1K",
+                     "-e", "2K", "-n", "1", "-w", "0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    na_rows = [l for l in text.splitlines() if not l.startswith("#") and l.split()[5:] == ["N/A"] * 8]
+    assert len(na_rows) == 4  # 2 sizes x blocks "torch" and "auto"
+    assert "# torch refused some calls (N/A above), first: torch at 1024 B out-of-place" in text
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 8 and all(r["time_us"] is None and r["busbw"] is None for r in rows)

@@ -37,3 +37,25 @@ def test_malformed_rules_are_rejected():
         DispatchTable({"all_reduce": [(2048, SYMM), (1024, PLAIN), (INF, PLAIN)]}, "bad")
     with pytest.raises(ValueError, match="infinity"):
         DispatchTable({"all_reduce": [(1024, SYMM)]}, "bad")
+
+
+def test_in_place_all_gather_has_its_own_row_with_fallback():
+    table = DispatchTable({"all_gather": [(64, SYMM), (INF, PLAIN)]}, "test")
+    assert table.preference("all_gather:inplace", 64) == SYMM  # no row of its own: the op's row
+    w4 = builtin_table(4)
+    assert w4.preference("all_gather", 256 << 20) == SYMM
+    assert w4.preference("all_gather:inplace", 256 << 20) == PLAIN  # measured: in place differs
+
+
+def test_validation_marks_in_place_gathers():
+    import torch
+
+    from symcomm import validate
+    cpu = torch.device("cpu")
+    out = torch.zeros(6, 3)
+    in_place = validate.all_gather(out[2:4], out, 1, 3, cpu)
+    assert in_place.table_key == "all_gather:inplace"
+    elsewhere = validate.all_gather(out[0:2].clone(), out, 1, 3, cpu)
+    assert elsewhere.table_key == "all_gather"
+    wrong_slice = validate.all_gather(out[0:2], out, 1, 3, cpu)  # rank 1's data is not at slice 0
+    assert wrong_slice.table_key == "all_gather"

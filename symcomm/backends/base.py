@@ -19,7 +19,7 @@ class Call:
     for reduce-scatters (nccl-tests' convention, so tuning tables read like its output).
     """
 
-    __slots__ = ("op", "inputs", "outputs", "sizes", "redop", "nbytes", "dtype", "_symmetric")
+    __slots__ = ("op", "inputs", "outputs", "sizes", "redop", "nbytes", "dtype", "table_key", "_symmetric")
 
     def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                  sizes: list[int] | None, redop: str, nbytes: int) -> None:
@@ -30,6 +30,9 @@ class Call:
         self.redop = redop
         self.nbytes = nbytes
         self.dtype = inputs[0].dtype
+        # The tuning-table row: the op, or a variant of it that measured differently
+        # (see dispatch.BUILTIN).
+        self.table_key = op
         self._symmetric: bool | None = None
 
     @property

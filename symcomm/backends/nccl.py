@@ -8,12 +8,11 @@ win at large sizes without NVLS (ANCHORS.md).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
 from ..errors import DtypeError
+from ..pool import GRANULE_SHIFT
 from .base import SCATTERING_OPS, Call
 
 # Returns the cudaStream_t as an int without building a torch.cuda.Stream (about 1 us saved per
@@ -23,7 +22,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 class NcclBackend:
     def __init__(self, name: str, nccl: Library, comm: int, rank: int, world_size: int,
-                 device: torch.device, is_symmetric: Callable[[torch.Tensor], bool] | None = None) -> None:
+                 device: torch.device, granules: dict[int, int] | None = None) -> None:
         self.name = name
         self._nccl = nccl
         self._lib = nccl.lib
@@ -31,9 +30,9 @@ class NcclBackend:
         self._rank = rank
         self._world = world_size
         self._device_index = device.index
-        # Only the symmetric backend has a membership test; its presence is what makes
-        # why_not demand windows.
-        self._is_symmetric = is_symmetric
+        # Only the symmetric backend gets the pool's granule map (SegmentIndex.granules); its
+        # presence is what makes why_not demand windows.
+        self._granules = granules
         self._reduce_codes: dict[torch.dtype, int] = {}
         for dtype in DTYPES:
             try:
@@ -53,7 +52,7 @@ class NcclBackend:
         # (device, contiguity, shapes).
         if call.redop is not None and call.dtype not in self._reduce_codes:
             return self._unreducible(call.dtype)
-        if self._is_symmetric is None or call.nbytes == 0:
+        if self._granules is None or call.nbytes == 0:
             return None  # plain NCCL takes any buffer; an empty call touches no memory
         if call.op in SCATTERING_OPS and call.outputs[0].nbytes % 16:
             # Measured 2026-11-21, NCCL 2.28.9, 2x/4x H200: the symmetric reduce-scatter kernels
@@ -66,8 +65,12 @@ class NcclBackend:
             return "per-rank sizes are uneven, so window offsets differ between ranks"
         symmetric = call._symmetric
         if symmetric is None:
-            check = self._is_symmetric
-            symmetric = all(map(check, call.inputs)) and all(map(check, call.outputs))
+            owner = self._granules.get
+            symmetric = True
+            for t in (*call.inputs, *call.outputs):
+                if owner(t.data_ptr() >> GRANULE_SHIFT) is None:
+                    symmetric = False
+                    break
             call._symmetric = symmetric
         if not symmetric:
             return "input and output are not both in symmetric memory"

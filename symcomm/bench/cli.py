@@ -189,8 +189,8 @@ def run_rank(cfg: BenchConfig) -> int:
     try:
         if cuda:
             if local_rank >= torch.cuda.device_count():
-                raise BenchError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
-                                 f"GPUs are visible")
+                raise BenchError(f"rank {rank}: LOCAL_RANK {local_rank}, but only "
+                                 f"{torch.cuda.device_count()} GPUs are visible", every_rank=True)
             torch.cuda.set_device(local_rank)
             dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
         else:
@@ -211,7 +211,7 @@ def run_rank(cfg: BenchConfig) -> int:
         status = _report_failure(exc, rank)
         sys.stdout.flush()
         sys.stderr.flush()
-        if cuda:
+        if cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # Tearing down NCCL while a peer may still sit in a collective can hang; leave.
             os._exit(status)
         if dist.is_initialized():
@@ -236,8 +236,8 @@ def _communicator(symcomm, cfg: BenchConfig, device):
 def _report_failure(exc: Exception, rank: int) -> int:
     usage = isinstance(exc, BenchError) or _is_argument_error(exc)
     if usage:
-        # Every rank hits the same usage problem; one line is enough.
-        if rank == 0:
+        # Most usage problems hit every rank alike; one line is enough.
+        if rank == 0 or getattr(exc, "every_rank", False):
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if os.environ.get("SYMCOMM_BENCH_DEBUG"):

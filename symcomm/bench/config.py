@@ -34,7 +34,15 @@ CORRUPT_ENV = "SYMCOMM_BENCH_CORRUPT"
 
 
 class BenchError(Exception):
-    """A problem with what was asked for; reported as one line, exit status 2."""
+    """A problem with what was asked for; reported as one line, exit status 2.
+
+    Usually every rank hits it alike and rank 0 alone reports it; ``every_rank`` marks the
+    problems that only some ranks see, which those ranks report themselves.
+    """
+
+    def __init__(self, message: str, *, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 @dataclass

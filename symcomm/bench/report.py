@@ -6,6 +6,7 @@ Nothing here touches torch.distributed: the runner hands over rank-averaged numb
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Sequence
@@ -132,8 +133,11 @@ def format_row(row: SizeRow, info: RunInfo) -> str:
     line = (f"{row.nbytes:12d}  {row.count:12d}  {info.type_name:>8s}  {info.redop:>6s}  "
             f"{-1:6d}")
     for timing in (row.out_of_place, row.in_place):
-        algbw = algbw_gbs(row.nbytes, timing.time_us)
         wrong = "N/A" if timing.wrong is None else "%g" % timing.wrong
+        if math.isnan(timing.time_us):  # the path refused this call
+            line += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {wrong:>5s}"
+            continue
+        algbw = algbw_gbs(row.nbytes, timing.time_us)
         line += (f"  {format_time(timing.time_us)}  {algbw:6.2f}  {algbw * factor:6.2f}"
                  f"  {wrong:>5s}")
     return line
@@ -147,7 +151,7 @@ def avg_busbw(rows: Sequence[SizeRow], op: str, world: int) -> float:
     # nccl-tests averages every timed busbw, out-of-place and in-place alike.
     factor = bus_factor(op, world)
     values = [algbw_gbs(r.nbytes, t.time_us) * factor
-              for r in rows for t in (r.out_of_place, r.in_place)]
+              for r in rows for t in (r.out_of_place, r.in_place) if not math.isnan(t.time_us)]
     return sum(values) / len(values) if values else 0.0
 
 
@@ -169,9 +173,11 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str) -> dict:
     flat = []
     for row in rows:
         for inplace, timing in ((False, row.out_of_place), (True, row.in_place)):
-            algbw = algbw_gbs(row.nbytes, timing.time_us)
+            refused = math.isnan(timing.time_us)  # JSON has no NaN: refused calls are null
+            algbw = None if refused else algbw_gbs(row.nbytes, timing.time_us)
             flat.append({"algo": row.algo, "bytes": row.nbytes, "count": row.count,
-                         "time_us": timing.time_us, "algbw": algbw, "busbw": algbw * factor,
+                         "time_us": None if refused else timing.time_us, "algbw": algbw,
+                         "busbw": None if refused else algbw * factor,
                          "wrong": timing.wrong, "inplace": inplace})
     return {
         "schema": SCHEMA,
@@ -210,8 +216,7 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
     from rich.table import Table
 
     baseline = pick_baseline(algos)
-    table = Table(title=f"out-of-place time (us); speed-up = {baseline} time / path time",
-                  title_justify="left")
+    table = Table()
     table.add_column("size (B)", justify="right")
     for algo in algos:
         table.add_column(algo, justify="right")
@@ -222,7 +227,9 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
 
     by_size: dict[int, dict[str, float]] = {}
     for row in rows:
-        by_size.setdefault(row.nbytes, {})[row.algo] = row.out_of_place.time_us
+        by_size.setdefault(row.nbytes, {})
+        if not math.isnan(row.out_of_place.time_us):
+            by_size[row.nbytes][row.algo] = row.out_of_place.time_us
     for nbytes, times in by_size.items():
         present = {a: t for a, t in times.items() if a in algos}
         winner = min(present, key=present.get) if present else "-"
@@ -243,6 +250,9 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
     out = out or sys.stdout
     # Piped output gets a fixed width so the table is never folded at rich's 80-column default.
     console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    baseline = pick_baseline(algos)
+    console.print(f"# Summary: out-of-place time (us) per path; '<path> vs {baseline}' = "
+                  f"{baseline} time / path time", markup=False)
     console.print(summary_table(rows, algos))
 
 

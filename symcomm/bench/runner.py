@@ -4,6 +4,7 @@ Expects torch.distributed to be initialised already (the CLI does that).
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -25,10 +26,12 @@ _POOL_SLACK = 8 * _MIB
 _POOL_ROUND = 2 * _MIB
 
 
-def pool_bytes(maxbytes: int, world: int) -> int:
+def pool_bytes(maxbytes: int) -> int:
     """Symmetric pool to reserve up front: every rank must register the same amount, and growing
-    it later is a collective that must not happen between timed calls."""
-    need = 2 * maxbytes * world + _POOL_SLACK
+    it later is a collective that must not happen between timed calls. The run allocates one
+    input and one output buffer of at most maxbytes each; the slack covers the allocator's
+    2 MiB rounding of each."""
+    need = 2 * maxbytes + _POOL_SLACK
     return -(-need // _POOL_ROUND) * _POOL_ROUND
 
 
@@ -90,7 +93,9 @@ class Timer:
             torch.cuda.synchronize()
 
     def measure(self, call: Callable[[], object]) -> float:
-        for _ in range(self.warmup):
+        # Graph mode always runs one eager call first: a path that refuses the call then says
+        # so outside capture, and lazy setup never happens inside it.
+        for _ in range(max(self.warmup, 1 if self.cuda and self.graph_replays > 0 else 0)):
             call()
         if not self.cuda:
             self.barrier()
@@ -119,6 +124,7 @@ class Timer:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for _ in range(self.iters):
                 call()
+        graph.replay()  # untimed: the first launch also uploads the graph to the device
         start, end = _events()
         self.barrier()
         start.record()
@@ -143,9 +149,14 @@ class Runner:
         self.world = dist.get_world_size()
         self.device = torch.device(comm.device)
         self.dtype: torch.dtype = getattr(torch, cfg.torch_dtype_name)
-        self.stats_device = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend() == "nccl" else torch.device("cpu")
+        # The rank-average all_reduce goes over the torch group, whose NCCL backend (if any)
+        # takes only CUDA tensors.
+        self.stats_device = self.device if "nccl" in str(dist.get_backend()) else torch.device("cpu")
         self.notes: list[str] = list(cfg.notes)
+        self.refused: dict[str, str] = {}  # algo -> first refusal, for --algo all
+        import symcomm
+
+        self._refusal = symcomm.ArgumentError
         self.algos = self._algos()
         self.bufs = self._buffers()
         self.timer = Timer(self.device, cfg.iters, cfg.warmup,
@@ -177,7 +188,7 @@ class Runner:
         if want and self.device.type != "cuda":
             self.notes.append("Buffers: plain (symmetric memory needs --device cuda)")
         elif want:
-            nbytes = pool_bytes(self.cfg.maxbytes, self.world)
+            nbytes = pool_bytes(self.cfg.maxbytes)
             try:
                 self.comm.reserve_symmetric(nbytes)
                 symmetric = True
@@ -246,12 +257,23 @@ class Runner:
         stats = torch.zeros(len(self.algos), 4, dtype=torch.float64)
         for i, algo in enumerate(self.algos):
             for j, inplace in enumerate((False, True)):
+                where = f"{algo} at {lay.nbytes} B {'in-place' if inplace else 'out-of-place'}"
                 x, out = views(lay, self.bufs, self.rank, inplace)
                 call = make_call(self.comm, lay, x, out, cfg.redop, algo)
                 _load(x, out, mine)
-                stats[i, 2 * j] = self.timer.measure(call)
-                if exp is not None:
-                    stats[i, 2 * j + 1] = self._check(call, x, out, mine, exp)
+                try:
+                    stats[i, 2 * j] = self.timer.measure(call)
+                    if exp is not None:
+                        stats[i, 2 * j + 1] = self._check(call, x, out, mine, exp)
+                except self._refusal as exc:
+                    # symcomm refuses a call before any communication, on every rank alike,
+                    # so the sweep can go on without this path at this size.
+                    if len(self.algos) == 1:
+                        raise BenchError(f"{where}: {exc}") from exc
+                    stats[i, 2 * j] = math.nan
+                    self.refused.setdefault(algo, f"{where}: {exc}")
+                except Exception as exc:
+                    raise RuntimeError(f"{where}: {type(exc).__name__}: {exc}") from exc
             progress.advance(f"{cfg.op} {lay.nbytes} B {algo}")
 
         stats = stats.to(self.stats_device)
@@ -260,12 +282,15 @@ class Runner:
         rows = []
         for i, algo in enumerate(self.algos):
             t_oop, w_oop, t_ip, w_ip = (float(v) for v in stats[i])
-            checked = exp is not None
-            rows.append(report.SizeRow(
-                algo, lay.nbytes, lay.count,
-                report.Timing(t_oop / self.world, int(w_oop) if checked else None),
-                report.Timing(t_ip / self.world, int(w_ip) if checked else None)))
+            rows.append(report.SizeRow(algo, lay.nbytes, lay.count,
+                                       self._timing(t_oop, w_oop, exp is not None),
+                                       self._timing(t_ip, w_ip, exp is not None)))
         return rows
+
+    def _timing(self, time_sum: float, wrong_sum: float, checked: bool) -> report.Timing:
+        if math.isnan(time_sum):
+            return report.Timing(math.nan, None)
+        return report.Timing(time_sum / self.world, int(wrong_sum) if checked else None)
 
     def _check(self, call: Callable[[], object], x: torch.Tensor, out: torch.Tensor,
                mine: torch.Tensor, exp: check.Expected) -> int:
@@ -357,6 +382,8 @@ def run(cfg: BenchConfig, comm) -> int:
     else:
         for algo in runner.algos:
             emit(report.format_block(algo, [r for r in rows if r.algo == algo], info))
+            if algo in runner.refused:
+                emit([f"# {algo} refused some calls (N/A above), first: {runner.refused[algo]}", "#"])
         if lead:
             report.print_summary(rows, runner.algos, out)
             out.flush()
