@@ -139,12 +139,8 @@ class Communicator:
         votes = self._exchange_ints([0 if blocker else 1])
         if blocker is None and not all(v for v, in votes):
             blocker = "symmetric memory is unavailable on another rank"
-        want = 1 if blocker is None else 0
-        ids = [nccl.get_unique_id().to_bytes() for _ in range(1 + want)] if self.rank == 0 else None
-        box = [ids]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group,
-                                   device=self._group_device())
-        uids = [_nccl.UniqueId.from_bytes(b) for b in box[0]]
+        count = 1 if blocker is not None else 2  # plain, and symmetric where every rank can
+        uids = self._broadcast_ids(nccl, count)
         plain = self._new_comm(nccl, uids[0])
         self._backends["nccl"] = NcclBackend("nccl", nccl, plain, self.rank, self.world_size, self.device)
         if blocker is not None:
@@ -157,6 +153,18 @@ class Communicator:
         self._find = self._pool.index.find
         self._backends["nccl-symm"] = NcclBackend("nccl-symm", nccl, symm, self.rank, self.world_size,
                                                   self.device, granules=self._pool.index.granules)
+
+    def _broadcast_ids(self, nccl: _nccl.Library, count: int) -> list[_nccl.UniqueId]:
+        """Rank 0's fresh ncclUniqueIds, on every rank. A plain uint8 broadcast, not
+        broadcast_object_list, which needs numpy."""
+        size = _nccl.UNIQUE_ID_BYTES
+        buf = torch.zeros(count * size, dtype=torch.uint8, device=self._group_device())
+        if self.rank == 0:
+            raw = b"".join(nccl.get_unique_id().to_bytes() for _ in range(count))
+            buf.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        dist.broadcast(buf, src=dist.get_global_rank(self.group, 0), group=self.group)
+        raw = bytes(buf.tolist())
+        return [_nccl.UniqueId.from_bytes(raw[i * size:(i + 1) * size]) for i in range(count)]
 
     def _new_comm(self, nccl: _nccl.Library, uid: _nccl.UniqueId) -> int:
         comm = _bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(self.world_size, uid, self.rank),

@@ -185,3 +185,32 @@ def _disabled_context_is_free(rank, world):
 
 def test_symmetric_memory_unavailable_on_cpu_costs_nothing():
     run_world(_disabled_context_is_free, 2)
+
+
+class _FakeNccl:
+    """Hands out distinct ids, as ncclGetUniqueId would."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def get_unique_id(self):
+        from symcomm import _nccl
+        self.calls += 1
+        return _nccl.UniqueId.from_bytes(bytes([self.calls]) * _nccl.UNIQUE_ID_BYTES)
+
+
+def _bootstrap_ids(rank, world):
+    import torch.distributed as dist
+    comm = symcomm.Communicator()
+    fake = _FakeNccl()
+    ids = [u.to_bytes() for u in comm._broadcast_ids(fake, 2)]
+    assert ids[0] != ids[1] and len(ids[0]) == 128
+    assert fake.calls == (2 if rank == 0 else 0), "only rank 0 creates ids"
+    everyone = [torch.zeros(256, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(everyone, torch.frombuffer(bytearray(b"".join(ids)), dtype=torch.uint8))
+    assert all(torch.equal(e, everyone[0]) for e in everyone), "every rank got rank 0's ids"
+    comm.close()
+
+
+def test_nccl_ids_reach_every_rank_without_pickling():
+    run_world(_bootstrap_ids, 3)

@@ -97,9 +97,8 @@ class Expected:
 
 
 def input_elems(lay: Layout, rank: int) -> int:
-    if lay.op == "all_gather":
-        return lay.parts[rank]
-    if lay.op == "all_gatherv":
+    """Elements in ``rank``'s input (which may differ from this rank's for all_gatherv)."""
+    if lay.op in ("all_gather", "all_gatherv"):
         return lay.parts[rank]
     if lay.op == "all_reduce":
         return lay.count
