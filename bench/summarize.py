@@ -3,7 +3,7 @@
     python bench/summarize.py bench/results/DIR/*_w*.json > bench/results/DIR/SUMMARY.md
 
 For every size: each path's time (out-of-place and in-place), and auto's time over the faster
-of plain and symmetric NCCL measured in the same run. Ratios above 1.05 are marked.
+of plain and symmetric NCCL measured in the same run. Ratios above 1.05 are marked **; N/A where a path refused the call.
 """
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ def human(nbytes: int) -> str:
 def table(doc: dict) -> list[str]:
     times: dict[tuple[int, bool], dict[str, float]] = defaultdict(dict)
     for row in doc["rows"]:
-        times[(row["bytes"], row["inplace"])][row["algo"]] = row["time_us"]
-    wrong = sum(row["wrong"] for row in doc["rows"])
+        if row["time_us"] is not None:  # None: the path refused that call
+            times[(row["bytes"], row["inplace"])][row["algo"]] = row["time_us"]
+    checked = [row["wrong"] for row in doc["rows"] if row["wrong"] is not None]  # None with -c 0
+    wrong = sum(checked) if checked else "not checked"
     lines = [f"### {doc['op']}, world {doc['world_size']} ({doc['dtype']}, {doc['device_name']}, "
              f"NCCL {doc['nccl']}, torch {doc['torch']}, {doc['graph_replays']} graph replays x "
              f"{doc['iters']} ops, #wrong total {wrong})", "",
@@ -34,10 +36,14 @@ def table(doc: dict) -> list[str]:
         cells = [human(nbytes)]
         for inplace in (False, True):
             t = times[(nbytes, inplace)]
-            ratio = t["auto"] / min(t["nccl"], t["nccl-symm"])
-            worst = max(worst, ratio)
-            mark = " **" if ratio > 1.05 else ""
-            cells += [f"{t['nccl']:.2f}", f"{t['nccl-symm']:.2f}", f"{t['auto']:.2f}", f"{ratio:.3f}{mark}"]
+            cells += [f"{t[a]:.2f}" if a in t else "N/A" for a in ("nccl", "nccl-symm", "auto")]
+            contenders = [t[a] for a in ("nccl", "nccl-symm") if a in t]
+            if "auto" in t and contenders:
+                ratio = t["auto"] / min(contenders)
+                worst = max(worst, ratio)
+                cells.append(f"{ratio:.3f}" + (" **" if ratio > 1.05 else ""))
+            else:
+                cells.append("N/A")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Worst auto / best: {worst:.3f}", ""]
     return lines

@@ -360,7 +360,7 @@ class Communicator:
         self.closed = True
         registry.unregister(self.key)
         self._find = None
-        self._backends = {"torch": self._backends["torch"]}
+        self._backends = {}
         nccl, comms, pool = self.nccl, self._nccl_comms, self._pool
         self._nccl_comms, self._pool = [], None
         if nccl is None:

@@ -39,13 +39,6 @@ class NcclBackend:
                 self._reduce_codes[dtype] = reduce_dtype(dtype, nccl.version)
             except DtypeError:
                 pass
-        self._runners = {
-            "all_reduce": self._all_reduce,
-            "all_gather": self._all_gather,
-            "all_gatherv": self._all_gatherv,
-            "reduce_scatter": self._reduce_scatter,
-            "reduce_scatterv": self._reduce_scatterv,
-        }
 
     def why_not(self, call: Call) -> str | None:
         # Runs on every call: cheapest tests first, and nothing the validator already did
@@ -84,7 +77,7 @@ class NcclBackend:
         return f"NCCL cannot reduce {dtype}"
 
     def run(self, call: Call) -> None:
-        self._runners[call.op](call, _raw_stream(self._device_index))
+        self._RUNNERS[call.op](self, call, _raw_stream(self._device_index))
 
     def _ok(self, call: str, code: int) -> None:
         if code:
@@ -159,3 +152,14 @@ class NcclBackend:
                 offset += rows
         finally:
             self._ok("ncclGroupEnd", lib.ncclGroupEnd())
+
+    # Class-level and unbound: a dict of bound methods on the instance would form a
+    # reference cycle that keeps the process group alive past destroy_process_group().
+    _RUNNERS = {
+        "all_reduce": _all_reduce,
+        "all_gather": _all_gather,
+        "all_gatherv": _all_gatherv,
+        "reduce_scatter": _reduce_scatter,
+        "reduce_scatterv": _reduce_scatterv,
+    }
+

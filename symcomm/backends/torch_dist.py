@@ -28,13 +28,6 @@ class TorchDistBackend:
         self._group = group
         self._rank = rank
         self._world = world_size
-        self._runners = {
-            "all_reduce": self._all_reduce,
-            "all_gather": self._all_gather,
-            "all_gatherv": self._all_gatherv,
-            "reduce_scatter": self._reduce_scatter,
-            "reduce_scatterv": self._reduce_scatterv,
-        }
 
     def why_not(self, call: Call) -> str | None:
         if call.redop is not None and call.dtype in _UNREDUCIBLE:
@@ -42,7 +35,7 @@ class TorchDistBackend:
         return None
 
     def run(self, call: Call) -> None:
-        self._runners[call.op](call)
+        self._RUNNERS[call.op](self, call)
 
     def _reduce_in_place(self, t: torch.Tensor, redop: str) -> None:
         # gloo has no AVG: sum, then divide (callers only allow avg on floating dtypes).
@@ -86,6 +79,17 @@ class TorchDistBackend:
         reduced = x.clone()
         self._reduce_in_place(reduced, call.redop)
         out.copy_(reduced[first: first + rows])
+
+
+    # Class-level and unbound: a dict of bound methods on the instance would form a
+    # reference cycle that keeps the process group alive past destroy_process_group().
+    _RUNNERS = {
+        "all_reduce": _all_reduce,
+        "all_gather": _all_gather,
+        "all_gatherv": _all_gatherv,
+        "reduce_scatter": _reduce_scatter,
+        "reduce_scatterv": _reduce_scatterv,
+    }
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

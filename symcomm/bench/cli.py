@@ -6,7 +6,6 @@ is one rank; otherwise ``-g N`` starts N local ranks as subprocesses and only ra
 from __future__ import annotations
 
 import argparse
-import gc
 import inspect
 import os
 import socket
@@ -201,10 +200,6 @@ def run_rank(cfg: BenchConfig) -> int:
         comm = _communicator(symcomm, cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
         status = runner.run(cfg, comm)
         comm.close()
-        # The communicator's objects can hold the process group in reference cycles; freed at
-        # interpreter exit instead of here, gloo aborts ("terminate called ...") now and then.
-        del comm
-        gc.collect()
         dist.destroy_process_group()
         return status
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit status

@@ -5,6 +5,8 @@ Expects torch.distributed to be initialised already (the CLI does that).
 from __future__ import annotations
 
 import math
+import dataclasses
+import json
 import os
 import socket
 import sys
@@ -229,8 +231,7 @@ class Runner:
                          f"reference; #wrong summed over ranks")
         if cfg.op in UNEVEN_OPS:
             notes.append(f"Split: {uneven_rule(self.world)}")
-        devices: list[report.DeviceInfo | None] = [None] * self.world
-        dist.all_gather_object(devices, _device_info(self.rank, self.device))
+        devices = self._gather_devices(_device_info(self.rank, self.device))
         return report.RunInfo(
             op=cfg.op, world=self.world, type_name=cfg.type_name, redop=cfg.table_redop,
             minbytes=cfg.minbytes, maxbytes=cfg.maxbytes, stepfactor=cfg.stepfactor,
@@ -239,6 +240,22 @@ class Runner:
             device_name=devices[0].name, backend=dist.get_backend(),
             torch_version=torch.__version__, nccl_version=_nccl_version(self.comm),
             notes=notes, devices=devices)
+
+    def _gather_devices(self, mine: report.DeviceInfo) -> list[report.DeviceInfo]:
+        """Every rank's DeviceInfo, as JSON in fixed-size byte tensors: all_gather_object
+        needs numpy, which a CPU-only machine may lack."""
+        size = 1024
+        raw = json.dumps(dataclasses.astuple(mine)).encode()[:size]
+        local = torch.zeros(size, dtype=torch.uint8, device=self.stats_device)
+        local[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(self.stats_device)
+        rows = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(rows, local)
+        infos = []
+        for row in rows:
+            fields = json.loads(bytes(row.tolist()).rstrip(b"\0"))
+            fields[4] = tuple(fields[4]) if fields[4] is not None else None
+            infos.append(report.DeviceInfo(*fields))
+        return infos
 
     # -- one size ------------------------------------------------------------------------
     def measure_size(self, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
