@@ -23,9 +23,18 @@ _DTYPES = {d: i for i, d in enumerate([
     torch.int32, torch.int64, torch.float8_e4m3fn, torch.float8_e5m2, torch.bool])}
 
 
+REFUSED = -1  # first entry of a rank that rejected the call before communicating
+
+
 def signature(call: Call, algo: str, world_size: int,
-              locate: Callable[[torch.Tensor], tuple[int, int]] | None) -> tuple[list[int], list[str]]:
-    """A fixed-length vector (same length on every rank) and the name of each entry."""
+              locate: Callable[[int], tuple[int, int]] | None) -> tuple[list[int], list[str]]:
+    """A fixed-length vector (same length on every rank) and the name of each entry.
+
+    Window offsets are compared where the symmetric kernels need them equal. An in-place
+    gather's input is this rank's slice of the output, at an offset that differs by rank by
+    design, so it is recorded as the output's offset; likewise a reduce-scatter's output that
+    is a slice of its input.
+    """
     values = [OPS.index(call.op), _ALGOS.index(algo), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs)]
     names = ["op", "path", "dtype", "number of tensors"]
     # sizes before the byte count: a disagreement there is the cause, the byte count the symptom
@@ -34,19 +43,34 @@ def signature(call: Call, algo: str, world_size: int,
     values.append(call.nbytes)
     names.append("message size in bytes")
     many = len(call.inputs) > 1
+    gathers = call.op in ("all_gather", "all_gatherv")
     for i in range(MAX_CHECKED_TENSORS):
-        for kind, tensors in (("tensors" if call.op == "all_gatherv" else "x", call.inputs), ("out", call.outputs)):
+        pair = i < len(call.inputs)
+        x_ptr, out_ptr = (call.in_ptrs[i], call.out_ptrs[i]) if pair else (0, 0)
+        if pair and gathers and out_ptr <= x_ptr < out_ptr + call.outputs[i].nbytes:
+            x_ptr = out_ptr
+        elif pair and not gathers and x_ptr <= out_ptr < x_ptr + call.inputs[i].nbytes:
+            out_ptr = x_ptr
+        for kind, ptr in (("tensors" if gathers and call.op == "all_gatherv" else "x", x_ptr), ("out", out_ptr)):
             name = f"{kind}[{i}]" if many else kind
-            region, offset = (locate(tensors[i]) if locate is not None and i < len(tensors) else (-1, -1))
-            values += [region, offset]
+            values += locate(ptr) if locate is not None and pair else [-1, -1]
             names += [f"window region of '{name}'", f"window offset of '{name}'"]
     return values, names
+
+
+def refusal(world_size: int) -> list[int]:
+    """What a rank that rejected the call sends instead of its signature (same length)."""
+    return [REFUSED] * (5 + world_size + 4 * MAX_CHECKED_TENSORS)
 
 
 _DECODE = {"op": OPS, "path": _ALGOS, "dtype": [*map(str, _DTYPES), "other"]}
 
 
 def first_mismatch(table: list[list[int]], names: list[str]) -> str | None:
+    refused = [r for r, row in enumerate(table) if row[0] == REFUSED]
+    if refused:
+        return (f"rank(s) {', '.join(map(str, refused))} rejected the call before communicating "
+                f"(their own error names the argument)")
     for column, name in enumerate(names):
         seen = [row[column] for row in table]
         if any(v != seen[0] for v in seen):

@@ -15,7 +15,7 @@ from .backends.base import Backend, Call
 from .backends.nccl import NcclBackend
 from .backends.torch_dist import TorchDistBackend
 from .dispatch import PLAIN_ROW, Choice, DispatchTable, builtin_table
-from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError,
+from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError,
                      SymmetricMemoryError)
 from .pool import SymmetricPool
 
@@ -128,23 +128,27 @@ class Communicator:
         return None
 
     def _init_nccl(self, symmetric: bool, capacity: int) -> None:
+        # Every rank must reach the same decision before any NCCL collective setup, or the
+        # ranks that go ahead would wait forever for those that did not: vote first.
+        # Levels: 0 = no NCCL, 1 = plain NCCL, 2 = plain and symmetric.
         try:
-            nccl = _nccl.load()
+            nccl: _nccl.Library | None = _nccl.load()
+            blocker = "disabled by the caller (symmetric=False)" if not symmetric else self._symmetric_blocker(nccl)
+            level, reason = (2, None) if blocker is None else (1, blocker)
         except _nccl.NcclUnavailableError as exc:
-            self._disabled["nccl"] = self._disabled["nccl-symm"] = str(exc)
+            nccl, level, reason = None, 0, str(exc)
+        agreed = min(v for v, in self._exchange_ints([level]))
+        if agreed < level:
+            reason = "unavailable on another rank"
+        if agreed == 0:
+            self._disabled["nccl"] = self._disabled["nccl-symm"] = f"NCCL: {reason}"
             return
         self.nccl = nccl
-        blocker = "disabled by the caller (symmetric=False)" if not symmetric else self._symmetric_blocker(nccl)
-        # Every rank must make the same choice, or the second communicator's init would hang.
-        votes = self._exchange_ints([0 if blocker else 1])
-        if blocker is None and not all(v for v, in votes):
-            blocker = "symmetric memory is unavailable on another rank"
-        count = 1 if blocker is not None else 2  # plain, and symmetric where every rank can
-        uids = self._broadcast_ids(nccl, count)
+        uids = self._broadcast_ids(nccl, agreed)  # one for the plain communicator, one for the symmetric
         plain = self._new_comm(nccl, uids[0])
         self._backends["nccl"] = NcclBackend("nccl", nccl, plain, self.rank, self.world_size, self.device)
-        if blocker is not None:
-            self._disabled["nccl-symm"] = blocker
+        if agreed < 2:
+            self._disabled["nccl-symm"] = f"symmetric memory: {reason}"
             return
         symm = self._new_comm(nccl, uids[1])
         self._pool = SymmetricPool(nccl, _native.load(), symm, self.device, self._exchange_ints)
@@ -155,16 +159,27 @@ class Communicator:
                                                   self.device, granules=self._pool.index.granules)
 
     def _broadcast_ids(self, nccl: _nccl.Library, count: int) -> list[_nccl.UniqueId]:
-        """Rank 0's fresh ncclUniqueIds, on every rank. A plain uint8 broadcast, not
-        broadcast_object_list, which needs numpy."""
+        """Rank 0's fresh ncclUniqueIds, on every rank. A plain uint8 broadcast (not
+        broadcast_object_list, which needs numpy), led by a status byte so that a failure on
+        rank 0 raises everywhere instead of leaving the others waiting."""
         size = _nccl.UNIQUE_ID_BYTES
-        buf = torch.zeros(count * size, dtype=torch.uint8, device=self._group_device())
+        buf = torch.zeros(1 + count * size, dtype=torch.uint8, device=self._group_device())
+        failure = None
         if self.rank == 0:
-            raw = b"".join(nccl.get_unique_id().to_bytes() for _ in range(count))
-            buf.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            try:
+                raw = b"".join(nccl.get_unique_id().to_bytes() for _ in range(count))
+                buf[1:].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            except SymcommError as exc:
+                failure = exc
+                buf[0] = 1
         dist.broadcast(buf, src=dist.get_global_rank(self.group, 0), group=self.group)
         raw = bytes(buf.tolist())
-        return [_nccl.UniqueId.from_bytes(raw[i * size:(i + 1) * size]) for i in range(count)]
+        if raw[0]:
+            if failure is not None:
+                raise failure
+            raise SymcommError("ncclGetUniqueId failed on rank 0 (its own error says why); "
+                               "no NCCL communicator was created")
+        return [_nccl.UniqueId.from_bytes(raw[1 + i * size:1 + (i + 1) * size]) for i in range(count)]
 
     def _new_comm(self, nccl: _nccl.Library, uid: _nccl.UniqueId) -> int:
         comm = _bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(self.world_size, uid, self.rank),
@@ -236,9 +251,13 @@ class Communicator:
         return Choice(chosen, rejected)
 
     def _launch(self, call: Call, algo: str) -> None:
-        if self.closed:
-            raise CommClosedError("this Communicator is closed")
-        backend = self._choose(call, algo)
+        try:
+            if self.closed:
+                raise CommClosedError("this Communicator is closed")
+            backend = self._choose(call, algo)
+        except SymcommError:
+            self._refused()
+            raise
         if self.check:
             self._verify(call, backend.name)
         if call.nbytes:
@@ -248,13 +267,18 @@ class Communicator:
         if self._group_device().type == "cuda" and torch.cuda.is_current_stream_capturing():
             return
         pool = self._pool if algo == "nccl-symm" else None
-        values, names = checks.signature(call, algo, self.world_size,
-                                         None if pool is None else lambda t: pool.locate(t.data_ptr()))
+        values, names = checks.signature(call, algo, self.world_size, None if pool is None else pool.locate)
         problem = checks.first_mismatch(self._exchange_ints(values), names)
         if problem is not None:
             raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same "
                                     f"call, and symmetric tensors must be allocated in the same order "
                                     f"and sizes on every rank")
+
+    def _refused(self) -> None:
+        """In check mode, a rank whose call failed its own checks still joins the exchange its
+        peers are waiting in, so they raise too instead of waiting for it."""
+        if self.check and not (self._group_device().type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self._exchange_ints(checks.refusal(self.world_size))
 
     def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
                sizes: Sequence[int] | None = None, reduce_op: str = "sum") -> Choice:
@@ -268,7 +292,7 @@ class Communicator:
         if op == "all_gather":
             return validate.all_gather(x, out, self.rank, self.world_size, self.device)
         if op == "reduce_scatter":
-            return validate.reduce_scatter(x, out, reduce_op, self.world_size, self.device)
+            return validate.reduce_scatter(x, out, reduce_op, self.rank, self.world_size, self.device)
         if op == "all_gatherv":
             return validate.all_gatherv(x, sizes, out, self.rank, self.world_size, self.device)[0]
         if op == "reduce_scatterv":
@@ -282,7 +306,11 @@ class Communicator:
         """Reduce ``x`` over all ranks into ``out`` (a new tensor, or ``x`` itself for in place)."""
         if _is_compiling():
             return ops.compiled_all_reduce(self, x, out, op, algo)
-        call = validate.all_reduce(x, out, op, self.device)
+        try:
+            call = validate.all_reduce(x, out, op, self.device)
+        except SymcommError:
+            self._refused()
+            raise
         self._launch(call, algo)
         return call.outputs[0]
 
@@ -290,7 +318,11 @@ class Communicator:
         """Concatenate every rank's ``x`` along dim 0, in rank order."""
         if _is_compiling():
             return ops.compiled_all_gather(self, x, out, algo)
-        call = validate.all_gather(x, out, self.rank, self.world_size, self.device)
+        try:
+            call = validate.all_gather(x, out, self.rank, self.world_size, self.device)
+        except SymcommError:
+            self._refused()
+            raise
         self._launch(call, algo)
         return call.outputs[0]
 
@@ -301,7 +333,11 @@ class Communicator:
         NCCL group. Returns a tensor for a tensor, a list for a list."""
         if _is_compiling():
             return ops.compiled_all_gatherv(self, tensors, sizes, out, algo)
-        call, single = validate.all_gatherv(tensors, sizes, out, self.rank, self.world_size, self.device)
+        try:
+            call, single = validate.all_gatherv(tensors, sizes, out, self.rank, self.world_size, self.device)
+        except SymcommError:
+            self._refused()
+            raise
         self._launch(call, algo)
         return call.outputs[0] if single else call.outputs
 
@@ -310,7 +346,11 @@ class Communicator:
         """Reduce ``x`` over ranks; rank r keeps rows [r*n, (r+1)*n) with n = x.shape[0] / world."""
         if _is_compiling():
             return ops.compiled_reduce_scatter(self, x, out, op, algo)
-        call = validate.reduce_scatter(x, out, op, self.world_size, self.device)
+        try:
+            call = validate.reduce_scatter(x, out, op, self.rank, self.world_size, self.device)
+        except SymcommError:
+            self._refused()
+            raise
         self._launch(call, algo)
         return call.outputs[0]
 
@@ -319,7 +359,11 @@ class Communicator:
         """Reduce ``x`` (sum(sizes) rows) over ranks; rank r keeps its ``sizes[r]`` rows."""
         if _is_compiling():
             return ops.compiled_reduce_scatterv(self, x, sizes, out, op, algo)
-        call = validate.reduce_scatterv(x, sizes, out, op, self.rank, self.world_size, self.device)
+        try:
+            call = validate.reduce_scatterv(x, sizes, out, op, self.rank, self.world_size, self.device)
+        except SymcommError:
+            self._refused()
+            raise
         self._launch(call, algo)
         return call.outputs[0]
 

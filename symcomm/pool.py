@@ -5,10 +5,11 @@ Rules this module enforces (DESIGN.md, "Symmetric memory"):
 - Registration is a collective: every rank adds the same region sizes in the same order, so
   regions are added only by :meth:`SymmetricPool.reserve`, which first checks that all ranks
   asked for the same thing and refuses during CUDA-graph capture.
-- Membership runs on every collective, so it is a bisect over region starts, never a scan.
+- Membership runs on every collective, so it is one dict lookup per tensor, never a scan.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import torch
 
 from ._native import Native
 from ._nccl import Library
-from .errors import PeerMismatchError, SymmetricMemoryError
+from .errors import PeerMismatchError, SymcommError, SymmetricMemoryError
 
 # ncclMemAlloc rounds to the cuMem granularity (2 MiB on Hopper); registering whole
 # granules keeps the window size equal to what was really mapped.
@@ -115,37 +116,39 @@ class SymmetricPool:
             raise SymmetricMemoryError(
                 "reserve_symmetric() registers an NCCL window, a collective that cannot run "
                 "during CUDA-graph capture; reserve before capturing")
-        if nbytes <= 0:
-            raise SymmetricMemoryError(f"reserve_symmetric(nbytes): nbytes must be positive, got {nbytes}")
-        nbytes = round_to_granule(nbytes)
-        number = len(self.regions)
-        asked = self._exchange([nbytes, number])
+        # Agree first, check after: a rank that raised on its own would leave the others
+        # waiting in the exchange.
+        asked = self._exchange([nbytes, len(self.regions)])
         if any(row != asked[0] for row in asked):
             raise PeerMismatchError(
                 "reserve_symmetric(nbytes): ranks disagree on (nbytes, regions so far): "
                 + ", ".join(f"rank {r}: {tuple(row)}" for r, row in enumerate(asked)))
+        if nbytes <= 0:
+            raise SymmetricMemoryError(f"reserve_symmetric(nbytes): nbytes must be positive, got {nbytes}")
+        nbytes = round_to_granule(nbytes)
         with torch.cuda.device(self._device):
             ptr, failure = 0, ""
             try:
                 ptr = self._nccl.mem_alloc(nbytes)
-            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                if ptr % REGION_GRANULE:
+                    failure = f"ncclMemAlloc returned {ptr:#x}, not {REGION_GRANULE}-byte aligned"
+            except SymcommError as exc:
                 failure = str(exc)
-            # A rank that failed to allocate must not leave the others inside the register
-            # collective: agree on success first.
+            # Every rank must enter the register collective, or none: agree on success first.
             if not all(ok for ok, in self._exchange([0 if failure else 1])):
                 if ptr:
                     self._nccl.mem_free(ptr)
                 raise SymmetricMemoryError(
-                    f"reserve_symmetric({nbytes}): ncclMemAlloc failed on at least one rank"
+                    f"reserve_symmetric({nbytes}): allocation failed on at least one rank"
                     + (f" (here: {failure})" if failure else ""))
             try:
                 window = self._nccl.window_register(self._comm, ptr, nbytes)
             except Exception:
                 self._nccl.mem_free(ptr)
                 raise
-        if ptr % REGION_GRANULE or self._native.symcomm_pool_add_region(self.pool_id, ptr, nbytes) != 0:
-            raise SymmetricMemoryError(f"native pool refused region {ptr:#x}+{nbytes}")
-        region = Region(number, ptr, nbytes, window)
+        # Cannot fail for an aligned, positive region of a live pool (checked above).
+        self._native.symcomm_pool_add_region(self.pool_id, ptr, nbytes)
+        region = Region(len(self.regions), ptr, nbytes, window)
         self.regions[ptr] = region
         self.index.add(ptr, nbytes)
         return region
@@ -161,17 +164,26 @@ class SymmetricPool:
         return self._native.symcomm_pool_take_failed_request(self.pool_id)
 
     def close(self) -> int:
-        """Deregister windows and free regions. Returns the number of allocations still live."""
+        """Deregister the windows (collective) and free the regions, unless tensors from the
+        pool are still alive: then their memory stays mapped, with a warning, because freeing it
+        would let a later allocation reuse addresses those tensors still point at.
+        Returns the number of allocations still live."""
+        # Dropping the MemPool hands torch's cached, unused blocks back to the sub-allocator.
+        self.mempool = None
         live = self._native.symcomm_pool_live_allocations(self.pool_id)
         self._native.symcomm_pool_destroy(self.pool_id)
         with torch.cuda.device(self._device):
             # Windows go in reverse registration order, the same on every rank.
             for region in sorted(self.regions.values(), key=lambda r: -r.number):
                 self._nccl.window_deregister(self._comm, region.window)
-                self._nccl.mem_free(region.base)
+                if not live:
+                    self._nccl.mem_free(region.base)
+        if live:
+            warnings.warn(f"Communicator.close(): {live} allocation(s) from the symmetric pool are still "
+                          f"alive; {self.capacity} bytes stay mapped until the process exits",
+                          ResourceWarning, stacklevel=3)
         self.regions.clear()
         self.index = SegmentIndex()
-        self.mempool = None
         return live
 
 

@@ -79,39 +79,62 @@ def sizes_arg(sizes: object, world_size: int) -> list[int]:
     return clean
 
 
+def _in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr: int,
+              whole_nbytes: int, slot_ptr: int) -> bool:
+    """True if ``part`` sits exactly at this rank's slot of ``whole`` (an in-place call), False
+    if the two are disjoint. Any other overlap would let NCCL overwrite what it still reads."""
+    if not part_nbytes or part_ptr >= whole_ptr + whole_nbytes or whole_ptr >= part_ptr + part_nbytes:
+        return False
+    if part_ptr == slot_ptr:
+        return True
+    raise ArgumentError(f"{part} overlaps {whole} but is not this rank's slice of it: pass this "
+                        f"rank's slice for an in-place call, or non-overlapping tensors")
+
+
 def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call:
     # The hottest eager path: the common case is inlined, the helpers only raise.
     x = tensor("x", x, device)
     dtype = x.dtype
     if op not in _REDOP_SET or dtype in _UNREDUCIBLE or (op == "avg" and not dtype.is_floating_point):
         redop(op, dtype)
+    x_ptr, nbytes = x.data_ptr(), x.nbytes
     if out is None:
         out = torch.empty_like(x)
-    elif out is not x:
+        out_ptr = out.data_ptr()
+    elif out is x:
+        out_ptr = x_ptr
+    else:
         out = tensor("out", out, device)
         if out.dtype is not dtype or out.shape != x.shape:
             output("out", out, x.shape, x)
-    return Call("all_reduce", (x,), (out,), None, op, x.nbytes)
+        out_ptr = out.data_ptr()
+        if out_ptr != x_ptr:
+            _in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)
+    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes)
 
 
 def all_gather(x: object, out: object, rank: int, world_size: int, device: torch.device) -> Call:
     x = tensor("x", x, device)
     n = rows("x", x)
     out = output("out", out, (world_size * n, *x.shape[1:]), x)
-    call = Call("all_gather", (x,), (out,), None, None, out.nbytes)
-    if x.data_ptr() == out.data_ptr() + rank * x.nbytes and x.nbytes:
-        call.table_key = "all_gather:inplace"  # x is this rank's slice of out
+    x_ptr, out_ptr, nbytes = x.data_ptr(), out.data_ptr(), out.nbytes
+    call = Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, nbytes)
+    if _in_place("x", x_ptr, x.nbytes, "out", out_ptr, nbytes, out_ptr + rank * x.nbytes):
+        call.table_key = "all_gather:inplace"
     return call
 
 
-def reduce_scatter(x: object, out: object, op: object, world_size: int, device: torch.device) -> Call:
+def reduce_scatter(x: object, out: object, op: object, rank: int, world_size: int,
+                   device: torch.device) -> Call:
     x = tensor("x", x, device)
     op = redop(op, x.dtype)
     n = rows("x", x)
     if n % world_size:
         raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
     out = output("out", out, (n // world_size, *x.shape[1:]), x)
-    return Call("reduce_scatter", (x,), (out,), None, op, x.nbytes)
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
+    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes)
 
 
 def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_size: int,
@@ -130,14 +153,17 @@ def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_si
         outs = list(out)
     else:
         raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
-    total = sum(sizes)
+    total, before = sum(sizes), sum(sizes[:rank])
     for i, x in enumerate(xs):
-        name = "tensors" if single else f"tensors[{i}]"
+        name, out_name = ("tensors", "out") if single else (f"tensors[{i}]", f"out[{i}]")
         xs[i] = x = tensor(name, x, device)
         if rows(name, x) != sizes[rank]:
             raise ArgumentError(f"{name} has {x.shape[0]} rows, but sizes[{rank}] (this rank) is {sizes[rank]}")
-        outs[i] = output("out" if single else f"out[{i}]", outs[i], (total, *x.shape[1:]), x)
-    return Call("all_gatherv", xs, outs, sizes, None, sum(o.nbytes for o in outs)), single
+        outs[i] = o = output(out_name, outs[i], (total, *x.shape[1:]), x)
+        row_bytes = o.nbytes // total if total else 0
+        _in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)
+    in_ptrs, out_ptrs = [x.data_ptr() for x in xs], [o.data_ptr() for o in outs]
+    return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs)), single
 
 
 def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int, world_size: int,
@@ -145,7 +171,11 @@ def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int
     x = tensor("x", x, device)
     op = redop(op, x.dtype)
     sizes = sizes_arg(sizes, world_size)
-    if rows("x", x) != sum(sizes):
-        raise ArgumentError(f"x has {x.shape[0]} rows, but sizes add up to {sum(sizes)}")
+    total = sum(sizes)
+    if rows("x", x) != total:
+        raise ArgumentError(f"x has {x.shape[0]} rows, but sizes add up to {total}")
     out = output("out", out, (sizes[rank], *x.shape[1:]), x)
-    return Call("reduce_scatterv", (x,), (out,), sizes, op, x.nbytes)
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    row_bytes = x.nbytes // total if total else 0
+    _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + sum(sizes[:rank]) * row_bytes)
+    return Call("reduce_scatterv", (x,), (out,), (x_ptr,), (out_ptr,), sizes, op, x.nbytes)

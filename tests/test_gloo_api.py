@@ -98,12 +98,18 @@ BAD_CALLS = [
     (lambda c, r: c.all_gatherv(torch.ones(1), [1]), symcomm.ArgumentError, "one entry per rank"),
     (lambda c, r: c.all_gatherv(torch.ones(1), [1, -1]), symcomm.ArgumentError, "sizes[1] must be >= 0"),
     (lambda c, r: c.all_gatherv(torch.ones(1), [1, 1.5]), symcomm.ArgumentError, "must be an int"),
-    (lambda c, r: c.all_gatherv(torch.ones(2), [1, 1]), symcomm.ArgumentError, f"sizes["),
+    (lambda c, r: c.all_gatherv(torch.ones(2), [1, 1]), symcomm.ArgumentError, "sizes["),
     (lambda c, r: c.all_gatherv([], [1, 1]), symcomm.ArgumentError, "non-empty"),
     (lambda c, r: c.all_gatherv([torch.ones(1)], [1, 1], out=torch.ones(2)), symcomm.ArgumentError, "list of 1"),
     (lambda c, r: c.reduce_scatterv(torch.ones(3), [1, 1]), symcomm.ArgumentError, "add up to"),
     (lambda c, r: c.reduce_scatterv(torch.ones(2), "ab"), symcomm.ArgumentError, "sequence"),
     (lambda c, r: c.select("broadcast", torch.ones(2)), symcomm.ArgumentError, "op must be one of"),
+    # Overlaps other than the exact in-place slot would let NCCL overwrite what it still reads.
+    (lambda c, r: (lambda b: c.all_reduce(b[0:4], out=b[2:6]))(torch.ones(6)), symcomm.ArgumentError, "overlaps x"),
+    (lambda c, r: (lambda o: c.all_gather(o[1:3], out=o))(torch.ones(4)), symcomm.ArgumentError, "overlaps out"),
+    (lambda c, r: (lambda x: c.reduce_scatter(x, out=x[1:3]))(torch.ones(4)), symcomm.ArgumentError, "overlaps x"),
+    (lambda c, r: (lambda o: c.all_gatherv(o[1 - r:2 - r], [1, 1], out=o))(torch.ones(2, 3)),
+     symcomm.ArgumentError, "not this rank's slice"),  # each rank passes the other's row
 ]
 
 
@@ -136,6 +142,20 @@ def _check_mode(rank, world):
     sizes = [1, 2 + rank]
     with pytest.raises(symcomm.PeerMismatchError, match=r"sizes\[1\]"):
         comm.all_gatherv(torch.ones(sizes[rank], 3), sizes)
+    # One rank's call fails its own checks: that rank raises its error, the others learn of it
+    # in the check exchange instead of waiting in a collective.
+    bad = torch.ones(3, 3).t() if rank == 1 else torch.ones(3, 3)
+    expected = (symcomm.ArgumentError, "contiguous") if rank == 1 else (symcomm.PeerMismatchError, "rejected")
+    with pytest.raises(expected[0], match=expected[1]):
+        comm.all_reduce(bad)
+    # In-place gathers and scatters: x (or out) is this rank's slice, at a rank-dependent
+    # offset by design; check mode must not call that a mismatch.
+    buf = torch.arange(2.0 * world)
+    comm.all_gather(buf[2 * rank:2 * rank + 2], out=buf)
+    assert buf.tolist() == [float(v) for v in range(2 * world)]
+    x = torch.ones(2 * world)
+    comm.reduce_scatter(x, out=x[2 * rank:2 * rank + 2])
+    assert x[2 * rank:2 * rank + 2].tolist() == [world, world]
     assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # still in step
     comm.close()
 
@@ -209,6 +229,13 @@ def _bootstrap_ids(rank, world):
     everyone = [torch.zeros(256, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(everyone, torch.frombuffer(bytearray(b"".join(ids)), dtype=torch.uint8))
     assert all(torch.equal(e, everyone[0]) for e in everyone), "every rank got rank 0's ids"
+
+    class Broken:
+        def get_unique_id(self):
+            raise symcomm.NcclError("ncclGetUniqueId", 2, "ncclSystemError", "no network interface")
+
+    with pytest.raises(symcomm.SymcommError, match="no network interface" if rank == 0 else "failed on rank 0"):
+        comm._broadcast_ids(Broken(), 1)  # every rank raises; none is left waiting
     comm.close()
 
 

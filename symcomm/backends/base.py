@@ -13,19 +13,25 @@ SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 class Call:
     """One validated collective call. Built per call, so it stays a bag of slots.
 
-    ``inputs[i]`` pairs with ``outputs[i]`` (several only for all_gatherv). ``sizes`` holds
-    per-rank row counts for the v-variants and is None otherwise. ``nbytes`` is the size that
-    selects a path: the tensor for all_reduce, the whole output for gathers, the whole input
-    for reduce-scatters (nccl-tests' convention, so tuning tables read like its output).
+    ``inputs[i]`` pairs with ``outputs[i]`` (several only for all_gatherv); ``in_ptrs`` and
+    ``out_ptrs`` are their data pointers, read once by the validator. ``sizes`` holds per-rank
+    row counts for the v-variants and is None otherwise; ``redop`` is None for gathers.
+    ``nbytes`` is the size that selects a path: the tensor for all_reduce, the whole output for
+    gathers, the whole input for reduce-scatters (nccl-tests' convention, so tuning tables read
+    like its output).
     """
 
-    __slots__ = ("op", "inputs", "outputs", "sizes", "redop", "nbytes", "dtype", "table_key", "_symmetric")
+    __slots__ = ("op", "inputs", "outputs", "in_ptrs", "out_ptrs", "sizes", "redop", "nbytes", "dtype",
+                 "table_key", "_symmetric")
 
     def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                 sizes: list[int] | None, redop: str, nbytes: int) -> None:
+                 in_ptrs: Sequence[int], out_ptrs: Sequence[int], sizes: list[int] | None,
+                 redop: str | None, nbytes: int) -> None:
         self.op = op
         self.inputs = inputs
         self.outputs = outputs
+        self.in_ptrs = in_ptrs
+        self.out_ptrs = out_ptrs
         self.sizes = sizes
         self.redop = redop
         self.nbytes = nbytes

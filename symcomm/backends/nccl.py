@@ -60,8 +60,8 @@ class NcclBackend:
         if symmetric is None:
             owner = self._granules.get
             symmetric = True
-            for t in (*call.inputs, *call.outputs):
-                if owner(t.data_ptr() >> GRANULE_SHIFT) is None:
+            for ptr in (*call.in_ptrs, *call.out_ptrs):
+                if owner(ptr >> GRANULE_SHIFT) is None:
                     symmetric = False
                     break
             call._symmetric = symmetric
@@ -79,79 +79,78 @@ class NcclBackend:
     def run(self, call: Call) -> None:
         self._RUNNERS[call.op](self, call, _raw_stream(self._device_index))
 
-    def _ok(self, call: str, code: int) -> None:
+    def _check(self, call: str, code: int) -> None:
         if code:
-            self._nccl.check(call, code, self.comm)
+            self._raise(call, code)
 
-    def _fail(self, call: str, code: int) -> None:
+    def _raise(self, call: str, code: int) -> None:
         self._nccl.check(call, code, self.comm)
 
     def _all_reduce(self, call: Call, stream: int) -> None:
-        x, out = call.inputs[0], call.outputs[0]
-        code = self._lib.ncclAllReduce(x.data_ptr(), out.data_ptr(), x.numel(), self._reduce_codes[x.dtype],
+        x = call.inputs[0]
+        code = self._lib.ncclAllReduce(call.in_ptrs[0], call.out_ptrs[0], x.numel(), self._reduce_codes[x.dtype],
                                        REDUCE_OPS[call.redop], self.comm, stream)
         if code:  # no helper call on success: this is the eager hot path
-            self._fail("ncclAllReduce", code)
+            self._raise("ncclAllReduce", code)
 
     def _all_gather(self, call: Call, stream: int) -> None:
         # Byte-moving ops send every dtype (fp8, packed fp4, ...) as uint8.
-        x, out = call.inputs[0], call.outputs[0]
-        self._ok("ncclAllGather", self._lib.ncclAllGather(
-            x.data_ptr(), out.data_ptr(), x.nbytes, UINT8, self.comm, stream))
+        self._check("ncclAllGather", self._lib.ncclAllGather(
+            call.in_ptrs[0], call.out_ptrs[0], call.inputs[0].nbytes, UINT8, self.comm, stream))
 
     def _reduce_scatter(self, call: Call, stream: int) -> None:
-        x, out = call.inputs[0], call.outputs[0]
-        self._ok("ncclReduceScatter", self._lib.ncclReduceScatter(
-            x.data_ptr(), out.data_ptr(), out.numel(), self._reduce_codes[x.dtype],
+        self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
+            call.in_ptrs[0], call.out_ptrs[0], call.outputs[0].numel(), self._reduce_codes[call.dtype],
             REDUCE_OPS[call.redop], self.comm, stream))
 
     def _all_gatherv(self, call: Call, stream: int) -> None:
         sizes, lib, comm = call.sizes, self._lib, self.comm
         even = call.even
-        self._ok("ncclGroupStart", lib.ncclGroupStart())
+        self._check("ncclGroupStart", lib.ncclGroupStart())
         try:
-            for x, out in zip(call.inputs, call.outputs):
-                row_bytes = out.nbytes // max(out.shape[0], 1) if out.ndim else 0
+            for x, out, src, base in zip(call.inputs, call.outputs, call.in_ptrs, call.out_ptrs):
                 if even:
-                    code = lib.ncclAllGather(x.data_ptr(), out.data_ptr(), x.nbytes, UINT8, comm, stream)
-                    self._ok("ncclAllGather", code)
+                    self._check("ncclAllGather", lib.ncclAllGather(src, base, x.nbytes, UINT8, comm, stream))
                     continue
                 # One broadcast per root into its slice of the output; every rank knows the
                 # sizes, so every rank skips the same empty roots.
-                offset, base = 0, out.data_ptr()
+                row_bytes = out.nbytes // out.shape[0]  # out has sum(sizes) > 0 rows here
+                offset = 0
                 for root, rows in enumerate(sizes):
                     if rows:
                         dst = base + offset
-                        src = x.data_ptr() if root == self._rank else dst
-                        code = lib.ncclBroadcast(src, dst, rows * row_bytes, UINT8, root, comm, stream)
-                        self._ok("ncclBroadcast", code)
+                        code = lib.ncclBroadcast(src if root == self._rank else dst, dst, rows * row_bytes,
+                                                 UINT8, root, comm, stream)
+                        self._check("ncclBroadcast", code)
                     offset += rows * row_bytes
         finally:
-            self._ok("ncclGroupEnd", lib.ncclGroupEnd())
+            self._check("ncclGroupEnd", lib.ncclGroupEnd())
 
     def _reduce_scatterv(self, call: Call, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
-        dtype = self._reduce_codes[x.dtype]
+        x_ptr, out_ptr = call.in_ptrs[0], call.out_ptrs[0]
+        dtype = self._reduce_codes[call.dtype]
         op = REDUCE_OPS[call.redop]
         if call.even:
-            self._ok("ncclReduceScatter", self._lib.ncclReduceScatter(
-                x.data_ptr(), out.data_ptr(), out.numel(), dtype, op, self.comm, stream))
+            self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
+                x_ptr, out_ptr, out.numel(), dtype, op, self.comm, stream))
             return
-        row_elems = x.numel() // max(x.shape[0], 1)
-        elem = x.element_size()
+        row_elems = x.numel() // x.shape[0]  # x has sum(sizes) > 0 rows here
+        row_bytes = row_elems * x.element_size()
         lib, comm = self._lib, self.comm
-        self._ok("ncclGroupStart", lib.ncclGroupStart())
+        self._check("ncclGroupStart", lib.ncclGroupStart())
         try:
             offset = 0
             for root, rows in enumerate(call.sizes):
                 if rows:
-                    src = x.data_ptr() + offset * row_elems * elem
-                    dst = out.data_ptr() if root == self._rank else src
-                    code = lib.ncclReduce(src, dst, rows * row_elems, dtype, op, root, comm, stream)
-                    self._ok("ncclReduce", code)
+                    src = x_ptr + offset * row_bytes
+                    # recvbuff matters at the root only; elsewhere NCCL ignores it
+                    code = lib.ncclReduce(src, out_ptr if root == self._rank else src, rows * row_elems,
+                                          dtype, op, root, comm, stream)
+                    self._check("ncclReduce", code)
                 offset += rows
         finally:
-            self._ok("ncclGroupEnd", lib.ncclGroupEnd())
+            self._check("ncclGroupEnd", lib.ncclGroupEnd())
 
     # Class-level and unbound: a dict of bound methods on the instance would form a
     # reference cycle that keeps the process group alive past destroy_process_group().
