@@ -108,8 +108,8 @@ def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call
         if out.dtype is not dtype or out.shape != x.shape:
             output("out", out, x.shape, x)
         out_ptr = out.data_ptr()
-        if out_ptr != x_ptr:
-            _in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)
+        if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
+            _in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)  # raises: partial overlap
     return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes)
 
 
