@@ -48,6 +48,14 @@ class Call:
         return sizes is None or sizes.count(sizes[0]) == len(sizes)
 
 
+def runner_table(namespace: dict) -> dict:
+    """op -> the class's ``_<op>`` function, from a class body's namespace (``locals()``).
+
+    Kept on the class, unbound: a dict of bound methods on the instance would form a
+    reference cycle that keeps the process group alive past destroy_process_group()."""
+    return {op: namespace[f"_{op}"] for op in OPS}
+
+
 class Backend(Protocol):
     """One path a collective can take."""
 

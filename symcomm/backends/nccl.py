@@ -13,7 +13,7 @@ import torch
 from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
 from ..errors import DtypeError
 from ..pool import GRANULE_SHIFT
-from .base import SCATTERING_OPS, Call
+from .base import SCATTERING_OPS, Call, runner_table
 
 # Returns the cudaStream_t as an int without building a torch.cuda.Stream (about 1 us saved per
 # call). Absent from CPU builds, where this backend is never constructed.
@@ -152,13 +152,5 @@ class NcclBackend:
         finally:
             self._check("ncclGroupEnd", lib.ncclGroupEnd())
 
-    # Class-level and unbound: a dict of bound methods on the instance would form a
-    # reference cycle that keeps the process group alive past destroy_process_group().
-    _RUNNERS = {
-        "all_reduce": _all_reduce,
-        "all_gather": _all_gather,
-        "all_gatherv": _all_gatherv,
-        "reduce_scatter": _reduce_scatter,
-        "reduce_scatterv": _reduce_scatterv,
-    }
+    _RUNNERS = runner_table(locals())
 

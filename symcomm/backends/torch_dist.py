@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import Call
+from .base import Call, runner_table
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -81,15 +81,7 @@ class TorchDistBackend:
         out.copy_(reduced[first: first + rows])
 
 
-    # Class-level and unbound: a dict of bound methods on the instance would form a
-    # reference cycle that keeps the process group alive past destroy_process_group().
-    _RUNNERS = {
-        "all_reduce": _all_reduce,
-        "all_gather": _all_gather,
-        "all_gatherv": _all_gatherv,
-        "reduce_scatter": _reduce_scatter,
-        "reduce_scatterv": _reduce_scatterv,
-    }
+    _RUNNERS = runner_table(locals())
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
