@@ -25,6 +25,7 @@ DEFAULT_SYMMETRIC_CAPACITY = 256 << 20
 DEFAULT_TIMEOUT_S = 300.0
 _is_compiling = torch.compiler.is_compiling
 
+
 def _env_timeout() -> float:
     return float(os.environ.get("SYMCOMM_TIMEOUT_S", DEFAULT_TIMEOUT_S))
 
@@ -97,8 +98,13 @@ class Communicator:
         self._find: Callable[[int], int] | None = None
         self._disabled: dict[str, str] = {}
         self._backends: dict[str, Backend] = {}
+        self.key: int | None = None
         if self.device.type == "cuda":
-            self._init_nccl(symmetric, symmetric_capacity)
+            try:
+                self._init_nccl(symmetric, symmetric_capacity)
+            except BaseException:
+                self.close()  # release the NCCL communicators and memory created so far
+                raise
         else:
             self._disabled["nccl"] = self._disabled["nccl-symm"] = "the communicator's device is the CPU"
         self._backends["torch"] = TorchDistBackend(self.group, self.rank, self.world_size)
@@ -396,13 +402,16 @@ class Communicator:
     def close(self) -> None:
         """Deregister windows, free the pool and destroy the NCCL communicators. Idempotent.
 
-        Tensors still allocated from the symmetric pool must not be used afterwards. Bounded by
-        the communicator's timeout; on timeout the NCCL communicators are aborted instead.
+        Collective, like construction. If tensors from the symmetric pool are still alive, their
+        memory stays mapped until the process exits (with a ResourceWarning) rather than being
+        freed under them. Bounded by the communicator's timeout; on timeout the NCCL
+        communicators are aborted instead.
         """
         if self.closed:
             return
         self.closed = True
-        registry.unregister(self.key)
+        if self.key is not None:
+            registry.unregister(self.key)
         self._find = None
         self._backends = {}
         nccl, comms, pool = self.nccl, self._nccl_comms, self._pool
