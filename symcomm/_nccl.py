@@ -38,7 +38,6 @@ RESULT_NAMES = {
     6: "ncclRemoteError",
     7: "ncclInProgress",
 }
-IN_PROGRESS = 7
 
 # ncclDataType_t
 INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)

@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import torch
 
+from ._nccl import DTYPES
 from .backends.base import OPS, Call
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
 _ALGOS = ("nccl", "nccl-symm", "torch")
-_DTYPES = {d: i for i, d in enumerate([
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
-    torch.int32, torch.int64, torch.float8_e4m3fn, torch.float8_e5m2, torch.bool])}
+# Codes for the signature only: every dtype NCCL knows, then bool.
+_DTYPES = {d: i for i, d in enumerate([*DTYPES, torch.bool])}
 
 
 REFUSED = -1  # first entry of a rank that rejected the call before communicating

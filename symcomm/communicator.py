@@ -152,7 +152,7 @@ class Communicator:
         self.nccl = nccl
         uids = self._broadcast_ids(nccl, agreed)  # one for the plain communicator, one for the symmetric
         plain = self._new_comm(nccl, uids[0])
-        self._backends["nccl"] = NcclBackend("nccl", nccl, plain, self.rank, self.world_size, self.device)
+        self._backends["nccl"] = NcclBackend("nccl", nccl, plain, self.rank, self.device)
         if agreed < 2:
             self._disabled["nccl-symm"] = f"symmetric memory: {reason}"
             return
@@ -161,8 +161,8 @@ class Communicator:
         if capacity > 0:
             self._pool.reserve(capacity)
         self._find = self._pool.index.find
-        self._backends["nccl-symm"] = NcclBackend("nccl-symm", nccl, symm, self.rank, self.world_size,
-                                                  self.device, granules=self._pool.index.granules)
+        self._backends["nccl-symm"] = NcclBackend("nccl-symm", nccl, symm, self.rank, self.device,
+                                                  granules=self._pool.index.granules)
 
     def _broadcast_ids(self, nccl: _nccl.Library, count: int) -> list[_nccl.UniqueId]:
         """Rank 0's fresh ncclUniqueIds, on every rank. A plain uint8 broadcast (not

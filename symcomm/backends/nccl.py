@@ -21,14 +21,13 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class NcclBackend:
-    def __init__(self, name: str, nccl: Library, comm: int, rank: int, world_size: int,
-                 device: torch.device, granules: dict[int, int] | None = None) -> None:
+    def __init__(self, name: str, nccl: Library, comm: int, rank: int, device: torch.device,
+                 granules: dict[int, int] | None = None) -> None:
         self.name = name
         self._nccl = nccl
         self._lib = nccl.lib
         self.comm = comm
         self._rank = rank
-        self._world = world_size
         self._device_index = device.index
         # Only the symmetric backend gets the pool's granule map (SegmentIndex.granules); its
         # presence is what makes why_not demand windows.
