@@ -47,6 +47,19 @@ def _bind(lib: ctypes.CDLL) -> None:
 _LOADED: Native | None = None
 
 
+def bind(signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+    """The loaded library with ``signatures`` (name -> (argtypes, restype)) applied.
+
+    Each module that calls into csrc/ declares its own functions here, next to the code that
+    uses them, instead of one shared table. Raises OSError as load() does.
+    """
+    lib = load().lib
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib
+
+
 def load() -> Native:
     """The native library, loaded once. Raises OSError with the reason when it is missing."""
     global _LOADED
