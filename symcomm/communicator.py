@@ -1,20 +1,22 @@
 """Communicator: owns the NCCL communicators, the symmetric pool and the path table."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import _native, _nccl, checks, ops, registry, validate
+from .backends import custom
 from .backends.base import Backend, Call
 from .backends.nccl import NcclBackend
 from .backends.torch_dist import TorchDistBackend
-from .dispatch import PLAIN_ROW, Choice, DispatchTable, builtin_table
+from .dispatch import PLAIN_ROW, Choice, DispatchTable, load_table
 from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError,
                      SymmetricMemoryError)
 from .pool import SymmetricPool
@@ -22,7 +24,10 @@ from .pool import SymmetricPool
 # Enough for the activations of a typical TP layer at serving batch sizes; grow it with
 # reserve_symmetric() or the constructor argument.
 DEFAULT_SYMMETRIC_CAPACITY = 256 << 20
-DEFAULT_TIMEOUT_S = 300.0
+# One bound for every wait on peers: NCCL init/teardown and the custom kernels' barriers.
+# Generous against a healthy peer (NCCL init takes seconds), short enough that a dead one is
+# reported while someone is still watching.
+DEFAULT_TIMEOUT_S = 30.0
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -76,11 +81,14 @@ class Communicator:
     Construction is collective over ``group``: every rank builds its Communicator in the same
     order with the same arguments. ``symmetric_capacity`` bytes are reserved and registered
     as NCCL symmetric windows up front; ``reserve_symmetric`` adds more, also collectively.
+    ``custom_ar_capacity`` bounds the messages symcomm's own all-reduce kernels take (0 turns
+    them off, as does SYMCOMM_DISABLE_CUSTOM_AR=1).
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | int | None = None,
                  *, symmetric: bool = True, symmetric_capacity: int = DEFAULT_SYMMETRIC_CAPACITY,
-                 check: bool | None = None, timeout_s: float | None = None) -> None:
+                 check: bool | None = None, timeout_s: float | None = None,
+                 custom_ar_capacity: int = custom.DEFAULT_STAGING_BYTES) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("torch.distributed is not initialized: call init_process_group first")
         self.group = group if group is not None else dist.group.WORLD
@@ -99,6 +107,8 @@ class Communicator:
         self._disabled: dict[str, str] = {}
         self._backends: dict[str, Backend] = {}
         self.key: int | None = None
+        # Before any NCCL setup, so a bad tuning file fails without leaving communicators behind.
+        self.table: DispatchTable = load_table(self.world_size, self.device)
         if self.device.type == "cuda":
             try:
                 self._init_nccl(symmetric, symmetric_capacity)
@@ -108,7 +118,6 @@ class Communicator:
         else:
             self._disabled["nccl"] = self._disabled["nccl-symm"] = "the communicator's device is the CPU"
         self._backends["torch"] = TorchDistBackend(self.group, self.rank, self.world_size)
-        self.table: DispatchTable = builtin_table(self.world_size)
         self.key = registry.register(self)
 
     # ----------------------------------------------------------------- setup
@@ -163,6 +172,24 @@ class Communicator:
         self._find = self._pool.index.find
         self._backends["nccl-symm"] = NcclBackend("nccl-symm", nccl, symm, self.rank, self.device,
                                                   granules=self._pool.index.granules)
+
+    def _init_custom(self, capacity: int) -> None:
+        if capacity % 16 or capacity < 0:
+            raise ArgumentError(f"custom_ar_capacity must be a non-negative multiple of 16, got {capacity}")
+        if capacity == 0:
+            reason: str | None = "turned off (custom_ar_capacity=0)"
+            state = None
+        else:
+            granules = self._pool.index.granules if self._pool is not None else None
+            state, reason = custom.setup(self.rank, self.world_size, self.device, self._exchange_ints,
+                                         self.timeout_s, granules, staging_bytes=capacity)
+        if state is None:
+            for name in custom.ALGO_CODES:
+                self._disabled[name] = f"custom all-reduce: {reason}"
+            return
+        self._custom = state
+        for name in custom.ALGO_CODES:
+            self._backends[name] = custom.CustomBackend(name, state)
 
     def _broadcast_ids(self, nccl: _nccl.Library, count: int) -> list[_nccl.UniqueId]:
         """Rank 0's fresh ncclUniqueIds, on every rank. A plain uint8 broadcast (not
@@ -373,6 +400,42 @@ class Communicator:
         self._launch(call, algo)
         return call.outputs[0]
 
+    # ------------------------------------------------------------ CUDA graphs
+    @contextlib.contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """Collective: wrap ``torch.cuda.graph(...)`` in this so that captured custom all-reduces
+        read their inputs in place at replay instead of copying them to the staging buffer.
+
+            with comm.graph_capture(), torch.cuda.graph(g):
+                y = comm.all_reduce(x)
+
+        On exit (after the capture has ended) every rank exchanges the CUDA IPC handles of the
+        buffers it recorded; all ranks must have captured the same calls. Capturing without it
+        is also correct, with one device copy per call. Eager calls inside are unaffected.
+        """
+        self._require_open()
+        state = self._custom
+        if state is None:
+            yield
+            return
+        if state.capture is not None:
+            raise ArgumentError("graph_capture() is already active on this communicator (it does not nest)")
+        session = state.capture = custom.CaptureSession()
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            state.capture = None
+            misplaced = torch.cuda.is_current_stream_capturing()
+            problem = custom.register_captured(state, session, failed or misplaced, self._exchange_ints)
+            if misplaced:
+                raise ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit inside it: "
+                                    "buffers can be registered only after capture ends")
+            if problem is not None and not failed:
+                raise PeerMismatchError(f"graph_capture(): {problem}. The captured graph reads unregistered "
+                                        f"memory: do not replay it")
+
     # ------------------------------------------------------------ introspection
     def capabilities(self) -> dict[str, Any]:
         """What is enabled, and for everything disabled, why."""
@@ -414,14 +477,20 @@ class Communicator:
             registry.unregister(self.key)
         self._find = None
         self._backends = {}
-        nccl, comms, pool = self.nccl, self._nccl_comms, self._pool
-        self._nccl_comms, self._pool = [], None
+        nccl, comms, pool, state = self.nccl, self._nccl_comms, self._pool, self._custom
+        self._nccl_comms, self._pool, self._custom = [], None, None
         if nccl is None:
             return
 
         def teardown() -> None:
-            if pool is not None:
+            if pool is not None or state is not None:
                 torch.cuda.synchronize(self.device)
+            if state is not None:
+                # Peers may still read this rank's buffers in their last kernel: wait for all of
+                # them on the plain communicator (ordered, bounded) before unmapping.
+                self._backends_barrier(nccl, comms[0])
+                state.destroy()
+            if pool is not None:
                 pool.close()
             for comm in comms:
                 nccl.comm_destroy(comm)
@@ -435,6 +504,15 @@ class Communicator:
                 except Exception:  # noqa: BLE001 - best effort after a timeout already reported
                     pass
             raise
+
+    def _backends_barrier(self, nccl: _nccl.Library, comm: int) -> None:
+        """Every rank's GPU work so far is done: a one-element all-reduce on the plain NCCL
+        communicator, waited for. Runs inside close()'s bounded teardown thread."""
+        flag = torch.ones(1, dtype=torch.int32, device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        nccl.check("ncclAllReduce", nccl.lib.ncclAllReduce(flag.data_ptr(), flag.data_ptr(), 1, _nccl.DTYPES[torch.int32],
+                                                           _nccl.REDUCE_OPS["sum"], comm, stream), comm)
+        torch.cuda.synchronize(self.device)
 
     def __enter__(self) -> "Communicator":
         return self

@@ -8,14 +8,32 @@ Where the numbers come from: bench/results/ (graph-replay timing, 2x and 4x H200
 ANCHORS.md has the NCCL-only picture that motivated the shape: symmetric kernels halve
 latency up to ~64 KiB and lose 25-35% from 16 MiB up. Rows are keyed by Call.table_key:
 the op, or "all_gather:inplace" where in-place measured differently.
+
+A measured table (``symcomm-bench tune``) replaces the built-in one: see load_table for the
+order in which tables are looked for, and check_tuning for the file format.
 """
 from __future__ import annotations
 
 import bisect
+import json
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .backends.base import OPS
+from .errors import ArgumentError
 
 SYMM = ("nccl-symm", "nccl", "torch")
 PLAIN = ("nccl", "nccl-symm", "torch")
+# symcomm's all-reduce kernels, each followed by the others: a kernel that declines a call
+# (odd size, over capacity) hands it to the next, and NCCL comes last.
+FLAGFREE = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
+ONESHOT = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
+TWOSHOT = ("custom-twoshot", "custom-oneshot")
 INF = float("inf")
 PLAIN_ROW = ([INF], [PLAIN])  # a key with no rules: plain NCCL first
 
@@ -26,7 +44,8 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
     # bench/results/2026-11-21_h200: the faster of nccl and nccl-symm per power-of-two size,
     # bf16, CUDA-graph replay, out-of-place.
     2: {
-        "all_reduce": [(32 * _KiB, SYMM), (1 * _MiB, PLAIN), (4 * _MiB, SYMM), (INF, PLAIN)],
+        "all_reduce": [(32 * _KiB, FLAGFREE + SYMM), (256 * _KiB, ONESHOT + PLAIN), (1 * _MiB, TWOSHOT + PLAIN),
+                       (4 * _MiB, TWOSHOT + SYMM), (16 * _MiB, TWOSHOT + PLAIN), (INF, PLAIN)],
         "all_gather": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (16 * _MiB, SYMM), (INF, PLAIN)],
         # In place, the symmetric kernel keeps winning up to 128 MiB (220 vs 225 us), unlike
         # out of place (304 vs 234 us).
@@ -34,7 +53,9 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
         "reduce_scatter": [(64 * _KiB, SYMM), (1 * _MiB, PLAIN), (4 * _MiB, SYMM), (INF, PLAIN)],
     },
     4: {
-        "all_reduce": [(64 * _KiB, SYMM), (1 * _MiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+        "all_reduce": [(32 * _KiB, FLAGFREE + SYMM), (64 * _KiB, ONESHOT + SYMM), (256 * _KiB, ONESHOT + PLAIN),
+                       (1 * _MiB, TWOSHOT + PLAIN), (8 * _MiB, TWOSHOT + SYMM), (16 * _MiB, TWOSHOT + PLAIN),
+                       (INF, PLAIN)],
         "all_gather": [(INF, SYMM)],
         # In place (x is this rank's slice of out), NCCL's symmetric all-gather loses from
         # 64 MiB: 181 vs 174 us there, 682 vs 606 us at 256 MiB.
@@ -81,3 +102,112 @@ def builtin_table(world_size: int) -> DispatchTable:
     known = [w for w in BUILTIN if w <= world_size]
     world = max(known) if known else min(BUILTIN)
     return DispatchTable(BUILTIN[world], source=f"builtin (measured at world {world})")
+
+
+# ----------------------------------------------------------------------------- tuning files
+TUNING_ENV = "SYMCOMM_TUNING_FILE"
+TUNING_VERSION = 1
+PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
+TABLE_KEYS = (*OPS, "all_gather:inplace")
+_PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class TuningFile:
+    """A checked tuning file: where it was measured, and its rules in DispatchTable's form."""
+
+    gpu: str
+    world_size: int
+    rules: dict[str, list[tuple[float, tuple[str, ...]]]]
+
+
+def device_name(device: torch.device) -> str:
+    """The name a tuning file is matched on: the CUDA device's name, or "cpu"."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def check_tuning(payload: Any) -> TuningFile:
+    """Validates a tuning file's JSON and converts its rules; raises ValueError saying what is
+    wrong. Only the fields dispatch needs are required: the rest (versions, date, command,
+    raw times) is a record for people."""
+    if not isinstance(payload, dict):
+        raise ValueError("the top level must be a JSON object")
+    if payload.get("version") != TUNING_VERSION:
+        raise ValueError(f"version must be {TUNING_VERSION}, got {payload.get('version')!r}")
+    gpu, world = payload.get("gpu"), payload.get("world_size")
+    if not isinstance(gpu, str) or not gpu:
+        raise ValueError("gpu must be a non-empty string")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world!r}")
+    rules = payload.get("rules")
+    if not isinstance(rules, dict) or not rules:
+        raise ValueError("rules must be a non-empty object")
+    return TuningFile(gpu, world, {key: _check_steps(key, steps) for key, steps in rules.items()})
+
+
+def _check_steps(key: str, steps: Any) -> list[tuple[float, tuple[str, ...]]]:
+    if key not in TABLE_KEYS:
+        raise ValueError(f"unknown rule key {key!r} (known: {', '.join(TABLE_KEYS)})")
+    if not isinstance(steps, list) or not steps:
+        raise ValueError(f"rules[{key!r}] must be a non-empty list of [max_bytes, [paths]]")
+    out: list[tuple[float, tuple[str, ...]]] = []
+    last = 0
+    for i, step in enumerate(steps):
+        where = f"rules[{key!r}][{i}]"
+        if not isinstance(step, list) or len(step) != 2:
+            raise ValueError(f"{where} must be [max_bytes, [paths]]")
+        bound, paths = step
+        final = i == len(steps) - 1
+        if bound is None:
+            if not final:
+                raise ValueError(f"{where}: only the last rule may have no upper bound (null)")
+        elif final:
+            raise ValueError(f"{where}: the last rule must have no upper bound (null), got {bound!r}")
+        elif not isinstance(bound, int) or isinstance(bound, bool) or bound <= last:
+            raise ValueError(f"{where}: bounds must be integers in strictly ascending order, "
+                             f"got {bound!r} after {last}")
+        if (not isinstance(paths, list) or not paths
+                or not all(isinstance(p, str) and _PATH_NAME.match(p) for p in paths)):
+            raise ValueError(f"{where}: paths must be a non-empty list of path names, got {paths!r}")
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"{where}: a path is listed twice in {paths!r}")
+        out.append((INF if bound is None else bound, tuple(paths)))
+        last = bound if bound is not None else last
+    return out
+
+
+def read_tuning(path: str | Path) -> TuningFile:
+    """Reads and checks one tuning file; ArgumentError names the file and the problem."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            payload = json.load(fh)
+        return check_tuning(payload)
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ArgumentError(f"tuning file {path}: {detail}") from None
+
+
+def load_table(world_size: int, device: torch.device, env: dict[str, str] | None = None,
+               packaged: Path = PACKAGED_DIR) -> DispatchTable:
+    """The table a communicator dispatches with. In order: the file named by
+    SYMCOMM_TUNING_FILE (which must match this GPU and world size, else ArgumentError); a
+    packaged table measured on this GPU at this world size; the built-in table."""
+    env = os.environ if env is None else env
+    name = device_name(device)
+    path = env.get(TUNING_ENV)
+    if path:
+        tuned = read_tuning(path)
+        if tuned.world_size != world_size:
+            raise ArgumentError(f"tuning file {path}: measured at world size {tuned.world_size}, "
+                                f"but this communicator has {world_size} ranks ({TUNING_ENV})")
+        if tuned.gpu != name:
+            raise ArgumentError(f"tuning file {path}: measured on {tuned.gpu!r}, but this "
+                                f"communicator runs on {name!r} ({TUNING_ENV})")
+        return DispatchTable(tuned.rules, source=str(path))
+    for candidate in sorted(packaged.glob("*.json")):
+        tuned = read_tuning(candidate)  # a broken shipped table is a bug: say so, loudly
+        if tuned.world_size == world_size and tuned.gpu == name:
+            return DispatchTable(tuned.rules, source=f"packaged {candidate.name}")
+    return builtin_table(world_size)

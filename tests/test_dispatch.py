@@ -59,3 +59,111 @@ def test_validation_marks_in_place_gathers():
     assert elsewhere.table_key == "all_gather"
     with pytest.raises(validate.ArgumentError, match="not this rank's slice"):
         validate.all_gather(out[0:2], out, 1, 3, cpu)  # rank 1's slot is rows 2:4, not 0:2
+
+
+# ------------------------------------------------------------------------- tuning files
+import json  # noqa: E402
+
+from symcomm import ArgumentError  # noqa: E402
+from symcomm.dispatch import TUNING_ENV, check_tuning, load_table, read_tuning  # noqa: E402
+
+CPU = __import__("torch").device("cpu")
+
+
+def tuning(world=2, gpu="cpu", **rules):
+    return {"version": 1, "gpu": gpu, "world_size": world, "nccl": None, "torch": "2.13.0",
+            "date": "2026-11-23T00:00:00+00:00", "command": "symcomm-bench tune -g 2",
+            "rules": rules or {"all_reduce": [[4096, ["custom-oneshot", "nccl-symm"]],
+                                              [None, ["nccl", "torch"]]]}}
+
+
+def write(tmp_path, payload, name="t.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(payload) if not isinstance(payload, str) else payload)
+    return path
+
+
+def test_tuning_file_rules_become_the_table(tmp_path):
+    path = write(tmp_path, tuning())
+    table = load_table(2, CPU, env={TUNING_ENV: str(path)}, packaged=tmp_path / "none")
+    assert table.source == str(path)
+    assert table.preference("all_reduce", 4096) == ("custom-oneshot", "nccl-symm")
+    assert table.preference("all_reduce", 4097) == ("nccl", "torch")
+    assert table.preference("reduce_scatter", 1) == PLAIN  # a key the file leaves out
+
+
+@pytest.mark.parametrize(("world", "gpu", "needle"), [
+    (4, "cpu", "world size 4, but this communicator has 2"),
+    (2, "NVIDIA H200", "measured on 'NVIDIA H200', but this communicator runs on 'cpu'"),
+])
+def test_tuning_file_for_another_machine_is_rejected(tmp_path, world, gpu, needle):
+    path = write(tmp_path, tuning(world=world, gpu=gpu))
+    with pytest.raises(ArgumentError, match=needle) as info:
+        load_table(2, CPU, env={TUNING_ENV: str(path)}, packaged=tmp_path / "none")
+    assert str(path) in str(info.value)
+
+
+BAD_RULES = [
+    ({"all_reduce": [[2048, ["nccl"]], [1024, ["nccl"]], [None, ["nccl"]]]}, "ascending"),
+    ({"all_reduce": [[1024, ["nccl"]], [1024, ["nccl"]], [None, ["nccl"]]]}, "ascending"),
+    ({"all_reduce": [[1024, ["nccl"]]]}, "last rule must have no upper bound"),
+    ({"all_reduce": [[None, ["nccl"]], [None, ["nccl"]]]}, "only the last rule"),
+    ({"all_reduce": [["1K", ["nccl"]], [None, ["nccl"]]]}, "integers"),
+    ({"all_reduce": [[None, []]]}, "non-empty list of path names"),
+    ({"all_reduce": [[None, ["nccl", 3]]]}, "path names"),
+    ({"all_reduce": [[None, ["two words"]]]}, "path names"),
+    ({"all_reduce": [[None, ["nccl", "nccl"]]]}, "listed twice"),
+    ({"all_reduce": [[None]]}, r"\[max_bytes, \[paths\]\]"),
+    ({"alltoall": [[None, ["nccl"]]]}, "unknown rule key 'alltoall'"),
+    ({"all_reduce": []}, "non-empty list"),
+]
+
+
+@pytest.mark.parametrize(("rules", "needle"), BAD_RULES)
+def test_malformed_tuning_rules_name_the_problem(tmp_path, rules, needle):
+    path = write(tmp_path, tuning(**rules))
+    with pytest.raises(ArgumentError, match=needle) as info:
+        read_tuning(path)
+    assert str(info.value).startswith(f"tuning file {path}: ")
+
+
+@pytest.mark.parametrize(("payload", "needle"), [
+    ("{not json", "Expecting property name"),
+    ("[]", "JSON object"),
+    ({**tuning(), "version": 2}, "version must be 1"),
+    ({**tuning(), "world_size": 0}, "world_size"),
+    ({**tuning(), "gpu": ""}, "gpu"),
+    ({**tuning(), "rules": {}}, "rules"),
+])
+def test_malformed_tuning_files_name_the_problem(tmp_path, payload, needle):
+    path = write(tmp_path, payload)
+    with pytest.raises(ArgumentError, match=needle):
+        read_tuning(path)
+
+
+def test_missing_tuning_file_names_the_file(tmp_path):
+    with pytest.raises(ArgumentError, match="tuning file .*nope.json: No such file"):
+        load_table(2, CPU, env={TUNING_ENV: str(tmp_path / "nope.json")})
+
+
+def test_packaged_tables_match_on_gpu_and_world_else_builtin(tmp_path):
+    write(tmp_path, tuning(world=4, gpu="cpu"), "cpu_w4.json")
+    write(tmp_path, tuning(world=2, gpu="NVIDIA H200"), "h200_w2.json")
+    assert load_table(4, CPU, env={}, packaged=tmp_path).source == "packaged cpu_w4.json"
+    assert load_table(2, CPU, env={}, packaged=tmp_path).source.startswith("builtin")
+    # The environment's file wins over a packaged match.
+    own = write(tmp_path / "..", tuning(world=4), "own.json")
+    assert load_table(4, CPU, env={TUNING_ENV: str(own)}, packaged=tmp_path).source == str(own)
+
+
+def test_shipped_tables_are_valid():
+    from symcomm.dispatch import PACKAGED_DIR
+    for path in sorted(PACKAGED_DIR.glob("*.json")):
+        tuned = read_tuning(path)
+        assert path.name.endswith(f"_w{tuned.world_size}.json"), path
+
+
+def test_check_tuning_converts_null_to_infinity():
+    tuned = check_tuning(tuning())
+    assert (tuned.gpu, tuned.world_size) == ("cpu", 2)
+    assert tuned.rules["all_reduce"][-1] == (INF, ("nccl", "torch"))
