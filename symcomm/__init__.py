@@ -7,14 +7,16 @@
 """
 from .communicator import Communicator
 from .dispatch import Choice
-from .errors import (ArgumentError, CommClosedError, CommTimeoutError, DtypeError, NcclError,
+from .errors import (ArgumentError, CommClosedError, CommTimeoutError, CudaError, DtypeError, NcclError,
                      NcclUnavailableError, PeerMismatchError, SymcommError, SymmetricMemoryError)
+from . import fp4
+from .fp4_gather import Fp4Gathered
 from .memory import use_symmetric_memory
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "DtypeError",
-    "NcclError", "NcclUnavailableError", "PeerMismatchError", "SymcommError", "SymmetricMemoryError",
-    "use_symmetric_memory",
+    "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "CudaError", "DtypeError",
+    "Fp4Gathered", "NcclError", "NcclUnavailableError", "PeerMismatchError", "SymcommError", "SymmetricMemoryError",
+    "fp4", "use_symmetric_memory",
 ]

@@ -18,7 +18,7 @@ from ._nccl import DTYPES
 from .backends.base import OPS, Call
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
-_ALGOS = ("nccl", "nccl-symm", "torch")
+_ALGOS = ("nccl", "nccl-symm", "torch", "custom-flagfree", "custom-oneshot", "custom-twoshot")
 # Codes for the signature only: every dtype NCCL knows, then bool.
 _DTYPES = {d: i for i, d in enumerate([*DTYPES, torch.bool])}
 

@@ -19,6 +19,7 @@ from .backends.torch_dist import TorchDistBackend
 from .dispatch import PLAIN_ROW, Choice, DispatchTable, load_table
 from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError,
                      SymmetricMemoryError)
+from .fp4_gather import Fp4Gathered, all_gatherv_fp4 as _all_gatherv_fp4
 from .pool import SymmetricPool
 
 # Enough for the activations of a typical TP layer at serving batch sizes; grow it with
@@ -106,17 +107,20 @@ class Communicator:
         self._find: Callable[[int], int] | None = None
         self._disabled: dict[str, str] = {}
         self._backends: dict[str, Backend] = {}
+        self._custom: custom.CustomAllReduce | None = None
         self.key: int | None = None
         # Before any NCCL setup, so a bad tuning file fails without leaving communicators behind.
         self.table: DispatchTable = load_table(self.world_size, self.device)
         if self.device.type == "cuda":
             try:
                 self._init_nccl(symmetric, symmetric_capacity)
+                self._init_custom(custom_ar_capacity)
             except BaseException:
                 self.close()  # release the NCCL communicators and memory created so far
                 raise
         else:
-            self._disabled["nccl"] = self._disabled["nccl-symm"] = "the communicator's device is the CPU"
+            for name in ("nccl", "nccl-symm", *custom.ALGO_CODES):
+                self._disabled[name] = "the communicator's device is the CPU"
         self._backends["torch"] = TorchDistBackend(self.group, self.rank, self.world_size)
         self.key = registry.register(self)
 
@@ -399,6 +403,18 @@ class Communicator:
             raise
         self._launch(call, algo)
         return call.outputs[0]
+
+    def all_gatherv_fp4(self, x: torch.Tensor, sizes: Sequence[int], global_scale: float | torch.Tensor,
+                        extra: Sequence[torch.Tensor] = (), dequantize: bool = False, algo: str = "auto", *,
+                        swizzle: bool = False, out: Fp4Gathered | None = None) -> Fp4Gathered:
+        """NVFP4-quantize this rank's rows ``x`` [sizes[rank], H] and gather every rank's payload,
+        scales and ``extra`` tensors (dim 0 = this rank's rows) in one NCCL group, in rank order.
+
+        ``global_scale`` must be the same on every rank (``symcomm.fp4.global_scale_for(x, comm)``).
+        ``dequantize=True`` adds the decoded rows; ``swizzle=True`` returns the scales in the 128x4
+        GEMM layout; ``out`` (an Fp4Gathered) supplies preallocated gathered buffers.
+        """
+        return _all_gatherv_fp4(self, x, sizes, global_scale, extra, dequantize, algo, swizzle=swizzle, out=out)
 
     # ------------------------------------------------------------ CUDA graphs
     @contextlib.contextmanager

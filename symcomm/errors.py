@@ -50,3 +50,12 @@ class PeerMismatchError(SymcommError):
 
 class CommTimeoutError(SymcommError, TimeoutError):
     """A bounded wait on peers ran out."""
+
+
+class CudaError(SymcommError):
+    """A CUDA runtime call in symcomm's own kernels' library failed."""
+
+    def __init__(self, what: str, code: int, message: str):
+        self.what = what
+        self.code = code
+        super().__init__(f"{what} failed: CUDA error {code}: {message}")

@@ -1,0 +1,605 @@
+// Custom all-reduce (sum) over peer-mapped GPU memory inside one NVLink domain.
+//
+// Three kernels, all summing in fp32 and in rank order 0..world-1, so every rank produces the
+// same bits whatever the algorithm:
+//   flag-free one-shot: each rank pushes its input into every peer's receive buffer; readers
+//                       poll for a sentinel to disappear instead of meeting at a barrier.
+//   one-shot:           barrier, every rank reads all peers' inputs and reduces, barrier.
+//   two-shot:           barrier, rank r reduces chunk r into its scratch, barrier, every rank
+//                       copies each chunk from its owner's scratch.
+//
+// Peer memory is one cudaMalloc per rank, mapped by the others with CUDA IPC:
+//   [Signal | staging | scratch | flag-free receive buffers x 3]
+// Inputs of one-shot/two-shot are read from peers through a "slot": a device-resident table of
+// the world's pointers. Slot 0 is the staging buffer (eager calls copy their input there);
+// later slots hold buffers recorded during CUDA-graph capture, filled in after capture once
+// their IPC handles have been exchanged, so a replay reads the captured tensors directly.
+//
+// Synchronisation: every barrier flag is written with st.release.sys and read with
+// ld.acquire.sys, so the data a rank wrote before arriving is visible to a peer that saw it
+// arrive. Flags carry a per-block epoch that only ever increases (wrap-safe comparisons), so
+// no flag is ever reset and a late reader can never observe a reset. Every wait is bounded
+// by a timeout read from %globaltimer; on expiry the kernel traps, which surfaces on the host
+// as a CUDA error instead of a hang.
+//
+// Plain C ABI, no libtorch: every entry point takes raw pointers and a cudaStream_t and
+// returns a cudaError_t.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+
+namespace {
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxBlocks = 64;
+constexpr int kThreads = 512;
+// The flag-free kernel always launches this many blocks: each block keeps its own count of
+// calls (which receive buffer is live) and its own record of what to clear, so every block
+// must take part in every call.
+constexpr int kFlagFreeBlocks = 32;
+constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
+// A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
+// float it is a NaN (fp32, and both halves as fp16/bf16), so real data only meets it as a NaN,
+// which the writer swaps for another NaN (kNotSentinel) before sending.
+constexpr uint32_t kSentinel = 0xFFFFFFFFu;
+constexpr uint32_t kNotSentinel = 0x7FFF7FFFu;
+
+enum Algo : int { kFlagFree = 0, kOneShot = 1, kTwoShot = 2 };
+enum Dtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+struct Signal {
+  uint32_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
+  uint32_t mid[kMaxBlocks][kMaxRanks];
+  uint32_t end[kMaxBlocks][kMaxRanks];
+  uint32_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
+  uint32_t flagfree_calls[kMaxBlocks];  // flag-free calls seen by block b (local only)
+  uint32_t flagfree_prev[kMaxBlocks];   // vectors per rank in block b's previous call
+  uint32_t probe[kMaxRanks];            // P2P test: written by peer p into probe[p]
+};
+
+constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+constexpr size_t kSignalBytes = align_up(sizeof(Signal), 4096);
+
+struct Peers {
+  char* ptr[kMaxRanks];
+};
+
+struct Context {
+  int rank = 0;
+  int world = 0;
+  int device = 0;
+  size_t staging_bytes = 0;
+  size_t flagfree_bytes = 0;  // per rank, per receive buffer
+  int max_slots = 0;
+  int max_blocks = 36;
+  uint64_t timeout_ns = 30ull * 1000 * 1000 * 1000;
+  char* base = nullptr;  // this rank's allocation
+  size_t total_bytes = 0;
+  Peers bases{};        // every rank's allocation, mapped here (own = base)
+  Peers signals{}, scratch{}, flagfree{};
+  Peers* slots = nullptr;  // device array of max_slots
+  std::map<std::string, char*> opened;  // IPC handle bytes -> mapped base, opened once each
+};
+
+// ------------------------------------------------------------------ device helpers
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_volatile(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Wrap-safe "flag has reached epoch": epochs only grow, so the signed difference decides.
+__device__ __forceinline__ bool reached(uint32_t flag, uint32_t epoch) { return int32_t(flag - epoch) >= 0; }
+
+__device__ void wait_flag(const uint32_t* p, uint32_t epoch, uint64_t timeout_ns) {
+  if (reached(load_acquire(p), epoch)) return;
+  const uint64_t t0 = now_ns();
+  while (!reached(load_acquire(p), epoch)) {
+    if (now_ns() - t0 > timeout_ns) __trap();  // a peer never arrived: fail, don't hang
+  }
+}
+
+enum Phase { kStart = 0, kMid = 1, kEnd = 2 };
+
+__device__ __forceinline__ uint32_t* phase_flags(Signal* s, int phase, int block) {
+  return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
+}
+
+// Block b of every rank meets block b of every other rank. Threads 0..world-1 each pair with
+// one peer: tell it we arrived, then wait for it. The CTA barrier before makes this block's
+// earlier writes part of what the release publishes; the one after holds the block until
+// every peer has arrived.
+__device__ void barrier(const Peers& signals, int phase, int rank, int world, uint32_t epoch, uint64_t timeout_ns) {
+  __syncthreads();
+  const int peer = threadIdx.x;
+  if (peer < world) {
+    store_release(&phase_flags(reinterpret_cast<Signal*>(signals.ptr[peer]), phase, blockIdx.x)[rank], epoch);
+    wait_flag(&phase_flags(reinterpret_cast<Signal*>(signals.ptr[rank]), phase, blockIdx.x)[peer], epoch, timeout_ns);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t next_epoch(Signal* self) {
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == 0) {
+    epoch = self->epoch[blockIdx.x] + 1;
+    self->epoch[blockIdx.x] = epoch;
+  }
+  __syncthreads();
+  return epoch;
+}
+
+// 16 bytes of T as fp32 lanes, and back.
+template <typename T>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+  static constexpr int kN = 4;
+  __device__ static void load(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    f[0] += __uint_as_float(v.x), f[1] += __uint_as_float(v.y), f[2] += __uint_as_float(v.z), f[3] += __uint_as_float(v.w);
+  }
+  __device__ static uint4 pack(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  }
+};
+
+template <typename H2, float2 (*ToF)(H2), H2 (*FromF)(float2)>
+struct HalfLanes {
+  static constexpr int kN = 8;
+  __device__ static void load(const uint4& v, float* f) {
+    const H2* h = reinterpret_cast<const H2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = ToF(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    const H2* h = reinterpret_cast<const H2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = ToF(h[i]);
+      f[2 * i] += x.x, f[2 * i + 1] += x.y;
+    }
+  }
+  __device__ static uint4 pack(const float* f) {
+    uint4 v;
+    H2* h = reinterpret_cast<H2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = FromF(make_float2(f[2 * i], f[2 * i + 1]));
+    return v;
+  }
+};
+
+__device__ float2 bf2_to_f2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __nv_bfloat162 f2_to_bf2(float2 f) { return __float22bfloat162_rn(f); }
+__device__ float2 h2_to_f2(__half2 h) { return __half22float2(h); }
+__device__ __half2 f2_to_h2(float2 f) { return __float22half2_rn(f); }
+
+template <>
+struct Lanes<__nv_bfloat16> : HalfLanes<__nv_bfloat162, bf2_to_f2, f2_to_bf2> {};
+template <>
+struct Lanes<__half> : HalfLanes<__half2, h2_to_f2, f2_to_h2> {};
+
+// Sum of the world's vectors at index i, in rank order. The first term seeds the sum (not 0.0f),
+// so a lone -0.0 survives as NCCL would keep it.
+template <typename T>
+__device__ __forceinline__ uint4 reduce_at(const uint4* const* src, int world, size_t i) {
+  float acc[Lanes<T>::kN];
+  Lanes<T>::load(src[0][i], acc);
+  for (int r = 1; r < world; ++r) Lanes<T>::add(src[r][i], acc);
+  return Lanes<T>::pack(acc);
+}
+
+// ------------------------------------------------------------------ kernels
+template <typename T>
+__global__ void __launch_bounds__(kThreads) one_shot(Peers signals, const Peers* in, size_t in_offset, uint4* out,
+                                                     size_t nvec, int rank, int world, uint64_t timeout_ns) {
+  Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
+  const uint32_t epoch = next_epoch(self);
+  const uint4* src[kMaxRanks];
+  for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
+  barrier(signals, kStart, rank, world, epoch, timeout_ns);
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) out[i] = reduce_at<T>(src, world, i);
+  // Peers read this rank's input until they pass here; it must not be reused before then.
+  barrier(signals, kEnd, rank, world, epoch, timeout_ns);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) two_shot(Peers signals, Peers scratch, const Peers* in, size_t in_offset,
+                                                     uint4* out, size_t nvec, int rank, int world,
+                                                     uint64_t timeout_ns) {
+  Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
+  const uint32_t epoch = next_epoch(self);
+  const uint4* src[kMaxRanks];
+  for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
+  const size_t chunk = (nvec + world - 1) / world;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  barrier(signals, kStart, rank, world, epoch, timeout_ns);
+  // Reduce-scatter: this rank owns chunk `rank`. Both phases give block b the same offsets
+  // within a chunk, so block b's barrier is the only one its data depends on.
+  uint4* mine = reinterpret_cast<uint4*>(scratch.ptr[rank]);
+  const size_t lo = size_t(rank) * chunk;
+  const size_t hi = lo + chunk < nvec ? lo + chunk : nvec;
+  for (size_t i = lo + first; i < hi; i += stride) mine[i] = reduce_at<T>(src, world, i);
+  // After this barrier every peer has finished reading our input (so `out` may alias it) and
+  // every owner's chunk is in its scratch.
+  barrier(signals, kMid, rank, world, epoch, timeout_ns);
+  for (int k = 0; k < world; ++k) {
+    const int owner = (rank + k) % world;  // staggered, so ranks don't all read one peer at once
+    const uint4* theirs = reinterpret_cast<const uint4*>(scratch.ptr[owner]);
+    const size_t c_lo = size_t(owner) * chunk;
+    const size_t c_hi = c_lo + chunk < nvec ? c_lo + chunk : nvec;
+    for (size_t i = c_lo + first; i < c_hi; i += stride) out[i] = theirs[i];
+  }
+  // No closing barrier: peers read our scratch until they finish, and we write it again only
+  // after the next call's start barrier, which they reach only after finishing this call.
+}
+
+__device__ __forceinline__ uint4 without_sentinel(uint4 v) {
+  v.x = v.x == kSentinel ? kNotSentinel : v.x;
+  v.y = v.y == kSentinel ? kNotSentinel : v.y;
+  v.z = v.z == kSentinel ? kNotSentinel : v.z;
+  v.w = v.w == kSentinel ? kNotSentinel : v.w;
+  return v;
+}
+
+__device__ __forceinline__ bool has_sentinel(const uint4& v) {
+  return v.x == kSentinel || v.y == kSentinel || v.z == kSentinel || v.w == kSentinel;
+}
+
+// Receive buffers rotate over three: call k writes buffer k%3 and clears buffer (k-1)%3.
+// A peer writes buffer (k-1)%3 again only at its call k+2, which it can reach only after
+// receiving our call k+1 data, sent after this clear finished; and nobody still writes it,
+// since we consumed all of call k-1 before returning from it. Two buffers would not do: a
+// peer that finished call k could start writing call k+1 into the buffer being cleared.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) flag_free(Peers signals, Peers recv, const uint4* in, uint4* out,
+                                                      size_t nvec, size_t slot_vecs, int rank, int world,
+                                                      uint64_t timeout_ns) {
+  Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
+  __shared__ uint32_t call, prev;
+  if (threadIdx.x == 0) {
+    call = self->flagfree_calls[blockIdx.x];
+    prev = self->flagfree_prev[blockIdx.x];
+    self->flagfree_calls[blockIdx.x] = call + 1;
+    self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
+  }
+  __syncthreads();
+  const size_t buf = call % 3, old = (call + 2) % 3;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (size_t i = first; i < nvec; i += stride) {
+    const uint4 v = without_sentinel(in[i]);
+    for (int p = 0; p < world; ++p) {
+      if (p == rank) continue;
+      reinterpret_cast<uint4*>(recv.ptr[p])[(buf * world + rank) * slot_vecs + i] = v;
+    }
+  }
+  const uint4* mine = reinterpret_cast<const uint4*>(recv.ptr[rank]);
+  for (size_t i = first; i < nvec; i += stride) {
+    float acc[Lanes<T>::kN];
+    for (int r = 0; r < world; ++r) {
+      uint4 v;
+      if (r == rank) {
+        v = without_sentinel(in[i]);  // the same bits the peers received
+      } else {
+        const uint4* p = mine + (buf * world + r) * slot_vecs + i;
+        v = load_volatile(p);
+        if (has_sentinel(v)) {
+          const uint64_t t0 = now_ns();
+          do {
+            if (now_ns() - t0 > timeout_ns) __trap();
+            v = load_volatile(p);
+          } while (has_sentinel(v));
+        }
+      }
+      if (r == 0) Lanes<T>::load(v, acc); else Lanes<T>::add(v, acc);
+    }
+    out[i] = Lanes<T>::pack(acc);
+  }
+  uint4* stale = const_cast<uint4*>(mine) + old * world * slot_vecs;
+  const uint4 blank = make_uint4(kSentinel, kSentinel, kSentinel, kSentinel);
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    for (size_t i = first; i < prev; i += stride) stale[r * slot_vecs + i] = blank;
+  }
+}
+
+// P2P test: every rank writes a token into every rank's probe[rank] ...
+__global__ void probe_write(Peers signals, int rank, int world, uint32_t token) {
+  const int peer = threadIdx.x;
+  if (peer < world) store_release(&reinterpret_cast<Signal*>(signals.ptr[peer])->probe[rank], token);
+}
+
+// ... then reads back what each peer wrote here, and what each peer wrote into its own copy.
+__global__ void probe_read(Peers signals, int rank, int world, uint32_t* got) {
+  const int peer = threadIdx.x;
+  if (peer < world) {
+    got[peer] = load_acquire(&reinterpret_cast<Signal*>(signals.ptr[rank])->probe[peer]);
+    got[kMaxRanks + peer] = load_acquire(&reinterpret_cast<Signal*>(signals.ptr[peer])->probe[peer]);
+  }
+}
+
+int blocks_for(size_t work, int max_blocks) {
+  size_t b = (work + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  return int(b < size_t(max_blocks) ? b : size_t(max_blocks));
+}
+
+template <typename T>
+cudaError_t launch(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
+                   cudaStream_t stream) {
+  switch (algo) {
+    case kFlagFree:
+      flag_free<T><<<kFlagFreeBlocks, kThreads, 0, stream>>>(c->signals, c->flagfree, in, out, nvec,
+                                                            c->flagfree_bytes / 16, c->rank, c->world, c->timeout_ns);
+      break;
+    case kOneShot:
+      one_shot<T><<<blocks_for(nvec, c->max_blocks), kThreads, 0, stream>>>(
+          c->signals, c->slots + slot, in_offset, out, nvec, c->rank, c->world, c->timeout_ns);
+      break;
+    case kTwoShot:
+      two_shot<T><<<blocks_for((nvec + c->world - 1) / c->world, c->max_blocks), kThreads, 0, stream>>>(
+          c->signals, c->scratch, c->slots + slot, in_offset, out, nvec, c->rank, c->world, c->timeout_ns);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t open_handle(Context* c, const char* handle, char** mapped) {
+  std::string key(handle, kHandleBytes);
+  auto it = c->opened.find(key);
+  if (it != c->opened.end()) {
+    *mapped = it->second;
+    return cudaSuccess;
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle, kHandleBytes);
+  void* p = nullptr;
+  cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) return err;
+  c->opened[key] = static_cast<char*>(p);
+  *mapped = static_cast<char*>(p);
+  return cudaSuccess;
+}
+
+// The allocation that holds ptr: IPC handles name whole allocations, so a peer maps the base
+// and adds the offset. cuMemGetAddressRange is a driver call; it is looked up at run time so
+// the library does not link libcuda (CI builds it on machines without a driver).
+cudaError_t allocation_base(const void* ptr, uintptr_t* base) {
+  static PFN_cuMemGetAddressRange_v3020 get_range = nullptr;
+  if (get_range == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    void* fn = nullptr;
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
+    if (err != cudaSuccess) return err;
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorSymbolNotFound;
+    get_range = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(fn);
+  }
+  CUdeviceptr b = 0;
+  size_t size = 0;
+  if (get_range(&b, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  *base = uintptr_t(b);
+  return cudaSuccess;
+}
+
+// This library has its own (static) CUDA runtime, whose current device is per thread and
+// independent of torch's. Every entry point selects the communicator's device through here;
+// the cache keeps the per-call path free of a driver call when it is already current.
+thread_local int current_device = -1;
+
+cudaError_t use_device(int device) {
+  if (current_device == device) return cudaSuccess;
+  cudaError_t err = cudaSetDevice(device);
+  current_device = err == cudaSuccess ? device : -1;
+  return err;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Allocates this rank's buffer (signals, staging, scratch, flag-free receive buffers) and the
+// slot table. Not collective; symcomm_ar_open is.
+int symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, size_t flagfree_bytes, int max_slots,
+                      double timeout_s, void** out) {
+  if (world < 2 || world > kMaxRanks || rank < 0 || rank >= world || staging_bytes % 16 || flagfree_bytes % 16 ||
+      max_slots < 1 || timeout_s <= 0)
+    return cudaErrorInvalidValue;
+  cudaError_t err = use_device(device);
+  if (err != cudaSuccess) return err;
+  Context* c = new Context();
+  c->rank = rank, c->world = world, c->device = device;
+  c->staging_bytes = staging_bytes, c->flagfree_bytes = flagfree_bytes, c->max_slots = max_slots;
+  c->timeout_ns = uint64_t(timeout_s * 1e9);
+  const size_t flagfree_total = 3 * size_t(world) * flagfree_bytes;
+  c->total_bytes = kSignalBytes + 2 * staging_bytes + flagfree_total;
+  void* p = nullptr;
+  if ((err = cudaMalloc(&p, c->total_bytes)) != cudaSuccess) goto fail;
+  c->base = static_cast<char*>(p);
+  if ((err = cudaMemset(c->base, 0, kSignalBytes)) != cudaSuccess) goto fail;
+  if ((err = cudaMemset(c->base + kSignalBytes + 2 * staging_bytes, 0xFF, flagfree_total)) != cudaSuccess) goto fail;
+  if ((err = cudaMalloc(&p, sizeof(Peers) * size_t(max_slots))) != cudaSuccess) goto fail;
+  c->slots = static_cast<Peers*>(p);
+  if ((err = cudaMemset(c->slots, 0, sizeof(Peers) * size_t(max_slots))) != cudaSuccess) goto fail;
+  if ((err = cudaDeviceSynchronize()) != cudaSuccess) goto fail;
+  *out = c;
+  return cudaSuccess;
+fail:
+  if (c->base) cudaFree(c->base);
+  if (c->slots) cudaFree(c->slots);
+  delete c;
+  return err;
+}
+
+int symcomm_ar_handle(void* ctx, void* handle_out) {
+  Context* c = static_cast<Context*>(ctx);
+  cudaIpcMemHandle_t h;
+  cudaError_t err = cudaIpcGetMemHandle(&h, c->base);
+  if (err == cudaSuccess) std::memcpy(handle_out, &h, kHandleBytes);
+  return err;
+}
+
+// handles: world x 64 bytes, every rank's symcomm_ar_handle in rank order.
+int symcomm_ar_open(void* ctx, const void* handles) {
+  Context* c = static_cast<Context*>(ctx);
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  for (int r = 0; r < c->world; ++r) {
+    char* b = c->base;
+    if (r != c->rank && (err = open_handle(c, static_cast<const char*>(handles) + r * kHandleBytes, &b)) != cudaSuccess)
+      return err;
+    c->bases.ptr[r] = b;
+    c->signals.ptr[r] = b;
+    c->scratch.ptr[r] = b + kSignalBytes + c->staging_bytes;
+    c->flagfree.ptr[r] = b + kSignalBytes + 2 * c->staging_bytes;
+  }
+  Peers staging{};
+  for (int r = 0; r < c->world; ++r) staging.ptr[r] = c->bases.ptr[r] + kSignalBytes;
+  return cudaMemcpy(c->slots, &staging, sizeof(Peers), cudaMemcpyHostToDevice);
+}
+
+int symcomm_ar_probe_write(void* ctx, uint32_t token) {
+  Context* c = static_cast<Context*>(ctx);
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  probe_write<<<1, 32>>>(c->signals, c->rank, c->world, token);
+  err = cudaGetLastError();
+  return err != cudaSuccess ? err : cudaDeviceSynchronize();
+}
+
+// got: 2 x 8 words: [what peer p wrote here] then [what peer p wrote into its own probe].
+int symcomm_ar_probe_read(void* ctx, uint32_t* got) {
+  Context* c = static_cast<Context*>(ctx);
+  uint32_t* d = nullptr;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  err = cudaMalloc(&d, 2 * kMaxRanks * sizeof(uint32_t));
+  if (err != cudaSuccess) return err;
+  probe_read<<<1, 32>>>(c->signals, c->rank, c->world, d);
+  if ((err = cudaGetLastError()) == cudaSuccess)
+    err = cudaMemcpy(got, d, 2 * kMaxRanks * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  return err;
+}
+
+// The IPC handle of the allocation holding ptr, and ptr's offset in it (for graph buffers).
+int symcomm_ar_buffer_handle(const void* ptr, void* handle_out, uint64_t* offset_out) {
+  uintptr_t base = 0;
+  cudaError_t err = allocation_base(ptr, &base);
+  if (err != cudaSuccess) return err;
+  cudaIpcMemHandle_t h;
+  if ((err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base))) != cudaSuccess) return err;
+  std::memcpy(handle_out, &h, kHandleBytes);
+  *offset_out = uint64_t(reinterpret_cast<uintptr_t>(ptr) - base);
+  return cudaSuccess;
+}
+
+// Fills slot `slot` with every rank's pointer to one buffer: peers' from their handles and
+// offsets, this rank's own as given.
+int symcomm_ar_set_slot(void* ctx, int slot, const void* handles, const uint64_t* offsets, const void* own) {
+  Context* c = static_cast<Context*>(ctx);
+  if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
+  Peers p{};
+  for (int r = 0; r < c->world; ++r) {
+    if (r == c->rank) {
+      p.ptr[r] = static_cast<char*>(const_cast<void*>(own));
+      continue;
+    }
+    char* b = nullptr;
+    cudaError_t err = open_handle(c, static_cast<const char*>(handles) + r * kHandleBytes, &b);
+    if (err != cudaSuccess) return err;
+    p.ptr[r] = b + offsets[r];
+  }
+  return cudaMemcpy(c->slots + slot, &p, sizeof(Peers), cudaMemcpyHostToDevice);
+}
+
+int symcomm_ar_set_max_blocks(void* ctx, int max_blocks) {
+  if (max_blocks < 1 || max_blocks > kMaxBlocks) return cudaErrorInvalidValue;
+  static_cast<Context*>(ctx)->max_blocks = max_blocks;
+  return cudaSuccess;
+}
+
+// One all-reduce (sum) of nbytes (a multiple of 16). stage != 0 copies `in` into the staging
+// buffer first and reads peers' staging (slot 0); otherwise one-shot/two-shot read slot `slot`
+// at in_offset, and flag-free reads `in` directly.
+int symcomm_ar_run(void* ctx, int algo, int dtype, const void* in, int slot, uint64_t in_offset, void* out,
+                   uint64_t nbytes, int stage, void* stream_ptr) {
+  Context* c = static_cast<Context*>(ctx);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  if (nbytes % 16 || slot < 0 || slot >= c->max_slots) return cudaErrorInvalidValue;
+  if (algo == kFlagFree ? nbytes > c->flagfree_bytes : nbytes > c->staging_bytes) return cudaErrorInvalidValue;
+  if (nbytes == 0) return cudaSuccess;
+  if (stage && algo != kFlagFree) {
+    err = cudaMemcpyAsync(c->base + kSignalBytes, in, nbytes, cudaMemcpyDeviceToDevice, stream);
+    if (err != cudaSuccess) return err;
+    slot = 0, in_offset = 0;
+  }
+  const uint4* src = static_cast<const uint4*>(in);
+  uint4* dst = static_cast<uint4*>(out);
+  const size_t nvec = nbytes / 16;
+  switch (dtype) {
+    case kF32: return launch<float>(c, algo, src, slot, in_offset, dst, nvec, stream);
+    case kF16: return launch<__half>(c, algo, src, slot, in_offset, dst, nvec, stream);
+    case kBF16: return launch<__nv_bfloat16>(c, algo, src, slot, in_offset, dst, nvec, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Unmaps peers and frees this rank's memory. The caller makes sure no kernel still runs
+// (peers included: they read this rank's buffer) before calling it.
+int symcomm_ar_destroy(void* ctx) {
+  Context* c = static_cast<Context*>(ctx);
+  cudaError_t first = use_device(c->device);
+  for (auto& kv : c->opened) {
+    cudaError_t err = cudaIpcCloseMemHandle(kv.second);
+    if (first == cudaSuccess) first = err;
+  }
+  if (c->slots) cudaFree(c->slots);
+  if (c->base) {
+    cudaError_t err = cudaFree(c->base);
+    if (first == cudaSuccess) first = err;
+  }
+  delete c;
+  return first;
+}
+
+const char* symcomm_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+}  // extern "C"

@@ -1,0 +1,331 @@
+"""symcomm's own all-reduce kernels (csrc/custom_ar.cu) over CUDA-IPC-mapped peer memory.
+
+One ``CustomAllReduce`` per communicator owns the mapped buffers; three ``CustomBackend``
+objects (one per kernel) share it, so dispatch treats each kernel as a path of its own.
+Setup is collective and decided by vote at each step, so a rank that cannot take part makes
+every rank fall back to NCCL instead of leaving the others waiting. DESIGN.md, "Custom
+all-reduce", has the rules; csrc/custom_ar.cu explains the kernels and their memory ordering.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import socket
+from collections.abc import Callable
+
+import torch
+
+from .. import _native
+from ..errors import CudaError
+from ..pool import GRANULE_SHIFT
+from .base import Call
+
+_c = ctypes
+FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twoshot"
+ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
+HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+# Staging (and the two-shot scratch, as large) bounds one-shot/two-shot: 16 MiB covers the
+# range where the kernels can beat NCCL (ANCHORS.md: NCCL reaches its bandwidth from ~16 MiB).
+DEFAULT_STAGING_BYTES = 16 << 20
+# Per rank and per receive buffer (three of them) for the flag-free kernel, which only wins
+# for small messages where latency, not bandwidth, decides.
+DEFAULT_FLAGFREE_BYTES = 512 << 10
+# Device-side pointer tables for buffers recorded during graph capture (64 bytes each).
+DEFAULT_GRAPH_SLOTS = 4096
+
+_SIGNATURES = {
+    "symcomm_ar_create": ([_c.c_int, _c.c_int, _c.c_int, _c.c_size_t, _c.c_size_t, _c.c_int, _c.c_double,
+                           _c.POINTER(_c.c_void_p)], _c.c_int),
+    "symcomm_ar_handle": ([_c.c_void_p, _c.c_char_p], _c.c_int),
+    "symcomm_ar_open": ([_c.c_void_p, _c.c_char_p], _c.c_int),
+    "symcomm_ar_probe_write": ([_c.c_void_p, _c.c_uint32], _c.c_int),
+    "symcomm_ar_probe_read": ([_c.c_void_p, _c.POINTER(_c.c_uint32)], _c.c_int),
+    "symcomm_ar_buffer_handle": ([_c.c_void_p, _c.c_char_p, _c.POINTER(_c.c_uint64)], _c.c_int),
+    "symcomm_ar_set_slot": ([_c.c_void_p, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_uint64), _c.c_void_p], _c.c_int),
+    "symcomm_ar_set_max_blocks": ([_c.c_void_p, _c.c_int], _c.c_int),
+    "symcomm_ar_run": ([_c.c_void_p, _c.c_int, _c.c_int, _c.c_void_p, _c.c_int, _c.c_uint64, _c.c_void_p,
+                        _c.c_uint64, _c.c_int, _c.c_void_p], _c.c_int),
+    "symcomm_ar_destroy": ([_c.c_void_p], _c.c_int),
+    "symcomm_cuda_error_string": ([_c.c_int], _c.c_char_p),
+}
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+Exchange = Callable[[list[int]], list[list[int]]]
+
+
+def load_library() -> ctypes.CDLL:
+    """The native library with the custom all-reduce entry points bound (OSError if absent)."""
+    return _native.bind(_SIGNATURES)
+
+
+def host_identity() -> int:
+    """A number equal on ranks that share a host: hostname and boot id, hashed stably (Python's
+    hash() differs per process)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    digest = hashlib.blake2b(f"{socket.gethostname()}/{boot}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def probe_token(rank: int) -> int:
+    """What rank ``rank`` writes into every peer during the P2P test: distinct per rank and
+    never the zero the probe words start at. A function so tests can make one rank lie."""
+    return 0xA5C30000 | (rank + 1)
+
+
+def world_size_problem(world_size: int) -> str | None:
+    if world_size not in SUPPORTED_WORLD_SIZES:
+        return (f"world size {world_size} is unsupported (the kernels serve "
+                f"{', '.join(map(str, SUPPORTED_WORLD_SIZES))} ranks)")
+    return None
+
+
+def _to_ints(raw: bytes) -> list[int]:
+    return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
+
+
+def _to_bytes(ints: list[int]) -> bytes:
+    return b"".join(v.to_bytes(8, "little", signed=True) for v in ints)
+
+
+class CustomAllReduce:
+    """This rank's mapped buffers and kernel context. Build it with :func:`setup`."""
+
+    def __init__(self, lib: ctypes.CDLL, ctx: int, rank: int, world_size: int, device: torch.device,
+                 staging_bytes: int, flagfree_bytes: int, graph_slots: int,
+                 granules: dict[int, int] | None) -> None:
+        self.lib = lib
+        self.ctx = ctx
+        self.rank = rank
+        self.world_size = world_size
+        self.device_index = device.index
+        self.staging_bytes = staging_bytes
+        self.flagfree_bytes = flagfree_bytes
+        self.graph_slots = graph_slots
+        self.next_slot = 1  # slot 0 is the staging buffer
+        # Symmetric-pool memory (cuMem, from ncclMemAlloc) has no CUDA IPC handle, so such
+        # inputs are staged rather than recorded during capture.
+        self.granules = granules
+        self.capture: CaptureSession | None = None
+        # torch's expandable segments are cuMem too: nothing captured there can be registered.
+        self.can_register = "expandable_segments:true" not in os.environ.get(
+            "PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+
+    def check(self, what: str, code: int) -> None:
+        if code:
+            raise CudaError(what, code, self.lib.symcomm_cuda_error_string(code).decode())
+
+    def run(self, algo: int, call: Call, stage: int, slot: int) -> None:
+        x = call.inputs[0]
+        code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, 0,
+                                       call.out_ptrs[0], call.nbytes, stage, _raw_stream(self.device_index))
+        if code:
+            self.check("custom all-reduce launch", code)
+
+    def destroy(self) -> None:
+        ctx, self.ctx = self.ctx, 0
+        if ctx:
+            self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
+
+
+class CaptureSession:
+    """Input buffers recorded while capturing inside Communicator.graph_capture(), in call order.
+
+    Each gets a device-side slot now; the slot's peer pointers are written after capture, when
+    every rank has exchanged its handles (register_captured). The order of recording is the
+    order of the calls, which every rank makes alike, so the i-th buffers of all ranks belong
+    together.
+    """
+
+    def __init__(self) -> None:
+        self.slots: dict[int, int] = {}  # data pointer -> slot
+        self.out_of_slots = False
+
+
+def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, timeout_s: float,
+          granules: dict[int, int] | None, staging_bytes: int = DEFAULT_STAGING_BYTES,
+          flagfree_bytes: int = DEFAULT_FLAGFREE_BYTES,
+          graph_slots: int = DEFAULT_GRAPH_SLOTS) -> tuple[CustomAllReduce | None, str | None]:
+    """Collective: map every rank's buffers and test P2P on every pair. Returns the context, or
+    None and the reason the kernels are off (the same decision on every rank)."""
+    reason = None
+    lib = None
+    if os.environ.get("SYMCOMM_DISABLE_CUSTOM_AR", "0") == "1":
+        reason = "disabled by SYMCOMM_DISABLE_CUSTOM_AR=1"
+    elif (problem := world_size_problem(world_size)) is not None:
+        reason = problem
+    else:
+        try:
+            lib = load_library()
+        except (OSError, AttributeError) as exc:
+            reason = f"native library unavailable: {exc}"
+    votes = exchange([0 if reason is None else 1, host_identity()])
+    if reason is not None:
+        return None, reason
+    if any(v for v, _ in votes):
+        return None, "unavailable on another rank: " + ", ".join(str(r) for r, (v, _) in enumerate(votes) if v)
+    if len({h for _, h in votes}) > 1:
+        return None, "the ranks span hosts (CUDA IPC needs one host)"
+
+    ctx = _c.c_void_p()
+    code = lib.symcomm_ar_create(rank, world_size, device.index, staging_bytes, flagfree_bytes, graph_slots,
+                                 timeout_s, _c.byref(ctx))
+    handle = _c.create_string_buffer(HANDLE_BYTES)
+    if code == 0:
+        code = lib.symcomm_ar_handle(ctx, handle)
+    rows = exchange([code, *_to_ints(handle.raw)])
+    state = CustomAllReduce(lib, ctx.value or 0, rank, world_size, device, staging_bytes, flagfree_bytes,
+                            graph_slots, granules)
+    failed = [r for r, row in enumerate(rows) if row[0]]
+    if failed:
+        _quiet_destroy(state)
+        return None, f"could not allocate the buffers on rank(s) {failed}" + _cuda_reason(lib, code)
+    handles = b"".join(_to_bytes(row[1:]) for row in rows)
+    code = lib.symcomm_ar_open(state.ctx, handles)
+    failed = [r for r, (c,) in enumerate(exchange([code])) if c]
+    if failed:
+        _quiet_destroy(state)
+        return None, f"CUDA IPC mapping failed on rank(s) {failed}" + _cuda_reason(lib, code)
+    problem = _probe(state, exchange)
+    if problem is not None:
+        _quiet_destroy(state)
+        return None, problem
+    return state, None
+
+
+def _cuda_reason(lib: ctypes.CDLL, code: int) -> str:
+    return f" (here: {lib.symcomm_cuda_error_string(code).decode()})" if code else ""
+
+
+def _quiet_destroy(state: CustomAllReduce) -> None:
+    try:
+        state.destroy()
+    except CudaError:
+        pass  # setup already failed; its reason is the one worth reporting
+
+
+def _probe(state: CustomAllReduce, exchange: Exchange) -> str | None:
+    """Every rank stores a token into every peer and loads every peer's own copy; both
+    directions of every pair must carry the right bits. The driver's peer-access report is
+    not proof (DESIGN.md), a round trip of real loads and stores is."""
+    lib, world = state.lib, state.world_size
+    code = lib.symcomm_ar_probe_write(state.ctx, probe_token(state.rank))
+    exchange([code])  # everyone has written (or failed to) before anyone reads
+    got = (_c.c_uint32 * 16)()
+    if code == 0:
+        code = lib.symcomm_ar_probe_read(state.ctx, got)
+    # bit p: peer p's store arrived here; bit 8+p: our load of peer p's copy saw its token
+    ok = 0
+    if code == 0:
+        for p in range(world):
+            ok |= (got[p] == probe_token(p)) << p
+            ok |= (got[8 + p] == probe_token(p)) << (8 + p)
+    rows = exchange([code, ok])
+    bad = []
+    for r, (c, bits) in enumerate(rows):
+        for p in range(world):
+            if c or not (bits >> p) & 1 or not (bits >> (8 + p)) & 1:
+                bad.append((p, r))
+    if bad:
+        pairs = ", ".join(f"{p}->{r}" for p, r in sorted(set(bad)))
+        return f"P2P test failed (stores or loads between ranks did not arrive intact: {pairs})"
+    return None
+
+
+def register_captured(state: CustomAllReduce, session: CaptureSession, failed: bool, exchange: Exchange) -> str | None:
+    """Collective, after capture: exchange the recorded buffers' IPC handles and fill their
+    slots. Returns a problem (the same on every rank) or None."""
+    recorded = list(session.slots.items())
+    counts = exchange([1 if failed else 0, len(recorded)])
+    if any(f for f, _ in counts):
+        return "graph capture failed on rank(s) " + ", ".join(str(r) for r, (f, _) in enumerate(counts) if f)
+    if len({n for _, n in counts}) > 1:
+        return ("ranks captured different numbers of custom all-reduce buffers ("
+                + ", ".join(f"rank {r}: {n}" for r, (_, n) in enumerate(counts))
+                + "); every rank must capture the same calls in the same order")
+    lib = state.lib
+    mine: list[int] = []
+    code = 0
+    for ptr, _ in recorded:
+        handle = _c.create_string_buffer(HANDLE_BYTES)
+        offset = _c.c_uint64()
+        if code == 0:
+            code = lib.symcomm_ar_buffer_handle(ptr, handle, _c.byref(offset))
+        mine += [*_to_ints(handle.raw), offset.value]
+    rows = exchange([code, *mine])
+    failed_ranks = [r for r, row in enumerate(rows) if row[0]]
+    if failed_ranks:
+        return (f"captured buffers could not be exported for CUDA IPC on rank(s) {failed_ranks}"
+                + _cuda_reason(lib, code))
+    per = HANDLE_BYTES // 8 + 1
+    for i, (ptr, slot) in enumerate(recorded):
+        handles = b"".join(_to_bytes(row[1 + i * per:1 + i * per + per - 1]) for row in rows)
+        offsets = (_c.c_uint64 * state.world_size)(*(row[i * per + per] for row in rows))
+        code = lib.symcomm_ar_set_slot(state.ctx, slot, handles, offsets, ptr)
+        if code:
+            break
+    failed_ranks = [r for r, (c,) in enumerate(exchange([code])) if c]
+    if failed_ranks:
+        return f"mapping peers' captured buffers failed on rank(s) {failed_ranks}" + _cuda_reason(lib, code)
+    return None
+
+
+class CustomBackend:
+    """One of the three kernels as a dispatch path."""
+
+    def __init__(self, name: str, state: CustomAllReduce) -> None:
+        self.name = name
+        self._state = state
+        self._algo = ALGO_CODES[name]
+        self.capacity = state.flagfree_bytes if name == FLAGFREE else state.staging_bytes
+
+    def why_not(self, call: Call) -> str | None:
+        if call.op != "all_reduce":
+            return "custom kernels serve all_reduce only"
+        if call.redop != "sum":
+            return f"custom kernels only sum (op={call.redop!r})"
+        if call.dtype not in DTYPE_CODES:
+            return f"dtype {call.dtype} is unsupported (float32, float16, bfloat16)"
+        nbytes = call.nbytes
+        if nbytes % 16:
+            return f"{nbytes} bytes is not a multiple of 16 (the kernels move 16-byte vectors)"
+        if nbytes > self.capacity:
+            return f"{nbytes} bytes exceeds {self.name}'s capacity of {self.capacity} bytes"
+        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
+            return "input or output is not 16-byte aligned"
+        return None
+
+    def run(self, call: Call) -> None:
+        state = self._state
+        stage, slot = 1, 0
+        session = state.capture
+        if session is not None and self._algo and torch.cuda.is_current_stream_capturing():
+            slot = self._record(session, call)
+            stage = 0 if slot else 1
+        state.run(self._algo, call, stage, slot)
+
+    def _record(self, session: CaptureSession, call: Call) -> int:
+        """The slot for this captured call's input, or 0 to stage it instead (still correct,
+        one copy slower): symmetric-pool and expandable-segment memory has no IPC handle, and an
+        in-place one-shot must not overwrite an input its peers are still reading."""
+        state = self._state
+        ptr = call.in_ptrs[0]
+        if not state.can_register or (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
+            return 0
+        if state.granules is not None and (ptr >> GRANULE_SHIFT) in state.granules:
+            return 0
+        slot = session.slots.get(ptr)
+        if slot is None:
+            if state.next_slot >= state.graph_slots:
+                session.out_of_slots = True
+                return 0
+            slot = session.slots[ptr] = state.next_slot
+            state.next_slot += 1
+        return slot
