@@ -1,0 +1,296 @@
+"""symcomm's own all-reduce kernels: correctness, bitwise agreement, graphs, fallbacks, stalls."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symcomm
+from symcomm.backends import custom
+from _data import DTYPES, all_inputs, assert_reduced, rank_input
+
+ALGOS = (custom.FLAGFREE, custom.ONESHOT, custom.TWOSHOT)
+CAPACITY = {custom.FLAGFREE: custom.DEFAULT_FLAGFREE_BYTES, custom.ONESHOT: custom.DEFAULT_STAGING_BYTES,
+            custom.TWOSHOT: custom.DEFAULT_STAGING_BYTES}
+# Bytes: one vector, odd vector counts, sizes that are not powers of two, and each capacity.
+SIZES = (16, 48, 1008, 4096, 65_552, 100_000, 524_288, 1_000_016, 4 << 20, 16 << 20)
+
+
+@pytest.fixture(scope="module")
+def fast(dist_env):
+    """No check mode (it exchanges over gloo on every call) and no pool: for the long loops."""
+    c = symcomm.Communicator(symmetric=False, check=False)
+    yield c
+    c.close()
+
+
+def _gathered_equal(t: torch.Tensor) -> bool:
+    """Whether every rank holds the same bits."""
+    bits = t.contiguous().view(torch.uint8)
+    parts = [torch.empty_like(bits) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, bits)
+    return all(torch.equal(p, parts[0]) for p in parts)
+
+
+def test_kernels_are_enabled(comm):
+    paths = comm.capabilities()["paths"]
+    for algo in ALGOS:
+        assert paths[algo]["enabled"], paths[algo]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_every_kernel_matches_reference_nccl_and_each_other(fast, nbytes, dtype):
+    w, rank = fast.world_size, fast.rank
+    numel = nbytes // (torch.finfo(dtype).bits // 8)
+    inputs = all_inputs(numel, dtype, w, seed=nbytes % 1000 + 3)
+    x = inputs[rank]
+    nccl = fast.all_reduce(x, algo="nccl")
+    results = {}
+    for algo in ALGOS:
+        if nbytes > CAPACITY[algo]:
+            continue
+        out = fast.all_reduce(x, algo=algo)
+        assert torch.equal(x, inputs[rank]), f"{algo} modified its input"
+        assert_reduced(out, inputs, f"{algo} {nbytes} B {dtype}")
+        # NCCL rounds in the tensor's dtype along its ring; the bound covers both.
+        assert_reduced(nccl, inputs, f"nccl {nbytes} B {dtype}")
+        results[algo] = out
+    assert results, "no kernel ran"
+    first = next(iter(results.values()))
+    for algo, out in results.items():
+        # Same fp32 sums in the same rank order: the kernels agree to the bit, and so do ranks.
+        assert torch.equal(out.view(torch.uint8), first.view(torch.uint8)), f"{algo} differs from the others"
+    assert _gathered_equal(first), "ranks hold different bits"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_in_place_and_symmetric_inputs(comm, algo):
+    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
+    numel = 8 * 1000 * w
+    inputs = all_inputs(numel, dtype, w, seed=5)
+    with symcomm.use_symmetric_memory(comm):
+        x = torch.empty(numel, dtype=dtype, device=comm.device)
+    x.copy_(inputs[rank])
+    plain = inputs[rank].clone()
+    out_of_place = comm.all_reduce(plain, algo=algo)
+    comm.all_reduce(x, out=x, algo=algo)  # symmetric input, in place
+    comm.all_reduce(plain, out=plain, algo=algo)  # ordinary input, in place
+    assert_reduced(x, inputs, f"{algo} in place, symmetric")
+    assert torch.equal(x, out_of_place) and torch.equal(plain, out_of_place)
+
+
+def test_empty_tensor(fast):
+    x = torch.empty(0, dtype=torch.bfloat16, device=fast.device)
+    for algo in ALGOS:
+        assert fast.all_reduce(x, algo=algo).numel() == 0
+
+
+def _graph_case(c, algo, register: bool, in_place: bool, numel: int):
+    """Eager result, then capture (after an eager warm-up on a side stream) and replay on the
+    same input values: returns (eager, replayed)."""
+    dtype, rank = torch.bfloat16, c.rank
+    x = rank_input(numel, dtype, rank, seed=17)
+    eager = c.all_reduce(x.clone(), algo=algo)
+    inp = torch.empty_like(x)
+    out = inp if in_place else torch.empty_like(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        inp.copy_(x)
+        c.all_reduce(inp, out=out, algo=algo)  # warm-up, as frameworks do before capturing
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if register:
+        with c.graph_capture(), torch.cuda.graph(graph):
+            c.all_reduce(inp, out=out, algo=algo)
+    else:
+        with torch.cuda.graph(graph):
+            c.all_reduce(inp, out=out, algo=algo)
+    replayed = []
+    for _ in range(3):  # replay more than once: epochs and flag-free buffers must rotate
+        inp.copy_(x)
+        if not in_place:
+            out.fill_(float("nan"))
+        graph.replay()
+        replayed.append(out.clone())
+    torch.cuda.synchronize()
+    return eager, replayed, graph
+
+
+@pytest.mark.parametrize("in_place", (False, True), ids=("out_of_place", "in_place"))
+@pytest.mark.parametrize("register", (True, False), ids=("graph_capture", "plain_capture"))
+@pytest.mark.parametrize("algo", ALGOS)
+def test_graph_replay_is_bitwise_equal_to_eager(fast, algo, register, in_place):
+    eager, replayed, _ = _graph_case(fast, algo, register, in_place, numel=40_000 * fast.world_size + 8)
+    for r in replayed:
+        assert torch.equal(r.view(torch.int16), eager.view(torch.int16))
+
+
+def test_registered_capture_reads_inputs_in_place(fast):
+    """Inside graph_capture() a captured one-shot/two-shot call copies nothing; captured
+    without it, it copies its input to the staging buffer first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(graph):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    for algo in (custom.ONESHOT, custom.TWOSHOT):
+        _, _, registered = _graph_case(fast, algo, True, False, numel=4096)
+        _, _, staged = _graph_case(fast, algo, False, False, numel=4096)
+        reg, stg = kernels(registered), kernels(staged)
+        print(f"\n{algo}: registered replay {reg}; staged replay {stg}")
+        assert not any("memcpy" in k.lower() for k in reg), reg
+        assert any("memcpy" in k.lower() for k in stg), stg
+
+
+def test_capture_count_mismatch_raises_on_every_rank(fast):
+    x = rank_input(4096, torch.bfloat16, fast.rank, seed=3)
+    ys = [torch.empty_like(x) for _ in range(2)]
+    fast.all_reduce(x, algo=custom.ONESHOT)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(symcomm.PeerMismatchError, match="different numbers"):
+        with fast.graph_capture(), torch.cuda.graph(graph):
+            for i in range(1 + (fast.rank == 0)):  # rank 0 records two buffers, the others one
+                fast.all_reduce(x if i == 0 else ys[0], out=ys[1], algo=custom.ONESHOT)
+    del graph  # never replayed
+    torch.cuda.synchronize()
+    # The communicator is still usable afterwards.
+    assert_reduced(fast.all_reduce(x, algo=custom.ONESHOT), all_inputs(4096, torch.bfloat16, fast.world_size, 3), "after")
+
+
+def test_ten_thousand_calls_with_changing_sizes(fast):
+    w, rank = fast.world_size, fast.rank
+    sizes = [16, 2064, 65_536, 131_088, 1 << 20, 3 << 20, 48, 8 << 20, 512]  # bytes
+    inputs = {n: all_inputs(n // 2, torch.bfloat16, w, seed=n % 97) for n in sizes}
+    expected = {n: fast.all_reduce(inputs[n][rank], algo="nccl") for n in sizes}
+    seen = {}
+    for i in range(10_000):
+        n = sizes[i % len(sizes)]
+        seen[n] = fast.all_reduce(inputs[n][rank])
+        if i % 2500 == 2499:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    algos = {n: fast.select("all_reduce", inputs[n][rank]).algo for n in sizes}
+    assert any(a.startswith("custom-") for a in algos.values()), algos
+    for n in sizes:
+        assert_reduced(seen[n], inputs[n], f"{n} B after 10,000 calls ({algos[n]})")
+        torch.testing.assert_close(seen[n], expected[n], rtol=0.02, atol=0.05)
+
+
+def test_fallback_reasons(fast):
+    dev = fast.device
+    cases = {
+        "capacity": torch.ones(custom.DEFAULT_STAGING_BYTES // 2 + 8, dtype=torch.bfloat16, device=dev),
+        "multiple of 16": torch.ones(1001, dtype=torch.bfloat16, device=dev),
+        "dtype": torch.ones(1024, dtype=torch.int32, device=dev),
+        "aligned": torch.ones(1028, dtype=torch.bfloat16, device=dev)[4:],  # 2048 bytes at +8
+    }
+    for expect, x in cases.items():
+        choice = fast.select("all_reduce", x)
+        assert not choice.algo.startswith("custom-"), (expect, choice)
+        for algo in ALGOS:
+            assert expect in choice.rejected[algo], (expect, algo, choice.rejected[algo])
+    choice = fast.select("all_reduce", torch.ones(1024, device=dev), reduce_op="max")
+    assert "only sum" in choice.rejected[custom.ONESHOT]
+    big_for_flagfree = torch.ones(custom.DEFAULT_FLAGFREE_BYTES // 4 + 4, device=dev)
+    with pytest.raises(symcomm.ArgumentError, match="capacity"):
+        fast.all_reduce(big_for_flagfree, algo=custom.FLAGFREE)
+
+
+def _disabled_reason(**kwargs) -> str:
+    with symcomm.Communicator(symmetric=False, **kwargs) as c:
+        path = c.capabilities()["paths"][custom.ONESHOT]
+        assert not path["enabled"]
+        assert custom.ONESHOT not in c.algorithms()
+        x = rank_input(4096, torch.float32, c.rank, seed=9)
+        assert_reduced(c.all_reduce(x), all_inputs(4096, torch.float32, c.world_size, 9), "fallback")
+        return path["reason"]
+
+
+def test_disabled_by_environment(dist_env, monkeypatch):
+    monkeypatch.setenv("SYMCOMM_DISABLE_CUSTOM_AR", "1")
+    assert "SYMCOMM_DISABLE_CUSTOM_AR" in _disabled_reason()
+
+
+def test_disabled_by_zero_capacity(dist_env):
+    assert "custom_ar_capacity=0" in _disabled_reason(custom_ar_capacity=0)
+
+
+def test_ranks_on_different_hosts_fall_back(dist_env, monkeypatch):
+    monkeypatch.setattr(custom, "host_identity", lambda: 1000 + dist.get_rank())
+    assert "span hosts" in _disabled_reason()
+
+
+def test_failed_p2p_test_falls_back(dist_env, monkeypatch):
+    """Rank 1 stores a wrong token: the real store/load round trip catches it on every rank."""
+    real = custom.probe_token
+    if dist.get_rank() == 1:
+        monkeypatch.setattr(custom, "probe_token", lambda r: real(r) ^ (0x100 if r == 1 else 0))
+    assert "P2P test failed" in _disabled_reason()
+
+
+def test_unsupported_world_size_falls_back(dist_env):
+    """A sub-group of 3 ranks (world 4) or of 1 rank (world 2): sizes the kernels don't serve."""
+    w, rank = dist.get_world_size(), dist.get_rank()
+    members = list(range(3)) if w >= 4 else [0]
+    group = dist.new_group(members, backend="gloo")
+    if rank in members:
+        with symcomm.Communicator(group=group, symmetric=False) as c:
+            reason = c.capabilities()["paths"][custom.ONESHOT]["reason"]
+            assert f"world size {len(members)} is unsupported" in reason, reason
+            x = rank_input(512, torch.float32, rank, seed=4)
+            expected = [rank_input(512, torch.float32, r, seed=4) for r in members]
+            assert_reduced(c.all_reduce(x), expected, "sub-group all_reduce")
+        dist.destroy_process_group(group)
+    dist.barrier()
+
+
+_WORKER = os.path.join(os.path.dirname(__file__), "_stall_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", ("stall", "kill"))
+def test_missing_peer_raises_within_the_timeout(dist_env, mode):
+    """Two fresh processes on GPUs 0 and 1 (rank 0 of this suite runs them): rank 1 stalls or
+    dies before an all-reduce; rank 0's kernel must fail within SYMCOMM_TIMEOUT_S (3 s here)
+    and surface as a Python exception, not hang."""
+    if dist.get_rank() == 0:
+        port = _free_port()
+        procs = []
+        for r in range(2):
+            # Not torchrun's children: drop its agent-store settings so they rendezvous alone.
+            base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+            env = dict(base, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SYMCOMM_TIMEOUT_S="3")
+            procs.append(subprocess.Popen([sys.executable, _WORKER, mode], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        try:
+            out, _ = procs[0].communicate(timeout=120)
+        finally:
+            for p in procs:
+                p.kill()
+        print(f"\n{mode} worker rank 0:\n{out}")
+        assert procs[0].returncode == 0, out
+        line = next(l for l in out.splitlines() if l.startswith("RESULT"))
+        _, raised, seconds = line.split()
+        assert raised == "raised", line
+        # A stalled peer: the kernel waits out its 3 s bound, then fails. A dead one may also
+        # fail sooner, on a store into its freed memory; either way well before any hang.
+        assert float(seconds) < 15 and (mode == "kill" or float(seconds) >= 2.5), line
+    dist.barrier()
