@@ -33,8 +33,8 @@ def table_rows(stdout):
     rows = []
     for line in stdout.splitlines():
         fields = line.split()
-        if line.startswith("#") or len(fields) != 13:
-            continue
+        if line.startswith("#") or len(fields) != 13 or not fields[0].isdigit():
+            continue  # comments, and the rich summary's rows
         rows.append((int(fields[0]), int(fields[1]), fields[8], fields[12]))
     return rows
 
@@ -52,7 +52,10 @@ def test_all_reduce_two_ranks_table_and_json(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0].startswith("# nThread 1 nGpus 1 minBytes 1024 maxBytes 65536 step: 2(factor)")
+    assert lines[0].startswith("# symcomm-bench version ")
+    assert lines[1] == "# Collective test starting: symcomm-bench all_reduce"
+    assert lines[2].startswith("# nThread 1 nGpus 1 minBytes 1024 maxBytes 65536 step: 2(factor)")
+    assert lines[-2:] == ["# Collective test concluded: symcomm-bench all_reduce", "#"]
     assert "# Using algo: auto" in lines
     assert sum(l.startswith("#  Rank ") for l in lines) == 2   # one device line per rank
     rows = table_rows(res.stdout)
@@ -121,7 +124,13 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--device", "cpu", "-G", "4"], "--cudagraph"),
     (["all_reduce", "--device", "cpu", "-g", "0"], "at least 1"),
     (["all_reduce", "--unknown-flag"], "unrecognized"),
-    (["all_reduce", "--algo", "fastest"], "invalid choice"),
+    (["all_reduce", "--device", "cpu", "--algo", "fastest"], "--algo fastest is not available on this communicator"),
+    (["all_reduce", "--algo", "no such"], "not a path name"),
+    (["all_reduce", "--plot", "out.jpg"], "ending in .png"),
+    (["all_gatherv_fp4", "--device", "cpu"], "all_gatherv_fp4"),
+    (["tune", "-b", "2M", "-e", "1M"], "larger than"),
+    (["tune", "--device", "cpu", "-G", "2"], "--cudagraph"),
+    (["tune", "--algo", "nccl"], "unrecognized"),
     (["reduce_scatter", "--device", "cpu", "-g", "100000"], "CPU cores"),
 ])
 def test_bad_input_in_process(args, needle, capsys, no_launcher_env):
@@ -198,3 +207,41 @@ def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path):
     assert "# torch refused some calls (N/A above), first: torch at 1024 B out-of-place" in text
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 8 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
+
+
+def test_missing_matplotlib_is_one_line_before_any_rank_starts(capsys, no_launcher_env, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main(["all_reduce", "--device", "cpu", "--plot", "x.png"]) == 2
+    assert "needs matplotlib" in _one_error_line(capsys.readouterr().err)
+
+
+def test_bad_tuning_file_is_a_usage_error_naming_the_file(world_of_one, capsys, tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 1, "gpu": "cpu", "world_size": 1,
+                               "rules": {"all_reduce": [[2048, ["torch"]], [1024, ["torch"]], [None, ["torch"]]]}}))
+    monkeypatch.setenv("SYMCOMM_TUNING_FILE", str(bad))
+    assert cli.main(["all_reduce", "--device", "cpu", "-b", "1K", "-e", "1K", "-n", "1"]) == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert f"tuning file {bad}: " in line and "ascending" in line
+    assert captured.out == ""
+
+
+def test_plot_is_a_png_with_both_panels(world_of_one, capsys, tmp_path):
+    if os.environ.get("SYMCOMM_REQUIRE_MATPLOTLIB") == "1":  # set by .ci/run, which installs it
+        import matplotlib.image as image
+    else:
+        image = pytest.importorskip("matplotlib.image")
+    out = tmp_path / "ar.png"
+    assert cli.main(["all_reduce", "--device", "cpu", "--algo", "all", "-b", "1K", "-e", "16K", "-n", "1",
+                     "-w", "0", "--plot", str(out)]) == 0
+    raw = out.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR"
+    width, height = int.from_bytes(raw[16:20], "big"), int.from_bytes(raw[20:24], "big")
+    assert width > 2 * height > 0  # two panels side by side
+    pixels = image.imread(str(out))
+    assert pixels.shape[:2] == (height, width)
+    assert pixels.std() > 0.05  # lines drawn, not a blank canvas

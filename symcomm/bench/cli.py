@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -16,12 +17,13 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from .config import (ALGOS, CORRUPT_ENV, DATATYPES, FLOAT_TYPES, GATHER_OPS, REDOPS, BenchConfig,
-                     BenchError)
-from .sizes import OPS, parse_size, sweep
+from .config import (ALGO_NAME, CORRUPT_ENV, DATATYPES, FLOAT_TYPES, GATHER_OPS, REDOPS, TUNE_OPS,
+                     BenchConfig, BenchError, TuneConfig)
+from .sizes import CLI_OPS, FP4_OP, parse_size, sweep
 
 PROG = "symcomm-bench"
 EXIT_USAGE = 2
+TUNE = "tune"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,30 +31,49 @@ class _Parser(argparse.ArgumentParser):
         raise BenchError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Bandwidth and latency of symcomm collectives, "
-                "printed in nccl-tests' table layout.")
-    p.add_argument("collective", metavar="OP", choices=OPS, help=" | ".join(OPS))
-    p.add_argument("-b", "--minbytes", default="32M", help="smallest size (K/M/G suffixes; default 32M)")
-    p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
+def _common(p: argparse.ArgumentParser, minbytes: str, maxbytes: str, graph_default: str) -> None:
+    """The flags a sweep and a tuning run share, with nccl-tests' names and meanings."""
+    p.add_argument("-b", "--minbytes", default=minbytes, help=f"smallest size (K/M/G suffixes; default {minbytes})")
+    p.add_argument("-e", "--maxbytes", default=maxbytes, help=f"largest size (default {maxbytes})")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
+    p.add_argument("-G", "--cudagraph", type=int, default=None,
+                   help=f"CUDA-graph replays of the n captured ops ({graph_default})")
+    p.add_argument("-g", "--ngpus", type=int, default=None, help="local processes to start (default 1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda if available")
+    p.add_argument("--seed", type=int, default=0, help="seed of the check data (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Bandwidth and latency of symcomm collectives, printed in "
+                f"nccl-tests' table layout. '{PROG} {TUNE} -h' writes a dispatch table instead.")
+    p.add_argument("collective", metavar="OP", choices=CLI_OPS, help=" | ".join(CLI_OPS))
+    _common(p, "32M", "32M", "default 0: eager")
     p.add_argument("-d", "--datatype", default=None,
                    help="float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2 "
                         "(default float on cpu, bfloat16 on cuda)")
     p.add_argument("-o", "--op", dest="redop", choices=REDOPS, default="sum", help="reduction (default sum)")
-    p.add_argument("-G", "--cudagraph", type=int, default=0,
-                   help="CUDA-graph replays of the n captured ops (default 0: eager)")
-    p.add_argument("-g", "--ngpus", type=int, default=None, help="local processes to start (default 1)")
-    p.add_argument("--algo", choices=ALGOS, default="auto",
-                   help="path to measure; 'all' measures every available path and auto")
+    p.add_argument("--algo", default="auto",
+                   help="auto, a path of this communicator (nccl, nccl-symm, torch, custom-...), "
+                        "or 'all': every path and auto in the same pass")
     p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
-                   help="allocate buffers from the symmetric pool (default: on for cuda)")
+                   help="allocate buffers inside symcomm.use_symmetric_memory (default: on for cuda)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write results as JSON")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda if available")
-    p.add_argument("--seed", type=int, default=0, help="seed of the check data (default 0)")
+    p.add_argument("--plot", dest="plot_path", default=None, metavar="PATH.png",
+                   help="write latency and busbw against size, one line per path (needs matplotlib)")
+    return p
+
+
+def build_tune_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} {TUNE}", description="Measure every path of "
+                f"{', '.join(TUNE_OPS)} (and all_gather in place) over a size sweep and write the "
+                "dispatch table Communicator loads (SYMCOMM_TUNING_FILE, or ship it in symcomm/tuning/).")
+    _common(p, "1K", "256M", "default 10 on cuda; 0 on cpu, which has no graphs")
+    p.add_argument("-d", "--datatype", default="bfloat16", help="default bfloat16")
+    p.add_argument("-o", "--output", default=None, metavar="PATH",
+                   help="where to write the table (default: <gpu>_w<world>.json here)")
     return p
 
 
@@ -63,7 +84,8 @@ def _size(flag: str, text: str) -> int:
         raise BenchError(f"{flag}: {exc}") from None
 
 
-def build_config(args: argparse.Namespace, device: str) -> BenchConfig:
+def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype: str) -> dict:
+    """Checks the shared flags; returns them as BenchConfig fields."""
     minbytes = _size("-b/--minbytes", args.minbytes)
     maxbytes = _size("-e/--maxbytes", args.maxbytes)
     if minbytes < 1:
@@ -74,27 +96,58 @@ def build_config(args: argparse.Namespace, device: str) -> BenchConfig:
         raise BenchError(f"-f/--stepfactor must be at least 2 (got {args.stepfactor})")
     if args.iters < 1:
         raise BenchError(f"-n/--iters must be at least 1 (got {args.iters})")
-    if args.warmup_iters < 0 or args.cudagraph < 0:
+    if args.warmup_iters < 0 or (args.cudagraph or 0) < 0:
         raise BenchError("-w/--warmup_iters and -G/--cudagraph cannot be negative")
-    if args.cudagraph > 0 and device != "cuda":
+    if args.cudagraph and device != "cuda":
         raise BenchError("-G/--cudagraph needs --device cuda")
-    datatype = args.datatype or ("bfloat16" if device == "cuda" else "float")
     if datatype not in DATATYPES:
         raise BenchError(f"unknown datatype {datatype!r} (choose from {', '.join(DATATYPES)})")
-    if args.redop == "avg" and DATATYPES[datatype][0] not in FLOAT_TYPES and args.collective not in GATHER_OPS:
+    if redop == "avg" and DATATYPES[datatype][0] not in FLOAT_TYPES and op not in GATHER_OPS:
         raise BenchError(f"-o avg needs a floating-point datatype, not {datatype}")
     corrupt = os.environ.get(CORRUPT_ENV)
     try:
         corrupt_rank = int(corrupt) if corrupt not in (None, "") else None
     except ValueError:
         raise BenchError(f"{CORRUPT_ENV} must be a rank number, not {corrupt!r}") from None
-    return BenchConfig(
-        op=args.collective, sizes=sweep(minbytes, maxbytes, args.stepfactor),
-        minbytes=minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor,
-        iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
-        graph=args.cudagraph, datatype=datatype, redop=args.redop, algo=args.algo,
-        symmetric=args.symmetric, json_path=args.json_path, device=device,
-        seed=args.seed, corrupt_rank=corrupt_rank)
+    return dict(op=op, sizes=sweep(minbytes, maxbytes, args.stepfactor), minbytes=minbytes,
+                maxbytes=maxbytes, stepfactor=args.stepfactor, iters=args.iters,
+                warmup=args.warmup_iters, check=bool(args.check), datatype=datatype, redop=redop,
+                device=device, seed=args.seed, corrupt_rank=corrupt_rank)
+
+
+def build_config(args: argparse.Namespace, device: str, command: str = "") -> BenchConfig:
+    datatype = args.datatype or ("bfloat16" if device == "cuda" else "float")
+    fields = _fields(args, device, args.collective, args.redop, datatype)
+    if not ALGO_NAME.match(args.algo):
+        raise BenchError(f"--algo {args.algo!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
+    if args.plot_path is not None:
+        from . import plot
+
+        plot.check_path(args.plot_path)
+        plot.require_matplotlib()
+    if args.collective == FP4_OP:
+        _require_fp4()
+    return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
+                       json_path=args.json_path, plot_path=args.plot_path, command=command)
+
+
+def _require_fp4() -> None:
+    import symcomm
+
+    if not hasattr(symcomm.Communicator, FP4_OP):
+        raise BenchError(f"{FP4_OP}: this symcomm has no Communicator.{FP4_OP} (the FP4 gather "
+                         f"is not in this build)")
+    # TODO(issue 5): measure quantize + gather (+ dequantize) against bf16 all_gatherv once
+    # Communicator.all_gatherv_fp4 has landed; until then say so instead of a wrong table.
+    raise BenchError(f"{FP4_OP}: symcomm-bench cannot measure it yet (the FP4 gather landed "
+                     f"after this CLI was written)")
+
+
+def build_tune_config(args: argparse.Namespace, device: str, command: str = "") -> TuneConfig:
+    fields = _fields(args, device, TUNE_OPS[0], "sum", args.datatype)
+    graph = args.cudagraph if args.cudagraph is not None else (10 if device == "cuda" else 0)
+    return TuneConfig(**fields, graph=graph, algo="all", with_auto=False, symmetric=None,
+                      json_path=None, command=command, output=args.output)
 
 
 def _resolve_device(requested: str | None) -> str:
@@ -198,7 +251,12 @@ def run_rank(cfg: BenchConfig) -> int:
         from . import runner
 
         comm = _communicator(symcomm, cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
-        status = runner.run(cfg, comm)
+        if isinstance(cfg, TuneConfig):
+            from . import tune
+
+            status = tune.run(cfg, comm)
+        else:
+            status = runner.run(cfg, comm)
         comm.close()
         dist.destroy_process_group()
         return status
@@ -252,9 +310,15 @@ def _is_argument_error(exc: Exception) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
-        device = _resolve_device(args.device)
-        cfg = build_config(args, device)
+        command = shlex.join([PROG, *argv])
+        if argv[:1] == [TUNE]:
+            args = build_tune_parser().parse_args(argv[1:])
+            device = _resolve_device(args.device)
+            cfg: BenchConfig = build_tune_config(args, device, command)
+        else:
+            args = build_parser().parse_args(argv)
+            device = _resolve_device(args.device)
+            cfg = build_config(args, device, command)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             world = int(os.environ["WORLD_SIZE"])
             if args.ngpus is not None and args.ngpus != world:

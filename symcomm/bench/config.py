@@ -4,11 +4,15 @@ Kept free of torch so that bad command lines fail fast, before torch is imported
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-# "custom" is the kernel path that only some builds have; the runner checks each name against
-# the communicator's algorithms().
-ALGOS = ("auto", "nccl", "nccl-symm", "custom", "torch", "all")
+# --algo takes any path name: the set (nccl, nccl-symm, torch, custom-*) depends on the build
+# and the machine, so the runner checks it against the communicator's algorithms(). This only
+# rejects what cannot be a name at all.
+ALGO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+# What `tune` measures; all_gather also yields the in-place row ("all_gather:inplace").
+TUNE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 REDOPS = ("sum", "prod", "max", "min", "avg")
 GATHER_OPS = ("all_gather", "all_gatherv")
 
@@ -65,6 +69,9 @@ class BenchConfig:
     seed: int = 0
     corrupt_rank: int | None = None
     notes: list[str] = field(default_factory=list)
+    plot_path: str | None = None
+    with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
+    command: str = ""        # the command line, for records (tuning files)
 
     @property
     def type_name(self) -> str:
@@ -76,4 +83,16 @@ class BenchConfig:
 
     @property
     def table_redop(self) -> str:
-        return "none" if self.op in GATHER_OPS else self.redop
+        return table_redop(self.op, self.redop)
+
+
+def table_redop(op: str, redop: str) -> str:
+    """The redop column: gathers reduce nothing."""
+    return "none" if op in GATHER_OPS else redop
+
+
+@dataclass
+class TuneConfig(BenchConfig):
+    """``symcomm-bench tune``: a sweep of every path over TUNE_OPS that ends in a tuning file."""
+
+    output: str | None = None  # None: <gpu>_w<world>.json in the working directory

@@ -75,13 +75,14 @@ class RunInfo:
     nccl_version: str | None
     notes: list[str] = field(default_factory=list)
     devices: list[DeviceInfo] = field(default_factory=list)
+    version: str = "unknown"  # symcomm.__version__
 
 
 def format_time(time_us: float) -> str:
-    # nccl-tests drops decimals as the number grows so the column stays 7 wide.
-    if time_us >= 10000.0:
+    # nccl-tests (2.18+) drops decimals as the number grows so the column stays 7 wide.
+    if time_us >= 100000.0:
         return f"{time_us:7.0f}"
-    if time_us >= 100.0:
+    if time_us >= 10000.0:
         return f"{time_us:7.1f}"
     return f"{time_us:7.2f}"
 
@@ -94,33 +95,43 @@ def device_line(dev: DeviceInfo) -> str:
     return head + f"{dev.index:2d} [{domain:04x}:{bus:02x}:{device:02x}] {dev.name}"
 
 
+def test_name(op: str) -> str:
+    """What the "Collective test starting/concluded" lines call the run (nccl-tests: the binary)."""
+    return f"symcomm-bench {op}"
+
+
 def header_lines(info: RunInfo) -> list[str]:
+    """nccl-tests' preamble line for line, then symcomm's own notes as comment lines after the
+    device list, where NCCL prints its version: a diff against nccl-tests stays small."""
     lines = [
+        f"# symcomm-bench version {info.version} nccl-library={info.nccl_version or 'n/a'} "
+        f"torch={info.torch_version}",
+        f"# Collective test starting: {test_name(info.op)}",
         f"# nThread 1 nGpus 1 minBytes {info.minbytes} maxBytes {info.maxbytes} "
         f"step: {info.stepfactor}(factor) warmup iters: {info.warmup} iters: {info.iters} "
-        f"agg iters: 1 validation: {int(info.check)} graph: {info.graph}",
+        f"agg iters: 1 validation: {int(info.check)} graph: {info.graph} unalign: 0",
+        "#",
+        "# Using devices",
+        *(device_line(dev) for dev in info.devices),
         "#",
         f"# symcomm-bench {info.op}: world {info.world}, {info.device} ({info.backend}), "
-        f"{info.device_name}, torch {info.torch_version}, nccl {info.nccl_version or 'n/a'}",
+        f"{info.device_name}",
+        *(f"# {note}" for note in info.notes),
+        "#",
     ]
-    lines += [f"# {note}" for note in info.notes]
-    lines += ["#", "# Using devices"]
-    lines += [device_line(dev) for dev in info.devices]
-    lines.append("#")
     return lines
 
 
 def column_header() -> list[str]:
     blank = ""
+    side = "  {:>7s}  {:>6s}  {:>6s}  {:>6s}"
     return [
         f"# {blank:10s}  {blank:12s}  {blank:8s}  {blank:6s}  {blank:6s}"
         "           out-of-place                       in-place          ",
         f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}"
-        f"  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}"
-        f"  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}",
+        + side.format("time", "algbw", "busbw", "#wrong") * 2 + " ",
         f"# {'(B)':>10s}  {'(elements)':>12s}  {blank:8s}  {blank:6s}  {blank:6s}"
-        f"  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {blank:5s}"
-        f"  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {blank:5s}",
+        + side.format("(us)", "(GB/s)", "(GB/s)", "") * 2 + " ",
     ]
 
 
@@ -135,11 +146,11 @@ def format_row(row: SizeRow, info: RunInfo) -> str:
     for timing in (row.out_of_place, row.in_place):
         wrong = "N/A" if timing.wrong is None else "%g" % timing.wrong
         if math.isnan(timing.time_us):  # the path refused this call
-            line += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {wrong:>5s}"
+            line += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {wrong:>6s}"
             continue
         algbw = algbw_gbs(row.nbytes, timing.time_us)
         line += (f"  {format_time(timing.time_us)}  {algbw:6.2f}  {algbw * factor:6.2f}"
-                 f"  {wrong:>5s}")
+                 f"  {wrong:>6s}")
     return line
 
 
@@ -162,6 +173,10 @@ def footer_lines(rows: Sequence[SizeRow], info: RunInfo) -> list[str]:
         "# Avg bus bandwidth    : %g " % avg_busbw(rows, info.op, info.world),
         "#",
     ]
+
+
+def conclusion_lines(info: RunInfo) -> list[str]:
+    return [f"# Collective test concluded: {test_name(info.op)}", "#"]
 
 
 def format_block(algo: str, rows: Sequence[SizeRow], info: RunInfo) -> list[str]:
@@ -211,11 +226,14 @@ def pick_baseline(algos: Sequence[str]) -> str:
 
 
 def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
-    """rich Table: out-of-place time per path, the winner, and each path's speed-up over the
-    baseline path (plain nccl on GPU, torch on CPU)."""
+    """rich Table: out-of-place time per path, the winner among the concrete paths, each path's
+    speed-up over the baseline path (plain nccl on GPU, torch on CPU) and, where auto ran, how
+    close auto came to the winner (best time / auto time: 1.00x means auto picked the best)."""
     from rich.table import Table
 
     baseline = pick_baseline(algos)
+    contenders = [a for a in algos if a != "auto"] or list(algos)
+    judge_auto = "auto" in algos and len(algos) > 1
     table = Table()
     table.add_column("size (B)", justify="right")
     for algo in algos:
@@ -224,6 +242,8 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
     others = [a for a in algos if a != baseline]
     for algo in others:
         table.add_column(f"{algo} vs {baseline}", justify="right")
+    if judge_auto:
+        table.add_column("auto vs best", justify="right")
 
     by_size: dict[int, dict[str, float]] = {}
     for row in rows:
@@ -231,7 +251,7 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
         if not math.isnan(row.out_of_place.time_us):
             by_size[row.nbytes][row.algo] = row.out_of_place.time_us
     for nbytes, times in by_size.items():
-        present = {a: t for a, t in times.items() if a in algos}
+        present = {a: t for a, t in times.items() if a in contenders}
         winner = min(present, key=present.get) if present else "-"
         cells = [str(nbytes)]
         cells += [f"{times[a]:.2f}" if a in times else "-" for a in algos]
@@ -240,6 +260,9 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
         for algo in others:
             t = times.get(algo)
             cells.append(f"{base / t:.2f}x" if base and t else "-")
+        if judge_auto:
+            auto = times.get("auto")
+            cells.append(f"{present[winner] / auto:.2f}x" if present and auto else "-")
         table.add_row(*cells)
     return table
 
@@ -251,9 +274,38 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
     # Piped output gets a fixed width so the table is never folded at rich's 80-column default.
     console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
     baseline = pick_baseline(algos)
+    note = "; 'auto vs best' = winner's time / auto's time" if "auto" in algos and len(algos) > 1 else ""
     console.print(f"# Summary: out-of-place time (us) per path; '<path> vs {baseline}' = "
-                  f"{baseline} time / path time", markup=False)
+                  f"{baseline} time / path time{note}", markup=False)
     console.print(summary_table(rows, algos))
+
+
+class Emitter:
+    """Rank 0 writes the report to stdout; the other ranks stay silent."""
+
+    def __init__(self, lead: bool, out: IO[str] | None = None):
+        self.lead = lead
+        self.out = out or sys.stdout
+
+    def __call__(self, lines: list[str]) -> None:
+        if self.lead:
+            self.out.write("".join(line + "\n" for line in lines))
+            self.out.flush()
+
+    def summary(self, rows: Sequence[SizeRow], algos: Sequence[str]) -> None:
+        if self.lead:
+            print_summary(rows, algos, self.out)
+            self.out.flush()
+
+
+def emit_blocks(emit: Emitter, info: RunInfo, rows: Sequence[SizeRow], algos: Sequence[str],
+                refused: dict[str, str]) -> None:
+    """One nccl-tests block per path and the conclusion (the non-streaming layout)."""
+    for algo in algos:
+        emit(format_block(algo, [r for r in rows if r.algo == algo], info))
+        if algo in refused:
+            emit([f"# {algo} refused some calls (N/A above), first: {refused[algo]}", "#"])
+    emit(conclusion_lines(info))
 
 
 class Progress:

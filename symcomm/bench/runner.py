@@ -14,13 +14,13 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
 
 from . import check, report
-from .config import BenchConfig, BenchError
+from .config import BenchConfig, BenchError, table_redop
 from .sizes import UNEVEN_OPS, Layout, layout, uneven_rule
 
 _MIB = 1 << 20
@@ -83,11 +83,16 @@ def make_call(comm, lay: Layout, x: torch.Tensor, out: torch.Tensor, redop: str,
 class Timer:
     """Per-rank time of one collective, in microseconds."""
 
-    def __init__(self, device: torch.device, iters: int, warmup: int, graph_replays: int):
+    def __init__(self, device: torch.device, iters: int, warmup: int, graph_replays: int,
+                 capture: Callable[[], ContextManager[object]] = nullcontext):
         self.cuda = device.type == "cuda"
         self.iters = iters
         self.warmup = warmup
         self.graph_replays = graph_replays
+        # Communicator.graph_capture where it exists: captured custom all-reduces then read
+        # their inputs in place at replay, as a serving engine's graphs would, instead of
+        # timing an extra staging copy per call.
+        self.capture = capture
 
     def barrier(self) -> None:
         dist.barrier()
@@ -123,7 +128,7 @@ class Timer:
         # n collectives captured back to back, replayed G times with no barrier in between:
         # a barrier per replay would add the ranks' start skew to every sample.
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with self.capture(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for _ in range(self.iters):
                 call()
         graph.replay()  # untimed: the first launch also uploads the graph to the device
@@ -144,9 +149,13 @@ def _events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
 
 
 class Runner:
-    def __init__(self, cfg: BenchConfig, comm):
+    """One communicator's sweep state: the paths to measure, buffers big enough for every op
+    in ``ops`` (the symmetric pool is reserved once: growing it is a collective), the timer."""
+
+    def __init__(self, cfg: BenchConfig, comm, ops: Sequence[str] | None = None):
         self.cfg = cfg
         self.comm = comm
+        self.ops = tuple(ops or (cfg.op,))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.device = torch.device(comm.device)
@@ -162,26 +171,32 @@ class Runner:
         self.algos = self._algos()
         self.bufs = self._buffers()
         self.timer = Timer(self.device, cfg.iters, cfg.warmup,
-                           cfg.graph if self.device.type == "cuda" else 0)
+                           cfg.graph if self.device.type == "cuda" else 0,
+                           getattr(comm, "graph_capture", nullcontext))
 
     # -- setup ---------------------------------------------------------------------------
     def _algos(self) -> list[str]:
         available = list(self.comm.algorithms())
-        self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}")
+        self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}; "
+                          f"auto follows the {self.comm.capabilities().get('tuning_table')} table")
         if self.cfg.algo == "all":
             # On GPUs the torch path is a last resort, not a contender: keep it out of "all".
-            skip = {"auto", "torch"} if self.device.type == "cuda" else {"auto"}
-            return [a for a in available if a not in skip] + ["auto"]
+            paths = [a for a in available if not (a == "torch" and self.device.type == "cuda")]
+            return paths + (["auto"] if self.cfg.with_auto else [])
         if self.cfg.algo != "auto" and self.cfg.algo not in available:
+            known = self.comm.capabilities().get("paths", {})
+            why = (known.get(self.cfg.algo) or {}).get("reason")
+            if why:
+                raise BenchError(f"--algo {self.cfg.algo} is not available on this communicator: {why}")
             raise BenchError(f"--algo {self.cfg.algo} is not available on this communicator "
-                             f"(available: {', '.join(['auto', *available])})")
+                             f"(available: {', '.join(['auto', 'all', *available])})")
         return [self.cfg.algo]
 
     def _buffers(self) -> Buffers:
         import symcomm
 
         itemsize = self.dtype.itemsize
-        lays = [layout(self.cfg.op, n, self.world, itemsize, self.rank) for n in self.cfg.sizes]
+        lays = [layout(op, n, self.world, itemsize, self.rank) for op in self.ops for n in self.cfg.sizes]
         n_send = max(max(lay.in_elems for lay in lays), 1)
         n_recv = max(max(lay.out_elems for lay in lays), 1)
 
@@ -214,8 +229,13 @@ class Runner:
             recv = torch.empty(n_recv, dtype=self.dtype, device=self.device)
         return Buffers(send, recv, symmetric)
 
-    def run_info(self) -> report.RunInfo:
+    def run_info(self, op: str | None = None) -> report.RunInfo:
+        """The header's facts for ``op`` (default: the config's). Collective: every rank
+        must call it, since it gathers the device list."""
+        import symcomm
+
         cfg = self.cfg
+        op = op or cfg.op
         cuda = self.device.type == "cuda"
         if cuda and cfg.graph > 0:
             timing = (f"Timing: {cfg.iters} ops captured in one CUDA graph, replayed {cfg.graph} "
@@ -229,17 +249,17 @@ class Runner:
         if cfg.check:
             notes.append(f"Check: seeded random data (seed {cfg.seed}) against a float64 "
                          f"reference; #wrong summed over ranks")
-        if cfg.op in UNEVEN_OPS:
+        if op in UNEVEN_OPS:
             notes.append(f"Split: {uneven_rule(self.world)}")
         devices = self._gather_devices(_device_info(self.rank, self.device))
         return report.RunInfo(
-            op=cfg.op, world=self.world, type_name=cfg.type_name, redop=cfg.table_redop,
+            op=op, world=self.world, type_name=cfg.type_name, redop=table_redop(op, cfg.redop),
             minbytes=cfg.minbytes, maxbytes=cfg.maxbytes, stepfactor=cfg.stepfactor,
             warmup=cfg.warmup, iters=cfg.iters, check=cfg.check,
             graph=cfg.graph if cuda else 0, device=self.device.type,
             device_name=devices[0].name, backend=dist.get_backend(),
             torch_version=torch.__version__, nccl_version=_nccl_version(self.comm),
-            notes=notes, devices=devices)
+            notes=notes, devices=devices, version=symcomm.__version__)
 
     def _gather_devices(self, mine: report.DeviceInfo) -> list[report.DeviceInfo]:
         """Every rank's DeviceInfo, as JSON in fixed-size byte tensors: all_gather_object
@@ -258,10 +278,10 @@ class Runner:
         return infos
 
     # -- one size ------------------------------------------------------------------------
-    def measure_size(self, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
+    def measure_size(self, op: str, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
         cfg = self.cfg
-        lay = layout(cfg.op, nbytes, self.world, self.dtype.itemsize, self.rank)
-        data_redop = cfg.table_redop
+        lay = layout(op, nbytes, self.world, self.dtype.itemsize, self.rank)
+        data_redop = table_redop(op, cfg.redop)
 
         def gen(p: int) -> torch.Tensor:
             return check.make_input(check.input_elems(lay, p), self.dtype, self.device, cfg.seed,
@@ -291,7 +311,7 @@ class Runner:
                     self.refused.setdefault(algo, f"{where}: {exc}")
                 except Exception as exc:
                     raise RuntimeError(f"{where}: {type(exc).__name__}: {exc}") from exc
-            progress.advance(f"{cfg.op} {lay.nbytes} B {algo}")
+            progress.advance(f"{op} {lay.nbytes} B {algo}")
 
         stats = stats.to(self.stats_device)
         dist.all_reduce(stats)
@@ -367,45 +387,49 @@ def _nccl_version(comm) -> str | None:
     return None
 
 
+def sweep(runner: Runner, op: str, progress: report.Progress,
+          on_size: Callable[[list[report.SizeRow]], None] | None = None) -> list[report.SizeRow]:
+    """Every size of the config for ``op``, every path of the runner; rows rank-averaged."""
+    rows: list[report.SizeRow] = []
+    for nbytes in runner.cfg.sizes:
+        size_rows = runner.measure_size(op, nbytes, progress)
+        rows += size_rows
+        if on_size is not None:
+            on_size(size_rows)
+    return rows
+
+
+def bar_enabled(lead: bool, streaming_to_terminal: bool) -> bool:
+    # The bar shares the terminal with the table only when rows are not streaming to it.
+    return lead and sys.stderr.isatty() and not streaming_to_terminal
+
+
 def run(cfg: BenchConfig, comm) -> int:
     """The whole sweep. Returns the exit status: 1 if any element was wrong, else 0."""
     runner = Runner(cfg, comm)
     info = runner.run_info()
-    lead = runner.rank == 0
+    emit = report.Emitter(runner.rank == 0)
     streaming = len(runner.algos) == 1
-    out = sys.stdout
-
-    def emit(lines: list[str]) -> None:
-        if lead:
-            out.write("".join(line + "\n" for line in lines))
-            out.flush()
 
     emit(report.header_lines(info))
     if streaming:
         emit(report.block_header(runner.algos[0]))
-
-    # The bar shares the terminal with the table only when rows are not streaming to it.
-    show_bar = lead and sys.stderr.isatty() and not (streaming and out.isatty())
-    rows: list[report.SizeRow] = []
+    show_bar = bar_enabled(emit.lead, streaming and emit.out.isatty())
     with report.Progress(len(cfg.sizes) * len(runner.algos), show_bar) as progress:
-        for nbytes in cfg.sizes:
-            size_rows = runner.measure_size(nbytes, progress)
-            rows += size_rows
-            if streaming:
-                emit([report.format_row(r, info) for r in size_rows])
-
+        on_size = (lambda size_rows: emit([report.format_row(r, info) for r in size_rows])) \
+            if streaming else None
+        rows = sweep(runner, cfg.op, progress, on_size)
     if streaming:
-        emit(report.footer_lines(rows, info))
+        emit([*report.footer_lines(rows, info), *report.conclusion_lines(info)])
     else:
-        for algo in runner.algos:
-            emit(report.format_block(algo, [r for r in rows if r.algo == algo], info))
-            if algo in runner.refused:
-                emit([f"# {algo} refused some calls (N/A above), first: {runner.refused[algo]}", "#"])
-        if lead:
-            report.print_summary(rows, runner.algos, out)
-            out.flush()
+        report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
+        emit.summary(rows, runner.algos)
 
-    if lead and cfg.json_path:
+    if emit.lead and cfg.json_path:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         report.write_json(cfg.json_path, report.json_payload(info, rows, date))
+    if emit.lead and cfg.plot_path:
+        from . import plot
+
+        plot.write_plot(cfg.plot_path, info, rows, runner.algos)
     return 1 if report.total_wrong(rows) else 0

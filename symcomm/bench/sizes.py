@@ -10,6 +10,9 @@ import re
 from dataclasses import dataclass
 
 OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
+# The NVFP4 gather: quantize + all_gatherv (+ dequantize), compared with a bf16 all_gatherv.
+FP4_OP = "all_gatherv_fp4"
+CLI_OPS = (*OPS, FP4_OP)
 UNEVEN_OPS = ("all_gatherv", "reduce_scatterv")
 
 # Uneven layouts split the message in rows of this many bytes so every rank's slice starts on

@@ -1,0 +1,183 @@
+"""``symcomm-bench tune``: measure every path of each op over a size sweep and write the dispatch
+table that Communicator loads (symcomm.dispatch.load_table reads it back).
+
+Each size ranks the paths by measured time; the winner goes first and the rest follow in
+measured order, so a path that declines a call at dispatch time falls through to the next best.
+Paths that could not serve the size (refused) follow the measured ones; a path that returned
+wrong results at a size is left out there, so auto never picks it. Adjacent sizes with the same
+ranking merge into one rule whose bound is the largest size measured in it; the last rule has
+no bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from .. import __version__
+from ..dispatch import TUNING_VERSION, device_name
+from . import report
+from .config import BenchError, TuneConfig, table_redop
+from .runner import Runner, bar_enabled, sweep
+
+# Dispatch key -> (op measured, in-place column?). Only all_gather dispatches in place by its
+# own row (Call.table_key); the other ops use their out-of-place times.
+KEYS: dict[str, tuple[str, bool]] = {
+    "all_reduce": ("all_reduce", False),
+    "all_gather": ("all_gather", False),
+    "all_gather:inplace": ("all_gather", True),
+    "reduce_scatter": ("reduce_scatter", False),
+}
+
+Times = dict[str, list[float | None]]  # path -> time in us per size; None where refused or wrong
+
+
+def ranking(at: dict[str, float | None], wrong: set[str], paths: Sequence[str]) -> list[str]:
+    """The preference list at one size: measured paths fastest first (ties keep ``paths``'
+    order), then those that refused in ``paths``' order; wrong paths are left out."""
+    measured = [p for p in paths if at.get(p) is not None and p not in wrong]
+    measured.sort(key=lambda p: at[p])  # stable: ties keep the communicator's order
+    refused = [p for p in paths if at.get(p) is None and p not in wrong]
+    return measured + refused
+
+
+def merge(sizes: Sequence[int], prefs: Sequence[list[str]]) -> list[list]:
+    """[[max_bytes, paths], ..., [None, paths]]: runs of equal preference become one rule."""
+    if not sizes or len(sizes) != len(prefs):
+        raise ValueError("one preference per size, at least one size")
+    rules: list[list] = []
+    for size, pref in zip(sizes, prefs):
+        if rules and rules[-1][1] == pref:
+            rules[-1][0] = size
+        else:
+            rules.append([size, list(pref)])
+    rules[-1][0] = None
+    return rules
+
+
+def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, dict[str, list[int]]],
+                paths: Sequence[str]) -> dict[str, list[list]]:
+    """key -> merged rules, from per-key, per-path times (see KEYS)."""
+    rules = {}
+    for key, per_path in times.items():
+        prefs = []
+        for i in range(len(sizes)):
+            bad = {p for p, counts in wrong.get(key, {}).items() if counts[i]}
+            prefs.append(ranking({p: t[i] for p, t in per_path.items()}, bad, paths))
+        rules[key] = merge(sizes, prefs)
+    return rules
+
+
+def split_rows(rows: Iterable[report.SizeRow], sizes: Sequence[int], op: str,
+               measured: Sequence[str]) -> tuple[dict[str, Times], dict[str, dict[str, list[int]]]]:
+    """Rank-averaged rows of one op -> (times, wrong) for each of its dispatch keys."""
+    index = {(r.algo, r.nbytes): r for r in rows}
+    times: dict[str, Times] = {}
+    wrong: dict[str, dict[str, list[int]]] = {}
+    for key, (key_op, inplace) in KEYS.items():
+        if key_op != op:
+            continue
+        times[key], wrong[key] = {}, {}
+        for path in measured:
+            cells = [index.get((path, n)) for n in sizes]
+            timings = [None if c is None else (c.in_place if inplace else c.out_of_place) for c in cells]
+            times[key][path] = [None if t is None or math.isnan(t.time_us) else round(t.time_us, 3)
+                                for t in timings]
+            wrong[key][path] = [0 if t is None else (t.wrong or 0) for t in timings]
+    return times, wrong
+
+
+def default_output(gpu: str, world: int) -> str:
+    """"NVIDIA H200", 4 -> "nvidia_h200_w4.json": the name a packaged table has."""
+    slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_") or "device"
+    return f"{slug}_w{world}.json"
+
+
+def payload(cfg: TuneConfig, info: report.RunInfo, gpu: str, rules: dict[str, list[list]],
+            times: dict[str, Times], wrong: dict[str, dict[str, list[int]]], date: str) -> dict:
+    return {
+        "version": TUNING_VERSION,
+        "gpu": gpu,
+        "world_size": info.world,
+        "nccl": info.nccl_version,
+        "torch": info.torch_version,
+        "symcomm": __version__,
+        "date": date,
+        "command": cfg.command,
+        "dtype": info.type_name,
+        "timing": {"iters": cfg.iters, "warmup_iters": cfg.warmup, "graph_replays": info.graph},
+        "rules": rules,
+        "sizes": list(cfg.sizes),
+        "times_us": times,
+        "wrong": wrong if cfg.check else None,
+    }
+
+
+def dumps(obj: object, indent: int = 0) -> str:
+    """JSON with objects spread one key a line and lists kept on one line, so that each rule
+    and each path's times read as a row."""
+    if not isinstance(obj, dict) or not obj:
+        return json.dumps(obj)
+    pad = " " * (indent + 1)
+    items = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in obj.items()]
+    return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+
+
+def describe(rules: dict[str, list[list]]) -> list[str]:
+    """The rules as comment lines: '# all_reduce: <= 32768 B: nccl-symm > nccl | ...'."""
+    lines = []
+    for key, steps in rules.items():
+        parts = [f"{'<= %d B' % bound if bound is not None else 'above'}: {' > '.join(paths)}"
+                 for bound, paths in steps]
+        lines.append(f"# {key}: " + " | ".join(parts))
+    return lines
+
+
+def run(cfg: TuneConfig, comm) -> int:
+    """Measures, prints one nccl-tests block per op and path, writes the table (rank 0).
+    Returns 1 if some path returned wrong results (it is left out where it did), else 0."""
+    from .config import TUNE_OPS
+
+    runner = Runner(cfg, comm, ops=TUNE_OPS)
+    if not runner.algos:
+        raise BenchError("tune: this communicator has no path to measure")
+    base = runner.run_info()
+    gpu = device_name(runner.device)
+    emit = report.Emitter(runner.rank == 0)
+    emit(report.header_lines(dataclasses.replace(base, op="tune")))
+
+    times: dict[str, Times] = {}
+    wrong: dict[str, dict[str, list[int]]] = {}
+    status = 0
+    total = len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos)
+    with report.Progress(total, bar_enabled(emit.lead, False)) as progress:
+        for op in TUNE_OPS:
+            info = dataclasses.replace(base, op=op, redop=table_redop(op, cfg.redop))
+            emit([f"# Collective test starting: {report.test_name(op)}", "#"])
+            rows = sweep(runner, op, progress)
+            report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
+            emit.summary(rows, runner.algos)
+            op_times, op_wrong = split_rows(rows, cfg.sizes, op, runner.algos)
+            times.update(op_times)
+            wrong.update(op_wrong)
+            status |= 1 if report.total_wrong(rows) else 0
+
+    # Paths tune did not measure (torch on CUDA) stay at the end of every list as the last resort.
+    paths = [*runner.algos, *(a for a in comm.algorithms() if a not in runner.algos)]
+    rules = table_rules(cfg.sizes, times, wrong, paths)
+    if emit.lead:
+        output = cfg.output or default_output(gpu, base.world)
+        date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(dumps(payload(cfg, base, gpu, rules, times, wrong, date)) + "\n")
+        except OSError as exc:
+            raise BenchError(f"tune: cannot write {output}: {exc.strerror or exc}") from None
+        emit(["# Tuning table (preference per size, fastest first):", *describe(rules),
+              f"# Wrote {output}: use it with SYMCOMM_TUNING_FILE={output}, or ship it in symcomm/tuning/",
+              *(["# Some paths returned wrong results: they are left out where they did (see #wrong)"]
+                if status else [])])
+    return status

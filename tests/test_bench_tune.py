@@ -1,0 +1,102 @@
+"""symcomm-bench tune: ranking and merging into rules, the file it writes, and the round trip
+through SYMCOMM_TUNING_FILE into a communicator."""
+import json
+import math
+
+import pytest
+
+from symcomm.bench import report as rp
+from symcomm.bench import tune
+from symcomm.dispatch import INF, check_tuning
+
+from test_bench_cli import bench, table_rows
+
+PATHS = ["nccl", "nccl-symm", "custom-oneshot", "torch"]
+
+
+def test_ranking_puts_fastest_first_then_refused_and_drops_wrong():
+    at = {"nccl": 10.0, "nccl-symm": 4.0, "custom-oneshot": None, "torch": None}
+    assert tune.ranking(at, set(), PATHS) == ["nccl-symm", "nccl", "custom-oneshot", "torch"]
+    assert tune.ranking(at, {"nccl-symm"}, PATHS) == ["nccl", "custom-oneshot", "torch"]
+    tie = {"nccl": 5.0, "nccl-symm": 5.0}
+    assert tune.ranking(tie, set(), PATHS)[:2] == ["nccl", "nccl-symm"]  # ties keep the given order
+
+
+def test_merge_joins_equal_neighbours_and_leaves_the_last_rule_open():
+    a, b = ["nccl-symm", "nccl"], ["nccl", "nccl-symm"]
+    assert tune.merge([1024, 2048, 4096, 8192, 16384], [a, a, b, b, a]) == [
+        [2048, a], [8192, b], [None, a]]
+    assert tune.merge([1024], [b]) == [[None, b]]
+    with pytest.raises(ValueError):
+        tune.merge([1024, 2048], [a])
+
+
+def test_table_rules_per_key_with_a_wrong_path_left_out():
+    sizes = [1024, 2048, 4096]
+    times = {"all_reduce": {"nccl": [9.0, 9.5, 10.0], "nccl-symm": [4.0, 4.5, 20.0],
+                            "custom-oneshot": [3.0, 3.5, None]}}
+    wrong = {"all_reduce": {"nccl": [0, 0, 0], "nccl-symm": [0, 0, 0], "custom-oneshot": [0, 7, 0]}}
+    rules = tune.table_rules(sizes, times, wrong, PATHS)
+    assert rules == {"all_reduce": [
+        [1024, ["custom-oneshot", "nccl-symm", "nccl", "torch"]],
+        [2048, ["nccl-symm", "nccl", "torch"]],                       # wrong at 2 KiB: out
+        [None, ["nccl", "nccl-symm", "custom-oneshot", "torch"]],     # refused at 4 KiB: after
+    ]}
+
+
+def test_split_rows_gives_all_gather_its_in_place_row():
+    rows = [rp.SizeRow("nccl", 1024, 256, rp.Timing(9.0, 0), rp.Timing(8.0, 0)),
+            rp.SizeRow("nccl-symm", 1024, 256, rp.Timing(4.0, 0), rp.Timing(math.nan, None)),
+            rp.SizeRow("nccl", 2048, 512, rp.Timing(9.5, 2), rp.Timing(8.5, 0))]
+    times, wrong = tune.split_rows(rows, [1024, 2048], "all_gather", ["nccl", "nccl-symm"])
+    assert set(times) == {"all_gather", "all_gather:inplace"}
+    assert times["all_gather"] == {"nccl": [9.0, 9.5], "nccl-symm": [4.0, None]}
+    assert times["all_gather:inplace"] == {"nccl": [8.0, 8.5], "nccl-symm": [None, None]}
+    assert wrong["all_gather"]["nccl"] == [0, 2]
+    only = tune.split_rows(rows, [1024], "all_reduce", ["nccl"])[0]
+    assert set(only) == {"all_reduce"}
+
+
+def test_default_output_is_the_packaged_name():
+    assert tune.default_output("NVIDIA H200", 4) == "nvidia_h200_w4.json"
+    assert tune.default_output("cpu", 2) == "cpu_w2.json"
+
+
+def test_dumps_is_json_with_one_rule_a_line():
+    rules = {"all_reduce": [[1024, ["a", "b"]], [None, ["b", "a"]]]}
+    text = tune.dumps({"version": 1, "rules": rules, "empty": {}})
+    assert json.loads(text) == {"version": 1, "rules": rules, "empty": {}}
+    assert '  "all_reduce": [[1024, ["a", "b"]], [null, ["b", "a"]]]' in text.splitlines()
+
+
+def test_tune_two_ranks_writes_a_table_a_communicator_loads(tmp_path):
+    out = tmp_path / "cpu_w2.json"
+    res = bench("tune", "-g", "2", "--device", "cpu", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0",
+                "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = table_rows(res.stdout)
+    assert len(rows) == 3 * 3  # 3 ops x 3 sizes, one path (torch) on CPU
+    assert all(w_oop == "0" and w_ip == "0" for _, _, w_oop, w_ip in rows)
+    for op in tune.KEYS:
+        if ":" not in op:
+            assert f"# Collective test concluded: symcomm-bench {op}" in res.stdout
+
+    payload = json.loads(out.read_text())
+    tuned = check_tuning(payload)
+    assert (tuned.gpu, tuned.world_size) == ("cpu", 2)
+    assert set(payload["rules"]) == set(tune.KEYS)
+    assert all(steps[-1][0] is None for steps in payload["rules"].values())
+    assert tuned.rules["all_reduce"][-1] == (INF, ("torch",))
+    for key in ("nccl", "torch", "date", "command", "dtype", "timing", "sizes", "times_us", "wrong"):
+        assert key in payload
+    assert payload["command"].startswith("symcomm-bench tune -g 2") and payload["dtype"] == "bfloat16"
+    assert payload["sizes"] == [1024, 2048, 4096]
+    assert all(len(ts) == 3 and all(t > 0 for t in ts)
+               for per_path in payload["times_us"].values() for ts in per_path.values())
+
+    # The table loads in a communicator: the bench's header reports capabilities()["tuning_table"].
+    # (Refusing it at another world size is test_dispatch's.)
+    used = bench("all_reduce", "-g", "2", "--device", "cpu", "-b", "1K", "-e", "1K", "-n", "1",
+                 SYMCOMM_TUNING_FILE=str(out))
+    assert used.returncode == 0, used.stderr
+    assert f"auto follows the {out} table" in used.stdout
