@@ -1,16 +1,21 @@
 """``--plot PATH.png``: latency and bus bandwidth against message size, one line per path.
 
 matplotlib is optional: it is imported only when a plot is asked for, and the CLI checks for it
-before any rank starts, so a missing install costs one line instead of a finished sweep.
+before any rank starts, so a missing install costs one line instead of a finished sweep. A GPU
+machine without it can record ``--json`` and plot elsewhere:
+
+    python -m symcomm.bench.plot RUN.json RUN.png
 """
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import sys
 from typing import Sequence
 
 from .config import BenchError
-from .report import RunInfo, SizeRow, algbw_gbs, bus_factor
+from .report import RunInfo, SizeRow, Timing, algbw_gbs, bus_factor
 
 MISSING = "--plot needs matplotlib, which is not installed (pip install matplotlib)"
 
@@ -88,3 +93,51 @@ def write_plot(path: str, info: RunInfo, rows: Sequence[SizeRow], algos: Sequenc
         fig.savefig(path, dpi=110, format="png")
     except OSError as exc:
         raise BenchError(f"--plot {path}: {exc.strerror or exc}") from None
+
+
+def from_json(payload: dict) -> tuple[RunInfo, list[SizeRow], list[str]]:
+    """A --json record back into what write_plot draws (paths in the order they ran)."""
+    cells: dict[tuple[str, int], dict[bool, Timing]] = {}
+    counts: dict[int, int] = {}
+    algos: list[str] = []
+    for r in payload["rows"]:
+        if r["algo"] not in algos:
+            algos.append(r["algo"])
+        t = math.nan if r["time_us"] is None else r["time_us"]
+        cells.setdefault((r["algo"], r["bytes"]), {})[r["inplace"]] = Timing(t, r["wrong"])
+        counts[r["bytes"]] = r["count"]
+    missing = Timing(math.nan, None)
+    rows = [SizeRow(algo, nbytes, counts[nbytes], sides.get(False, missing), sides.get(True, missing))
+            for (algo, nbytes), sides in cells.items()]
+    info = RunInfo(op=payload["op"], world=payload["world_size"], type_name=payload["dtype"],
+                   redop=payload["redop"], minbytes=min(counts), maxbytes=max(counts), stepfactor=0,
+                   warmup=payload["warmup_iters"], iters=payload["iters"], check=True,
+                   graph=payload["graph_replays"], device=payload["device"],
+                   device_name=payload["device_name"], backend="", torch_version=payload["torch"],
+                   nccl_version=payload["nccl"])
+    return info, rows, algos
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    prog = "python -m symcomm.bench.plot"
+    if len(args) != 2:
+        print(f"usage: {prog} RUN.json OUT.png  (RUN.json from symcomm-bench --json)", file=sys.stderr)
+        return 2
+    try:
+        check_path(args[1])
+        with open(args[0], encoding="utf-8") as fh:
+            info, rows, algos = from_json(json.load(fh))
+        write_plot(args[1], info, rows, algos)
+    except BenchError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"{prog}: error: {args[0]} is not a symcomm-bench --json record ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
