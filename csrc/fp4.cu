@@ -1,0 +1,415 @@
+// NVFP4 quantize / dequantize: plain C ABI over raw pointers, loaded by symcomm/fp4.py.
+//
+// The format is defined by symcomm.fp4.quantize_reference (pure torch); this file must agree
+// with it bit for bit. Summary, per block of 16 values along the last dim, all in fp32:
+//   amax  = max |x|                      (NaN wins, so a block holding NaN is marked below)
+//   s     = global_scale * amax / 6      (two correctly rounded fp32 ops, in this order)
+//   scale = e4m3(min(s, 448))            (round to nearest even, subnormals kept; NaN stays NaN)
+//   inv   = scale > 0 ? min(global_scale / scale, FLT_MAX) : 0
+//   code  = e2m1(x * inv)                (round to nearest even, saturate at 6, never -0)
+//   a block whose scale is NaN gets all codes 0.
+// Two codes per byte, the even element in the low nibble.
+//
+// The e2m1/e4m3 rounding is integer and fp32 logic, not sm_100's cvt instructions: the build
+// targets sm_90. Every piece of math is __host__ __device__, and the *_host entry points run
+// the very same functions on the CPU, so CI (no GPU) checks this file against the reference.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define HD __host__ __device__ __forceinline__
+
+namespace {
+
+constexpr int kBlock = 16;          // values per scale
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = 1 << 22;  // grid-stride beyond this
+
+// dtype codes shared with symcomm/fp4.py
+enum Dtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+HD uint32_t bits_of(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+HD float float_of(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+HD float to_f32(float v) { return v; }
+HD float to_f32(__half v) { return __half2float(v); }
+HD float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> HD T from_f32(float v);
+template <> HD float from_f32<float>(float v) { return v; }
+template <> HD __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> HD __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Round v (>= 0, <= 4) to the nearest integer, ties to even.
+HD uint32_t round_even(float v) {
+#ifdef __CUDA_ARCH__
+  return __float2uint_rn(v);
+#else
+  return static_cast<uint32_t>(std::nearbyintf(v));  // the default rounding mode: to nearest even
+#endif
+}
+
+// fp32 -> e4m3fn bits for v in [0, 448] or NaN (callers clamp first: e4m3fn has no infinity,
+// and torch's cast turns values above 464 into NaN instead of saturating).
+HD uint8_t e4m3_bits(float v) {
+  if (!(v == v)) return 0x7F;
+  // Below 2^-6 e4m3 is subnormal with a fixed step of 2^-9: round v / 2^-9 to an integer.
+  // 8 steps is 2^-6, whose bits (exponent 1, mantissa 0) are also 8, so the carry is free.
+  if (v < 0.015625f) return static_cast<uint8_t>(round_even(v * 512.0f));
+  // Normal: keep 3 of fp32's 23 mantissa bits, rounding to nearest even on the bits (a carry
+  // into the exponent is the right answer), then rebias the exponent from 127 to 7.
+  uint32_t b = bits_of(v);
+  b += 0x7FFFFu + ((b >> 20) & 1u);
+  return static_cast<uint8_t>((b >> 20) - (120u << 3));
+}
+
+HD float e4m3_value(uint8_t c) {
+  const uint32_t mag = c & 0x7Fu;
+  float v;
+  if (mag == 0x7Fu) {
+    v = NAN;
+  } else if (mag < 8u) {
+    v = static_cast<float>(mag) * (1.0f / 512.0f);  // subnormal: mantissa * 2^-9, exact
+  } else {
+    v = float_of(((mag >> 3) + 120u) << 23 | (mag & 7u) << 20);
+  }
+  return (c & 0x80u) ? -v : v;
+}
+
+// |e2m1| code for a in [0, 6] (callers clamp: infinities saturate to 6).
+HD uint32_t e2m1_magnitude(float a) {
+  // The e2m1 grid steps by 0.5 below 2, by 1 in [2, 4) and by 2 in [4, 6]: scale each range so
+  // its step is 1, round to nearest even there, and add the code of the range's first value.
+  // Ties land on even codes this way, since each range starts at an even code.
+  const float m = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  const uint32_t first = a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u);
+  return round_even(a * m) + first;
+}
+
+// One block: the e4m3 scale byte, and the 16 codes packed into two little-endian words.
+HD uint8_t encode_block(const float (&v)[kBlock], float gs, uint32_t (&words)[2]) {
+  // |x| bit patterns order like the values (NaN above infinity), so an integer max finds amax
+  // and lets a NaN win, as torch's amax does.
+  uint32_t amax_bits = 0;
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    const uint32_t b = bits_of(v[i]) & 0x7FFFFFFFu;
+    amax_bits = b > amax_bits ? b : amax_bits;
+  }
+  float s = gs * float_of(amax_bits) / 6.0f;
+  s = s > 448.0f ? 448.0f : s;  // NaN compares false and stays NaN
+  const uint8_t scale = e4m3_bits(s);
+  const float sf = e4m3_value(scale);
+  words[0] = words[1] = 0u;
+  if (!(sf == sf)) return scale;  // NaN block: codes 0
+  float inv = 0.0f;
+  if (sf > 0.0f) {
+    inv = gs / sf;
+    inv = inv > FLT_MAX ? FLT_MAX : inv;  // so 0 * inv stays 0 for absurdly large global scales
+  }
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    const float q = v[i] * inv;
+    const float a = fminf(fabsf(q), 6.0f);
+    // A value that rounds to 0 is +0 (code 0): one encoding per value. |q| <= 0.25 is exactly
+    // the set that rounds to 0, so q < -0.25 is "negative and non-zero".
+    const uint32_t code = e2m1_magnitude(a) | (q < -0.25f ? 8u : 0u);
+    words[i >> 3] |= code << ((i & 7) * 4);
+  }
+  return scale;
+}
+
+HD void decode_block(const uint32_t (&words)[2], uint8_t scale, float gs, float (&y)[kBlock]) {
+  const float k = e4m3_value(scale) / gs;
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    const uint32_t code = (words[i >> 3] >> ((i & 7) * 4)) & 0xFu;
+    // Codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6: the e2m1 encoding, exponent bias 1.
+    const uint32_t mag = code & 7u;
+    float v = mag < 2u ? 0.5f * static_cast<float>(mag)
+                       : float_of(((mag >> 1) + 126u) << 23 | (mag & 1u) << 22);
+    v = (code & 8u) ? -v : v;
+    y[i] = v * k;
+  }
+}
+
+// Scale (row, col) in the 128x4 interleaved layout of block-scaled GEMMs: 128-row x 4-column
+// tiles of 512 bytes in row-major tile order; inside a tile, row r sits at (r % 32) * 16 +
+// (r / 32) * 4, so the 4 rows r, r+32, r+64, r+96 share one 16-byte line.
+HD int64_t swizzled_index(int64_t row, int64_t col, int64_t padded_cols) {
+  const int64_t tile = (row >> 7) * (padded_cols >> 2) + (col >> 2);
+  return tile * 512 + (row & 31) * 16 + ((row >> 5) & 3) * 4 + (col & 3);
+}
+
+HD int64_t scale_index(int64_t block, int64_t blocks_per_row, int64_t padded_cols, bool swizzled) {
+  return swizzled ? swizzled_index(block / blocks_per_row, block % blocks_per_row, padded_cols) : block;
+}
+
+struct Shape {
+  int64_t blocks;          // rows * blocks_per_row
+  int64_t blocks_per_row;  // cols / 16
+  int64_t padded_cols;     // blocks_per_row rounded up to 4 (swizzled layout only)
+  int64_t padded_rows;     // rows rounded up to 128 (swizzled layout only)
+};
+
+bool make_shape(int64_t rows, int64_t cols, Shape* s) {
+  if (rows < 0 || cols <= 0 || cols % kBlock) return false;
+  s->blocks_per_row = cols / kBlock;
+  s->blocks = rows * s->blocks_per_row;
+  s->padded_cols = (s->blocks_per_row + 3) / 4 * 4;
+  s->padded_rows = (rows + 127) / 128 * 128;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------- kernels
+// One thread per block of 16: 32 bytes of bf16/fp16 (or 64 of fp32) in as 16-byte loads,
+// 8 bytes of codes out as one store, one scale byte.
+
+template <typename T, bool kVec>
+__device__ __forceinline__ void load_block(const T* p, float (&v)[kBlock]) {
+  if constexpr (kVec) {
+    constexpr int kLoads = kBlock * sizeof(T) / 16;
+    alignas(16) T tmp[kBlock];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      reinterpret_cast<uint4*>(tmp)[j] = __ldg(reinterpret_cast<const uint4*>(p) + j);
+    }
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) v[i] = to_f32(tmp[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) v[i] = to_f32(p[i]);
+  }
+}
+
+template <typename T, bool kSwizzle, bool kVec>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ packed,
+                                                          uint8_t* __restrict__ scales, const float* gs_ptr,
+                                                          float gs_value, Shape shape) {
+  // Read on the device, so a global scale computed on the GPU needs no host sync and the
+  // launch can be captured in a CUDA graph.
+  const float gs = gs_ptr != nullptr ? *gs_ptr : gs_value;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < shape.blocks; b += stride) {
+    float v[kBlock];
+    load_block<T, kVec>(x + b * kBlock, v);
+    uint32_t words[2];
+    const uint8_t scale = encode_block(v, gs, words);
+    if constexpr (kVec) {
+      *reinterpret_cast<uint2*>(packed + b * 8) = make_uint2(words[0], words[1]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) packed[b * 8 + j] = static_cast<uint8_t>(words[j >> 2] >> ((j & 3) * 8));
+    }
+    scales[scale_index(b, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = scale;
+  }
+}
+
+template <typename T, bool kSwizzle, bool kVec>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t* __restrict__ packed,
+                                                            const uint8_t* __restrict__ scales, T* __restrict__ out,
+                                                            const float* gs_ptr, float gs_value, Shape shape) {
+  const float gs = gs_ptr != nullptr ? *gs_ptr : gs_value;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < shape.blocks; b += stride) {
+    uint32_t words[2];
+    if constexpr (kVec) {
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(packed + b * 8));
+      words[0] = w.x;
+      words[1] = w.y;
+    } else {
+      words[0] = words[1] = 0u;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) words[j >> 2] |= static_cast<uint32_t>(packed[b * 8 + j]) << ((j & 3) * 8);
+    }
+    float y[kBlock];
+    decode_block(words, scales[scale_index(b, shape.blocks_per_row, shape.padded_cols, kSwizzle)], gs, y);
+    T* dst = out + b * kBlock;
+    if constexpr (kVec) {
+      alignas(16) T tmp[kBlock];
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) tmp[i] = from_f32<T>(y[i]);
+#pragma unroll
+      for (int j = 0; j < static_cast<int>(kBlock * sizeof(T) / 16); ++j) {
+        reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(tmp)[j];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) dst[i] = from_f32<T>(y[i]);
+    }
+  }
+}
+
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
+
+dim3 grid_for(int64_t blocks) {
+  const int64_t g = (blocks + kThreads - 1) / kThreads;
+  return dim3(static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid));
+}
+
+template <typename T>
+cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, float gs_value, void* packed,
+                            void* scales, bool swizzle, cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  auto* p = static_cast<uint8_t*>(packed);
+  auto* sc = static_cast<uint8_t*>(scales);
+  // The vector path needs 16-byte aligned input and 8-byte aligned codes; views that start
+  // mid-row of a larger buffer may not be, and take the scalar path instead of faulting.
+  const bool vec = aligned(x, 16) && aligned(packed, 8);
+  const dim3 grid = grid_for(s.blocks), block(kThreads);
+  if (swizzle) {
+    if (vec) quantize_kernel<T, true, true><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
+    else quantize_kernel<T, true, false><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
+  } else {
+    if (vec) quantize_kernel<T, false, true><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
+    else quantize_kernel<T, false, false><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_dequantize(const void* packed, const void* scales, const Shape& s, const float* gs_ptr,
+                              float gs_value, bool swizzled, void* out, cudaStream_t stream) {
+  const auto* p = static_cast<const uint8_t*>(packed);
+  const auto* sc = static_cast<const uint8_t*>(scales);
+  T* o = static_cast<T*>(out);
+  const bool vec = aligned(packed, 8) && aligned(out, 16);
+  const dim3 grid = grid_for(s.blocks), block(kThreads);
+  if (swizzled) {
+    if (vec) dequantize_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
+    else dequantize_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
+  } else {
+    if (vec) dequantize_kernel<T, false, true><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
+    else dequantize_kernel<T, false, false><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
+  }
+  return cudaGetLastError();
+}
+
+// ------------------------------------------------------------------------- host reference run
+template <typename T>
+void quantize_on_host(const void* x, const Shape& s, float gs, uint8_t* packed, uint8_t* scales, bool swizzle) {
+  const T* xt = static_cast<const T*>(x);
+  for (int64_t b = 0; b < s.blocks; ++b) {
+    float v[kBlock];
+    for (int i = 0; i < kBlock; ++i) v[i] = to_f32(xt[b * kBlock + i]);
+    uint32_t words[2];
+    scales[scale_index(b, s.blocks_per_row, s.padded_cols, swizzle)] = encode_block(v, gs, words);
+    std::memcpy(packed + b * 8, words, 8);  // little-endian: byte j = elements 2j (low), 2j+1
+  }
+}
+
+template <typename T>
+void dequantize_on_host(const uint8_t* packed, const uint8_t* scales, const Shape& s, float gs, bool swizzled,
+                        void* out) {
+  T* o = static_cast<T*>(out);
+  for (int64_t b = 0; b < s.blocks; ++b) {
+    uint32_t words[2];
+    std::memcpy(words, packed + b * 8, 8);
+    float y[kBlock];
+    decode_block(words, scales[scale_index(b, s.blocks_per_row, s.padded_cols, swizzled)], gs, y);
+    for (int i = 0; i < kBlock; ++i) o[b * kBlock + i] = from_f32<T>(y[i]);
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------ C ABI
+// Sizes are the logical [rows, cols] of the unquantized tensor (cols a positive multiple of
+// 16). packed is [rows, cols / 2] bytes; scales are [rows, cols / 16] bytes, or with
+// swizzle, [rows rounded up to 128, cols / 16 rounded up to 4] with the padding written 0.
+// global_scale: read from gs_ptr (device memory for the kernels) when it is not NULL, else
+// gs_value. Returns a cudaError_t (cudaErrorInvalidValue for a bad shape or dtype).
+extern "C" {
+
+int symcomm_fp4_quantize(const void* x, int dtype, int64_t rows, int64_t cols, const float* gs_ptr,
+                         float gs_value, void* packed, void* scales, int swizzle, void* stream) {
+  Shape s;
+  if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
+  auto st = static_cast<cudaStream_t>(stream);
+  if (swizzle && (s.padded_rows != rows || s.padded_cols != s.blocks_per_row)) {
+    // Padding entries must read as zero scales; the scales are 1/16 of the codes' bytes, so a
+    // memset of the whole buffer costs little next to the kernel.
+    const cudaError_t err = cudaMemsetAsync(scales, 0, static_cast<size_t>(s.padded_rows * s.padded_cols), st);
+    if (err != cudaSuccess) return err;
+  }
+  if (s.blocks == 0) return cudaSuccess;
+  switch (dtype) {
+    case kF32: return launch_quantize<float>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
+    case kF16: return launch_quantize<__half>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
+    case kBF16: return launch_quantize<__nv_bfloat16>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+int symcomm_fp4_dequantize(const void* packed, const void* scales, int64_t rows, int64_t cols,
+                           const float* gs_ptr, float gs_value, int swizzled, void* out, int dtype,
+                           void* stream) {
+  Shape s;
+  if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
+  if (s.blocks == 0) return cudaSuccess;
+  auto st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case kF32: return launch_dequantize<float>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
+    case kF16: return launch_dequantize<__half>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
+    case kBF16: return launch_dequantize<__nv_bfloat16>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// The same per-block code on the CPU, over host memory; global_scale is a value here.
+int symcomm_fp4_quantize_host(const void* x, int dtype, int64_t rows, int64_t cols, float global_scale,
+                              void* packed, void* scales, int swizzle) {
+  Shape s;
+  if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
+  auto* p = static_cast<uint8_t*>(packed);
+  auto* sc = static_cast<uint8_t*>(scales);
+  if (swizzle) std::memset(sc, 0, static_cast<size_t>(s.padded_rows * s.padded_cols));
+  switch (dtype) {
+    case kF32: quantize_on_host<float>(x, s, global_scale, p, sc, swizzle); break;
+    case kF16: quantize_on_host<__half>(x, s, global_scale, p, sc, swizzle); break;
+    case kBF16: quantize_on_host<__nv_bfloat16>(x, s, global_scale, p, sc, swizzle); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+int symcomm_fp4_dequantize_host(const void* packed, const void* scales, int64_t rows, int64_t cols,
+                                float global_scale, int swizzled, void* out, int dtype) {
+  Shape s;
+  if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
+  const auto* p = static_cast<const uint8_t*>(packed);
+  const auto* sc = static_cast<const uint8_t*>(scales);
+  switch (dtype) {
+    case kF32: dequantize_on_host<float>(p, sc, s, global_scale, swizzled, out); break;
+    case kF16: dequantize_on_host<__half>(p, sc, s, global_scale, swizzled, out); break;
+    case kBF16: dequantize_on_host<__nv_bfloat16>(p, sc, s, global_scale, swizzled, out); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+const char* symcomm_fp4_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+}  // extern "C"
