@@ -127,7 +127,7 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--device", "cpu", "--algo", "fastest"], "--algo fastest is not available on this communicator"),
     (["all_reduce", "--algo", "no such"], "not a path name"),
     (["all_reduce", "--plot", "out.jpg"], "ending in .png"),
-    (["all_gatherv_fp4", "--device", "cpu"], "all_gatherv_fp4"),
+    (["all_gatherv_fp4", "--device", "cpu", "-d", "int32"], "quantizes bfloat16, half or float rows"),
     (["tune", "-b", "2M", "-e", "1M"], "larger than"),
     (["tune", "--device", "cpu", "-G", "2"], "--cudagraph"),
     (["tune", "--algo", "nccl"], "unrecognized"),
@@ -188,12 +188,24 @@ def world_of_one(monkeypatch):
     ["all_gatherv", "-d", "half"],
     ["reduce_scatter", "-o", "prod", "-d", "double"],
     ["reduce_scatterv", "-o", "avg", "-d", "float"],
+    ["all_gatherv_fp4", "-d", "bfloat16", "--algo", "all"],
 ])
 def test_every_op_runs_clean_in_one_process(args, world_of_one, capsys):
     assert cli.main([*args, "--device", "cpu", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0"]) == 0
     rows = table_rows(capsys.readouterr().out)
-    assert len(rows) == 3
-    assert all(w_oop == "0" and w_ip == "0" for _, _, w_oop, w_ip in rows)
+    blocks = 3 if args[0] == "all_gatherv_fp4" else 1  # unquantized, fp4, fp4+dequant
+    assert len(rows) == 3 * blocks
+    assert all(w_oop == "0" and w_ip in ("0", "N/A") for _, _, w_oop, w_ip in rows)
+
+
+def test_fp4_gather_counts_an_injected_wrong_byte(world_of_one, capsys, monkeypatch):
+    monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
+    assert cli.main(["all_gatherv_fp4", "--device", "cpu", "-d", "bfloat16", "-b", "2K", "-e", "2K",
+                     "-n", "1", "-w", "0"]) == 1
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert [(w_oop, w_ip) for *_, w_oop, w_ip in rows] == [("1", "1"), ("1", "N/A"), ("1", "N/A")]
+    assert "R 512-element rows" in out and "fp4 vs unquantized" in out
 
 
 def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path):

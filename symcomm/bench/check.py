@@ -11,7 +11,9 @@ from typing import Callable
 
 import torch
 
-from .sizes import Layout
+from .sizes import FP4_OP, Layout
+
+GATHERS = ("all_gather", "all_gatherv", FP4_OP)
 
 _MASK64 = (1 << 64) - 1
 
@@ -98,7 +100,7 @@ class Expected:
 
 def input_elems(lay: Layout, rank: int) -> int:
     """Elements in ``rank``'s input (which may differ from this rank's for all_gatherv)."""
-    if lay.op in ("all_gather", "all_gatherv"):
+    if lay.op in GATHERS:
         return lay.parts[rank]
     if lay.op == "all_reduce":
         return lay.count
@@ -116,7 +118,7 @@ def output_span(lay: Layout, rank: int) -> tuple[int, int]:
 def expected(lay: Layout, redop: str, dtype: torch.dtype, rank: int, world: int,
              gen: Callable[[int], torch.Tensor]) -> Expected:
     """Expected output of ``rank`` given ``gen(p)``, rank p's input in its own dtype."""
-    if lay.op in ("all_gather", "all_gatherv"):
+    if lay.op in GATHERS:
         parts = [gen(p).to(torch.float64) for p in range(world)]
         return Expected(torch.cat(parts), 0.0)
 

@@ -126,21 +126,19 @@ def build_config(args: argparse.Namespace, device: str, command: str = "") -> Be
         plot.check_path(args.plot_path)
         plot.require_matplotlib()
     if args.collective == FP4_OP:
-        _require_fp4()
+        _require_fp4(datatype)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
                        json_path=args.json_path, plot_path=args.plot_path, command=command)
 
 
-def _require_fp4() -> None:
+def _require_fp4(datatype: str) -> None:
     import symcomm
 
     if not hasattr(symcomm.Communicator, FP4_OP):
         raise BenchError(f"{FP4_OP}: this symcomm has no Communicator.{FP4_OP} (the FP4 gather "
                          f"is not in this build)")
-    # TODO(issue 5): measure quantize + gather (+ dequantize) against bf16 all_gatherv once
-    # Communicator.all_gatherv_fp4 has landed; until then say so instead of a wrong table.
-    raise BenchError(f"{FP4_OP}: symcomm-bench cannot measure it yet (the FP4 gather landed "
-                     f"after this CLI was written)")
+    if DATATYPES[datatype][1] not in ("bfloat16", "float16", "float32"):
+        raise BenchError(f"{FP4_OP} quantizes bfloat16, half or float rows, not {datatype}")
 
 
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "") -> TuneConfig:

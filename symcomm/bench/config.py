@@ -14,7 +14,7 @@ ALGO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # What `tune` measures; all_gather also yields the in-place row ("all_gather:inplace").
 TUNE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 REDOPS = ("sum", "prod", "max", "min", "avg")
-GATHER_OPS = ("all_gather", "all_gatherv")
+GATHER_OPS = ("all_gather", "all_gatherv", "all_gatherv_fp4")
 
 # nccl-tests' -d names (and common aliases) -> (name printed in the table, torch dtype attribute).
 DATATYPES: dict[str, tuple[str, str]] = {

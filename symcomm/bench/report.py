@@ -20,7 +20,9 @@ def bus_factor(op: str, world: int) -> float:
         raise ValueError("world must be positive")
     if op == "all_reduce":
         return 2.0 * (world - 1) / world
-    if op in ("all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv"):
+    # all_gatherv_fp4 counts the unquantized bytes, so its busbw is what a gather of the
+    # original rows would need to match.
+    if op in ("all_gather", "all_gatherv", "all_gatherv_fp4", "reduce_scatter", "reduce_scatterv"):
         return (world - 1) / world
     raise ValueError(f"unknown op {op!r}")
 

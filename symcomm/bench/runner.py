@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, ContextManager, Sequence
 
@@ -21,19 +21,18 @@ import torch.distributed as dist
 
 from . import check, report
 from .config import BenchConfig, BenchError, table_redop
-from .sizes import UNEVEN_OPS, Layout, layout, uneven_rule
+from .sizes import FP4_OP, UNEVEN_OPS, Layout, layout, uneven_rule
 
 _MIB = 1 << 20
 _POOL_SLACK = 8 * _MIB
 _POOL_ROUND = 2 * _MIB
 
 
-def pool_bytes(maxbytes: int) -> int:
+def pool_bytes(buffer_bytes: int, buffers: int) -> int:
     """Symmetric pool to reserve up front: every rank must register the same amount, and growing
-    it later is a collective that must not happen between timed calls. The run allocates one
-    input and one output buffer of at most maxbytes each; the slack covers the allocator's
-    2 MiB rounding of each."""
-    need = 2 * maxbytes + _POOL_SLACK
+    it later is a collective that must not happen between timed calls. ``buffers`` buffers of
+    ``buffer_bytes`` in all; the slack covers the allocator's 2 MiB rounding of each."""
+    need = buffer_bytes + buffers * _POOL_ROUND + _POOL_SLACK
     return -(-need // _POOL_ROUND) * _POOL_ROUND
 
 
@@ -42,6 +41,18 @@ class Buffers:
     send: torch.Tensor
     recv: torch.Tensor
     symmetric: bool
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # per-op buffers (fp4 outputs)
+
+
+@dataclass
+class Case:
+    """One timed column: the call, how to load its input (and poison its output) before a
+    checked call, and how to count wrong elements after it."""
+
+    call: Callable[[], object]
+    load: Callable[[], None]
+    count: Callable[[], int] | None   # None when the check is off
+    corrupt: Callable[[], None]       # test hook: spoil one output element
 
 
 def views(lay: Layout, bufs: Buffers, rank: int, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +64,7 @@ def views(lay: Layout, bufs: Buffers, rank: int, inplace: bool) -> tuple[torch.T
         x = bufs.send[:lay.count]
         return x, (x if inplace else bufs.recv[:lay.count])
     lo, hi = lay.offset(rank), lay.offset(rank) + lay.parts[rank]
-    if op in ("all_gather", "all_gatherv"):
+    if op in check.GATHERS:
         out = bufs.recv[:lay.total]
         x = out[lo:hi] if inplace else bufs.send[:lay.parts[rank]]
     else:
@@ -75,7 +86,7 @@ def make_call(comm, lay: Layout, x: torch.Tensor, out: torch.Tensor, redop: str,
     if op == "reduce_scatter":
         return lambda: comm.reduce_scatter(x, out=out, op=redop, algo=algo)
     rows = [p // lay.row for p in lay.parts]
-    if op == "all_gatherv":
+    if op in ("all_gatherv", FP4_OP):  # FP4_OP's unquantized baseline
         return lambda: comm.all_gatherv(x, rows, out=out, algo=algo)
     return lambda: comm.reduce_scatterv(x, rows, out=out, op=redop, algo=algo)
 
@@ -179,18 +190,28 @@ class Runner:
         available = list(self.comm.algorithms())
         self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}; "
                           f"auto follows the {self.comm.capabilities().get('tuning_table')} table")
+        if self.ops == (FP4_OP,):
+            from . import fp4_bench
+
+            # Columns are the variants (unquantized, fp4, fp4 + dequantize); --algo picks the
+            # path of the gather inside each.
+            self.gather_algo = self._check_algo("auto" if self.cfg.algo == "all" else self.cfg.algo, available)
+            return list(fp4_bench.VARIANTS)
         if self.cfg.algo == "all":
             # On GPUs the torch path is a last resort, not a contender: keep it out of "all".
             paths = [a for a in available if not (a == "torch" and self.device.type == "cuda")]
             return paths + (["auto"] if self.cfg.with_auto else [])
-        if self.cfg.algo != "auto" and self.cfg.algo not in available:
+        return [self._check_algo(self.cfg.algo, available)]
+
+    def _check_algo(self, algo: str, available: list[str]) -> str:
+        if algo != "auto" and algo not in available:
             known = self.comm.capabilities().get("paths", {})
-            why = (known.get(self.cfg.algo) or {}).get("reason")
+            why = (known.get(algo) or {}).get("reason")
             if why:
-                raise BenchError(f"--algo {self.cfg.algo} is not available on this communicator: {why}")
-            raise BenchError(f"--algo {self.cfg.algo} is not available on this communicator "
+                raise BenchError(f"--algo {algo} is not available on this communicator: {why}")
+            raise BenchError(f"--algo {algo} is not available on this communicator "
                              f"(available: {', '.join(['auto', 'all', *available])})")
-        return [self.cfg.algo]
+        return algo
 
     def _buffers(self) -> Buffers:
         import symcomm
@@ -199,13 +220,19 @@ class Runner:
         lays = [layout(op, n, self.world, itemsize, self.rank) for op in self.ops for n in self.cfg.sizes]
         n_send = max(max(lay.in_elems for lay in lays), 1)
         n_recv = max(max(lay.out_elems for lay in lays), 1)
+        extra: dict[str, tuple[int, torch.dtype]] = {}
+        if FP4_OP in self.ops:
+            from . import fp4_bench
+
+            extra = fp4_bench.buffer_specs(n_recv)
+        total_bytes = (n_send + n_recv) * itemsize + sum(n * d.itemsize for n, d in extra.values())
 
         want = self.cfg.symmetric if self.cfg.symmetric is not None else self.device.type == "cuda"
         symmetric = False
         if want and self.device.type != "cuda":
             self.notes.append("Buffers: plain (symmetric memory needs --device cuda)")
         elif want:
-            nbytes = pool_bytes(self.cfg.maxbytes)
+            nbytes = pool_bytes(total_bytes, 2 + len(extra))
             try:
                 self.comm.reserve_symmetric(nbytes)
                 symmetric = True
@@ -227,7 +254,8 @@ class Runner:
         with ctx:
             send = torch.empty(n_send, dtype=self.dtype, device=self.device)
             recv = torch.empty(n_recv, dtype=self.dtype, device=self.device)
-        return Buffers(send, recv, symmetric)
+            more = {name: torch.empty(n, dtype=d, device=self.device) for name, (n, d) in extra.items()}
+        return Buffers(send, recv, symmetric, more)
 
     def run_info(self, op: str | None = None) -> report.RunInfo:
         """The header's facts for ``op`` (default: the config's). Collective: every rank
@@ -250,7 +278,11 @@ class Runner:
             notes.append(f"Check: seeded random data (seed {cfg.seed}) against a float64 "
                          f"reference; #wrong summed over ranks")
         if op in UNEVEN_OPS:
-            notes.append(f"Split: {uneven_rule(self.world)}")
+            notes.append(f"Split: {uneven_rule(self.world, op)}")
+        if op == FP4_OP:
+            from . import fp4_bench
+
+            notes += fp4_bench.notes(self)
         devices = self._gather_devices(_device_info(self.rank, self.device))
         return report.RunInfo(
             op=op, world=self.world, type_name=cfg.type_name, redop=table_redop(op, cfg.redop),
@@ -287,21 +319,25 @@ class Runner:
             return check.make_input(check.input_elems(lay, p), self.dtype, self.device, cfg.seed,
                                     p, lay.nbytes, data_redop, self.world)
 
-        mine = gen(self.rank)
-        exp = check.expected(lay, cfg.redop, self.dtype, self.rank, self.world, gen) \
-            if cfg.check else None
+        if op == FP4_OP:
+            from . import fp4_bench
 
+            cases = fp4_bench.cases(self, lay, gen)
+        else:
+            cases = self._cases(lay, gen)
         stats = torch.zeros(len(self.algos), 4, dtype=torch.float64)
         for i, algo in enumerate(self.algos):
             for j, inplace in enumerate((False, True)):
                 where = f"{algo} at {lay.nbytes} B {'in-place' if inplace else 'out-of-place'}"
-                x, out = views(lay, self.bufs, self.rank, inplace)
-                call = make_call(self.comm, lay, x, out, cfg.redop, algo)
-                _load(x, out, mine)
+                case = cases(algo, inplace)
+                if case is None:  # the variant has no such column
+                    stats[i, 2 * j] = math.nan
+                    continue
+                case.load()
                 try:
-                    stats[i, 2 * j] = self.timer.measure(call)
-                    if exp is not None:
-                        stats[i, 2 * j + 1] = self._check(call, x, out, mine, exp)
+                    stats[i, 2 * j] = self.timer.measure(case.call)
+                    if case.count is not None:
+                        stats[i, 2 * j + 1] = self._check(case)
                 except self._refusal as exc:
                     # symcomm refuses a call before any communication, on every rank alike,
                     # so the sweep can go on without this path at this size.
@@ -320,24 +356,38 @@ class Runner:
         for i, algo in enumerate(self.algos):
             t_oop, w_oop, t_ip, w_ip = (float(v) for v in stats[i])
             rows.append(report.SizeRow(algo, lay.nbytes, lay.count,
-                                       self._timing(t_oop, w_oop, exp is not None),
-                                       self._timing(t_ip, w_ip, exp is not None)))
+                                       self._timing(t_oop, w_oop, cfg.check),
+                                       self._timing(t_ip, w_ip, cfg.check)))
         return rows
+
+    def _cases(self, lay: Layout, gen: Callable[[int], torch.Tensor]) -> Callable[[str, bool], Case]:
+        """The plain collectives: every path, out of place and in place, checked against a
+        float64 reference computed from every rank's regenerated input."""
+        cfg = self.cfg
+        mine = gen(self.rank)
+        exp = check.expected(lay, cfg.redop, self.dtype, self.rank, self.world, gen) if cfg.check else None
+
+        def case(algo: str, inplace: bool) -> Case:
+            x, out = views(lay, self.bufs, self.rank, inplace)
+            return Case(call=make_call(self.comm, lay, x, out, cfg.redop, algo),
+                        load=lambda: _load(x, out, mine),
+                        count=None if exp is None else (lambda: check.count_wrong(out, exp)),
+                        corrupt=lambda: check.corrupt(out))
+        return case
 
     def _timing(self, time_sum: float, wrong_sum: float, checked: bool) -> report.Timing:
         if math.isnan(time_sum):
             return report.Timing(math.nan, None)
         return report.Timing(time_sum / self.world, int(wrong_sum) if checked else None)
 
-    def _check(self, call: Callable[[], object], x: torch.Tensor, out: torch.Tensor,
-               mine: torch.Tensor, exp: check.Expected) -> int:
-        _load(x, out, mine)
-        call()
+    def _check(self, case: Case) -> int:
+        case.load()
+        case.call()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         if self.cfg.corrupt_rank == self.rank:
-            check.corrupt(out)
-        return check.count_wrong(out, exp)
+            case.corrupt()
+        return case.count()
 
 
 def _load(x: torch.Tensor, out: torch.Tensor, mine: torch.Tensor) -> None:

@@ -10,10 +10,14 @@ import re
 from dataclasses import dataclass
 
 OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
-# The NVFP4 gather: quantize + all_gatherv (+ dequantize), compared with a bf16 all_gatherv.
+# The NVFP4 gather: quantize + all_gatherv (+ dequantize), compared with an all_gatherv of the
+# unquantized rows. Its size column counts the unquantized bytes, so rows line up with all_gatherv.
 FP4_OP = "all_gatherv_fp4"
 CLI_OPS = (*OPS, FP4_OP)
-UNEVEN_OPS = ("all_gatherv", "reduce_scatterv")
+UNEVEN_OPS = ("all_gatherv", "reduce_scatterv", FP4_OP)
+# Token rows of the FP4 gather, in elements: a multiple of NVFP4's 16-element block, small
+# enough that 1 KiB of bf16 is one row.
+FP4_ROW = 512
 
 # Uneven layouts split the message in rows of this many bytes so every rank's slice starts on
 # a 16-byte boundary, as token rows of a hidden dimension would; unaligned slices would only
@@ -54,9 +58,10 @@ def uneven_rows(total_rows: int, world: int) -> list[int]:
     return rows
 
 
-def uneven_rule(world: int) -> str:
+def uneven_rule(world: int, op: str = "all_gatherv") -> str:
     """The uneven split rule as one header line, in the terms uneven_rows() uses."""
-    return (f"rank r gets floor(R*(r+1)/{world * (world + 1) // 2}) of the R {ROW_BYTES}-byte rows, "
+    rows = f"{FP4_ROW}-element" if op == FP4_OP else f"{ROW_BYTES}-byte"
+    return (f"rank r gets floor(R*(r+1)/{world * (world + 1) // 2}) of the R {rows} rows, "
             f"the last rank the remainder; count = elements over all ranks")
 
 
@@ -85,7 +90,7 @@ class Layout:
 
 
 def layout(op: str, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
-    if op not in OPS:
+    if op not in CLI_OPS:
         raise ValueError(f"unknown op {op!r}")
     count = nbytes // itemsize
     if op == "all_reduce":
@@ -97,10 +102,10 @@ def layout(op: str, nbytes: int, world: int, itemsize: int, rank: int) -> Layout
         in_elems, out_elems = (per_rank, total) if op == "all_gather" else (total, per_rank)
         # nccl-tests' count column is the per-rank count for these two ops.
         return Layout(op, total * itemsize, per_rank, in_elems, out_elems, parts)
-    row = max(1, ROW_BYTES // itemsize)
+    row = FP4_ROW if op == FP4_OP else max(1, ROW_BYTES // itemsize)
     rows = uneven_rows(count // row, world)
     parts = tuple(r * row for r in rows)
     total = sum(parts)
     mine = parts[rank]
-    in_elems, out_elems = (mine, total) if op == "all_gatherv" else (total, mine)
+    in_elems, out_elems = (total, mine) if op == "reduce_scatterv" else (mine, total)
     return Layout(op, total * itemsize, total, in_elems, out_elems, parts, row)
