@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_check.sh [all|tests|bench|quick] [OUT]
 #   (quick = tests, then the host-side costs: membership and eager overhead, no sweeps)
+#   Narrower runs: TESTS (pytest paths, default tests/gpu), BENCH_OPS (default all_reduce
+#   all_gather reduce_scatter), BENCH_MAX (largest size, default 256M), WORLDS (default "2 4").
 #
 # Writes logs and JSON under $OUT (default ./out), packed as logs.tgz and results.tgz so the
 # device tool's few-files limit holds, and prints a short summary last. A GPU test that skips
@@ -48,8 +50,8 @@ note "build: ok ($(ls symcomm/_native/))"
 run_tests() {
   local world=$1
   # Each rank writes its own log; the wrapper keeps the per-rank pytest summary line.
-  SYMCOMM_REQUIRE_GPU=1 timeout 240 torchrun --nproc-per-node="$world" --no-python bash -c \
-    "python3 -m pytest tests/gpu -q -s -rs -p no:cacheprovider >$OUT/logs/gpu_w${world}_r\$RANK.log 2>&1"
+  SYMCOMM_REQUIRE_GPU=1 timeout 420 torchrun --nproc-per-node="$world" --no-python bash -c \
+    "python3 -m pytest ${TESTS:-tests/gpu} -q -s -rs -p no:cacheprovider >$OUT/logs/gpu_w${world}_r\$RANK.log 2>&1"
   local rc=$?
   for log in "$OUT"/logs/gpu_w"${world}"_r*.log; do
     note "tests world=$world $(basename "$log" .log): $(tail -1 "$log")"
@@ -59,8 +61,8 @@ run_tests() {
 
 run_bench() {
   local world=$1
-  for op in all_reduce all_gather reduce_scatter; do
-    timeout 240 torchrun --nproc-per-node="$world" -m symcomm.bench "$op" -b 1K -e 256M -f 2 \
+  for op in ${BENCH_OPS:-all_reduce all_gather reduce_scatter}; do
+    timeout 240 torchrun --nproc-per-node="$world" -m symcomm.bench "$op" -b 1K -e "${BENCH_MAX:-256M}" -f 2 \
       -w 5 -n 20 -G ${GRAPH_REPLAYS:-20} -d bfloat16 --algo all --json "$OUT/results/${op}_w${world}.json" \
       >"$OUT/results/${op}_w${world}.txt" 2>"$OUT/logs/bench_${op}_w${world}.err"
     note "bench $op world=$world exit: $? ($(grep -c '^ ' "$OUT/results/${op}_w${world}.txt") rows)"
@@ -81,17 +83,17 @@ run_membership() {
 }
 
 if [[ $MODE == all || $MODE == tests || $MODE == quick ]]; then
-  for world in 2 4; do
+  for world in ${WORLDS:-2 4}; do
     if ((world <= NGPU)); then run_tests "$world"; else note "tests world=$world: NOT RUN ($NGPU GPUs)"; fi
   done
 fi
 if [[ $MODE == quick ]]; then
   run_membership
-  for world in 4 2; do ((world <= NGPU)) && run_eager "$world"; done
+  for world in ${WORLDS:-4 2}; do ((world <= NGPU)) && run_eager "$world"; done
 fi
 if [[ $MODE == all || $MODE == bench ]]; then
   run_membership
-  for world in 4 2; do
+  for world in ${WORLDS:-4 2}; do
     if ((world <= NGPU)); then run_bench "$world"; else note "bench world=$world: NOT RUN ($NGPU GPUs)"; fi
   done
 fi

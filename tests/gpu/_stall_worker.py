@@ -15,15 +15,20 @@ import symcomm
 
 mode = sys.argv[1]
 rank = int(os.environ["RANK"])
-torch.cuda.set_device(rank)
-dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-comm = symcomm.Communicator(symmetric=False)
-assert "custom-oneshot" in comm.algorithms(), comm.capabilities()
-x = torch.ones(4096, device="cuda")
-y = comm.all_reduce(x, algo="custom-oneshot")
-torch.cuda.synchronize()
-assert y[0].item() == 2.0, y[0].item()
-dist.barrier()
+try:
+    torch.cuda.set_device(rank)
+    torch.ones(1, device="cuda")  # create the CUDA context before the bounded NCCL init
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    comm = symcomm.Communicator(symmetric=False)
+    assert "custom-oneshot" in comm.algorithms(), comm.capabilities()
+    x = torch.ones(4096, device="cuda")
+    y = comm.all_reduce(x, algo="custom-oneshot")
+    torch.cuda.synchronize()
+    assert y[0].item() == 2.0, y[0].item()
+    dist.barrier()
+except BaseException as exc:  # noqa: BLE001 - report and leave without teardown (it could block)
+    print(f"RESULT setup-failed 0 ({type(exc).__name__}: {exc})", flush=True)
+    os._exit(3)
 if rank == 1:
     if mode == "stall":
         time.sleep(30)
