@@ -348,7 +348,7 @@ int symcomm_fp4_quantize(const void* x, int dtype, int64_t rows, int64_t cols, c
   Shape s;
   if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
   auto st = static_cast<cudaStream_t>(stream);
-  if (swizzle && (s.padded_rows != rows || s.padded_cols != s.blocks_per_row)) {
+  if (swizzle && rows > 0 && (s.padded_rows != rows || s.padded_cols != s.blocks_per_row)) {
     // Padding entries must read as zero scales; the scales are 1/16 of the codes' bytes, so a
     // memset of the whole buffer costs little next to the kernel.
     const cudaError_t err = cudaMemsetAsync(scales, 0, static_cast<size_t>(s.padded_rows * s.padded_cols), st);
@@ -385,7 +385,7 @@ int symcomm_fp4_quantize_host(const void* x, int dtype, int64_t rows, int64_t co
   if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
   auto* p = static_cast<uint8_t*>(packed);
   auto* sc = static_cast<uint8_t*>(scales);
-  if (swizzle) std::memset(sc, 0, static_cast<size_t>(s.padded_rows * s.padded_cols));
+  if (swizzle && rows > 0) std::memset(sc, 0, static_cast<size_t>(s.padded_rows * s.padded_cols));
   switch (dtype) {
     case kF32: quantize_on_host<float>(x, s, global_scale, p, sc, swizzle); break;
     case kF16: quantize_on_host<__half>(x, s, global_scale, p, sc, swizzle); break;

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _native
-from .errors import ArgumentError, DtypeError, SymcommError
+from .errors import ArgumentError, CudaError, DtypeError, SymcommError
 
 BLOCK = 16
 E4M3_MAX = 448.0
@@ -296,7 +296,7 @@ def native_available() -> tuple[bool, str | None]:
 
 def _check_rc(lib: ctypes.CDLL, what: str, rc: int) -> None:
     if rc:
-        raise SymcommError(f"{what} failed: CUDA error {rc} ({lib.symcomm_fp4_error_string(rc).decode()})")
+        raise CudaError(what, rc, lib.symcomm_fp4_error_string(rc).decode())
 
 
 def _stream(device: torch.device) -> int:
