@@ -85,6 +85,7 @@ struct Context {
   Peers signals{}, scratch{}, flagfree{};
   Peers* slots = nullptr;  // device array of max_slots
   std::map<std::string, char*> opened;  // IPC handle bytes -> mapped base, opened once each
+  std::map<char*, size_t> imported;     // peers' cuMem regions mapped here -> their size
 };
 
 // ------------------------------------------------------------------ device helpers
@@ -211,34 +212,42 @@ template <>
 struct Lanes<__half> : HalfLanes<__half2, h2_to_f2, f2_to_h2> {};
 
 // Sum of the world's vectors at index i, in rank order. The first term seeds the sum (not 0.0f),
-// so a lone -0.0 survives as NCCL would keep it.
-template <typename T>
-__device__ __forceinline__ uint4 reduce_at(const uint4* const* src, int world, size_t i) {
+// so a lone -0.0 survives as NCCL would keep it. All W loads are issued before the first add:
+// with a loop over a run-time world size each add waited for its NVLink load before the next
+// load issued, which serialised W round trips per vector (measured: two-shot at 4 MiB, world 4,
+// ran at a third of NVLink bandwidth).
+template <typename T, int W>
+__device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
+  uint4 v[W];
+#pragma unroll
+  for (int r = 0; r < W; ++r) v[r] = src[r][i];
   float acc[Lanes<T>::kN];
-  Lanes<T>::load(src[0][i], acc);
-  for (int r = 1; r < world; ++r) Lanes<T>::add(src[r][i], acc);
+  Lanes<T>::load(v[0], acc);
+#pragma unroll
+  for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
   return Lanes<T>::pack(acc);
 }
 
 // ------------------------------------------------------------------ kernels
-template <typename T>
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) one_shot(Peers signals, const Peers* in, size_t in_offset, uint4* out,
-                                                     size_t nvec, int rank, int world, uint64_t timeout_ns) {
+                                                     size_t nvec, int rank, uint64_t timeout_ns) {
+  constexpr int world = W;
   Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
   const uint32_t epoch = next_epoch(self);
   const uint4* src[kMaxRanks];
   for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
   barrier(signals, kStart, rank, world, epoch, timeout_ns);
   const size_t stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) out[i] = reduce_at<T>(src, world, i);
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) out[i] = reduce_at<T, W>(src, i);
   // Peers read this rank's input until they pass here; it must not be reused before then.
   barrier(signals, kEnd, rank, world, epoch, timeout_ns);
 }
 
-template <typename T>
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) two_shot(Peers signals, Peers scratch, const Peers* in, size_t in_offset,
-                                                     uint4* out, size_t nvec, int rank, int world,
-                                                     uint64_t timeout_ns) {
+                                                     uint4* out, size_t nvec, int rank, uint64_t timeout_ns) {
+  constexpr int world = W;
   Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
   const uint32_t epoch = next_epoch(self);
   const uint4* src[kMaxRanks];
@@ -252,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) two_shot(Peers signals, Peers scratc
   uint4* mine = reinterpret_cast<uint4*>(scratch.ptr[rank]);
   const size_t lo = size_t(rank) * chunk;
   const size_t hi = lo + chunk < nvec ? lo + chunk : nvec;
-  for (size_t i = lo + first; i < hi; i += stride) mine[i] = reduce_at<T>(src, world, i);
+  for (size_t i = lo + first; i < hi; i += stride) mine[i] = reduce_at<T, W>(src, i);
   // After this barrier every peer has finished reading our input (so `out` may alias it) and
   // every owner's chunk is in its scratch.
   barrier(signals, kMid, rank, world, epoch, timeout_ns);
@@ -284,10 +293,10 @@ __device__ __forceinline__ bool has_sentinel(const uint4& v) {
 // receiving our call k+1 data, sent after this clear finished; and nobody still writes it,
 // since we consumed all of call k-1 before returning from it. Two buffers would not do: a
 // peer that finished call k could start writing call k+1 into the buffer being cleared.
-template <typename T>
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) flag_free(Peers signals, Peers recv, const uint4* in, uint4* out,
-                                                      size_t nvec, size_t slot_vecs, int rank, int world,
-                                                      uint64_t timeout_ns) {
+                                                      size_t nvec, size_t slot_vecs, int rank, uint64_t timeout_ns) {
+  constexpr int world = W;
   Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
   __shared__ uint32_t call, prev;
   if (threadIdx.x == 0) {
@@ -309,24 +318,27 @@ __global__ void __launch_bounds__(kThreads) flag_free(Peers signals, Peers recv,
   }
   const uint4* mine = reinterpret_cast<const uint4*>(recv.ptr[rank]);
   for (size_t i = first; i < nvec; i += stride) {
-    float acc[Lanes<T>::kN];
-    for (int r = 0; r < world; ++r) {
-      uint4 v;
-      if (r == rank) {
-        v = without_sentinel(in[i]);  // the same bits the peers received
-      } else {
+    // First look at every slot at once (independent loads in flight together), then wait
+    // only for the slots whose data has not landed yet.
+    uint4 v[W];
+#pragma unroll
+    for (int r = 0; r < W; ++r) v[r] = r == rank ? without_sentinel(in[i])  // the bits the peers received
+                                                 : load_volatile(mine + (buf * world + r) * slot_vecs + i);
+#pragma unroll
+    for (int r = 0; r < W; ++r) {
+      if (r != rank && has_sentinel(v[r])) {
         const uint4* p = mine + (buf * world + r) * slot_vecs + i;
-        v = load_volatile(p);
-        if (has_sentinel(v)) {
-          const uint64_t t0 = now_ns();
-          do {
-            if (now_ns() - t0 > timeout_ns) __trap();
-            v = load_volatile(p);
-          } while (has_sentinel(v));
-        }
+        const uint64_t t0 = now_ns();
+        do {
+          if (now_ns() - t0 > timeout_ns) __trap();  // a peer never sent: fail, don't hang
+          v[r] = load_volatile(p);
+        } while (has_sentinel(v[r]));
       }
-      if (r == 0) Lanes<T>::load(v, acc); else Lanes<T>::add(v, acc);
     }
+    float acc[Lanes<T>::kN];
+    Lanes<T>::load(v[0], acc);
+#pragma unroll
+    for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
     out[i] = Lanes<T>::pack(acc);
   }
   uint4* stale = const_cast<uint4*>(mine) + old * world * slot_vecs;
@@ -358,26 +370,38 @@ int blocks_for(size_t work, int max_blocks) {
   return int(b < size_t(max_blocks) ? b : size_t(max_blocks));
 }
 
-template <typename T>
-cudaError_t launch(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
-                   cudaStream_t stream) {
+template <typename T, int W>
+cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
+                         cudaStream_t stream) {
   switch (algo) {
     case kFlagFree:
-      flag_free<T><<<kFlagFreeBlocks, kThreads, 0, stream>>>(c->signals, c->flagfree, in, out, nvec,
-                                                            c->flagfree_bytes / 16, c->rank, c->world, c->timeout_ns);
+      flag_free<T, W><<<kFlagFreeBlocks, kThreads, 0, stream>>>(c->signals, c->flagfree, in, out, nvec,
+                                                               c->flagfree_bytes / 16, c->rank, c->timeout_ns);
       break;
     case kOneShot:
-      one_shot<T><<<blocks_for(nvec, c->max_blocks), kThreads, 0, stream>>>(
-          c->signals, c->slots + slot, in_offset, out, nvec, c->rank, c->world, c->timeout_ns);
+      one_shot<T, W><<<blocks_for(nvec, c->max_blocks), kThreads, 0, stream>>>(
+          c->signals, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
       break;
     case kTwoShot:
-      two_shot<T><<<blocks_for((nvec + c->world - 1) / c->world, c->max_blocks), kThreads, 0, stream>>>(
-          c->signals, c->scratch, c->slots + slot, in_offset, out, nvec, c->rank, c->world, c->timeout_ns);
+      two_shot<T, W><<<blocks_for((nvec + W - 1) / W, c->max_blocks), kThreads, 0, stream>>>(
+          c->signals, c->scratch, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
       break;
     default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
+                   cudaStream_t stream) {
+  switch (c->world) {
+    case 2: return launch_world<T, 2>(c, algo, in, slot, in_offset, out, nvec, stream);
+    case 4: return launch_world<T, 4>(c, algo, in, slot, in_offset, out, nvec, stream);
+    case 6: return launch_world<T, 6>(c, algo, in, slot, in_offset, out, nvec, stream);
+    case 8: return launch_world<T, 8>(c, algo, in, slot, in_offset, out, nvec, stream);
+    default: return cudaErrorInvalidValue;  // symcomm_ar_create accepts only these (custom.py)
+  }
 }
 
 cudaError_t open_handle(Context* c, const char* handle, char** mapped) {
@@ -396,6 +420,50 @@ cudaError_t open_handle(Context* c, const char* handle, char** mapped) {
   *mapped = static_cast<char*>(p);
   return cudaSuccess;
 }
+
+// Driver entry points, looked up at run time so the library does not link libcuda (CI builds
+// it on machines without a driver).
+template <typename Fn>
+cudaError_t driver_fn(const char* name, Fn* fn) {
+  if (*fn != nullptr) return cudaSuccess;
+  cudaDriverEntryPointQueryResult found;
+  void* p = nullptr;
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
+  if (err != cudaSuccess) return err;
+  if (found != cudaDriverEntryPointSuccess || p == nullptr) return cudaErrorSymbolNotFound;
+  *fn = reinterpret_cast<Fn>(p);
+  return cudaSuccess;
+}
+
+struct Driver {
+  PFN_cuMemRetainAllocationHandle_v11000 retain = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 import_handle = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+};
+
+cudaError_t driver(Driver** out) {
+  static Driver d;
+  cudaError_t err;
+  if ((err = driver_fn("cuMemRetainAllocationHandle", &d.retain)) != cudaSuccess ||
+      (err = driver_fn("cuMemExportToShareableHandle", &d.export_handle)) != cudaSuccess ||
+      (err = driver_fn("cuMemImportFromShareableHandle", &d.import_handle)) != cudaSuccess ||
+      (err = driver_fn("cuMemAddressReserve", &d.reserve)) != cudaSuccess || (err = driver_fn("cuMemMap", &d.map)) != cudaSuccess ||
+      (err = driver_fn("cuMemSetAccess", &d.set_access)) != cudaSuccess ||
+      (err = driver_fn("cuMemRelease", &d.release)) != cudaSuccess || (err = driver_fn("cuMemUnmap", &d.unmap)) != cudaSuccess ||
+      (err = driver_fn("cuMemAddressFree", &d.address_free)) != cudaSuccess)
+    return err;
+  *out = &d;
+  return cudaSuccess;
+}
+
+// A driver failure as a runtime error code the Python side can name.
+cudaError_t driver_error(CUresult r) { return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown; }
 
 // The allocation that holds ptr: IPC handles name whole allocations, so a peer maps the base
 // and adds the offset. cuMemGetAddressRange is a driver call; it is looked up at run time so
@@ -437,7 +505,7 @@ extern "C" {
 // slot table. Not collective; symcomm_ar_open is.
 int symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, size_t flagfree_bytes, int max_slots,
                       double timeout_s, void** out) {
-  if (world < 2 || world > kMaxRanks || rank < 0 || rank >= world || staging_bytes % 16 || flagfree_bytes % 16 ||
+  if (world < 2 || world > kMaxRanks || world % 2 || rank < 0 || rank >= world || staging_bytes % 16 || flagfree_bytes % 16 ||
       max_slots < 1 || timeout_s <= 0)
     return cudaErrorInvalidValue;
   cudaError_t err = use_device(device);
@@ -534,6 +602,8 @@ int symcomm_ar_buffer_handle(const void* ptr, void* handle_out, uint64_t* offset
 int symcomm_ar_set_slot(void* ctx, int slot, const void* handles, const uint64_t* offsets, const void* own) {
   Context* c = static_cast<Context*>(ctx);
   if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
+  cudaError_t dev_err = use_device(c->device);  // IPC handles open on the current device
+  if (dev_err != cudaSuccess) return dev_err;
   Peers p{};
   for (int r = 0; r < c->world; ++r) {
     if (r == c->rank) {
@@ -545,6 +615,67 @@ int symcomm_ar_set_slot(void* ctx, int slot, const void* handles, const uint64_t
     if (err != cudaSuccess) return err;
     p.ptr[r] = b + offsets[r];
   }
+  return cudaMemcpy(c->slots + slot, &p, sizeof(Peers), cudaMemcpyHostToDevice);
+}
+
+// A POSIX file descriptor for the cuMem allocation at base (symmetric-pool regions come from
+// ncclMemAlloc, which is cuMem memory: CUDA IPC handles do not cover it). The caller passes it
+// to peers over a Unix socket and closes it.
+int symcomm_ar_export_region(void* ctx, const void* base, int* fd_out) {
+  Driver* d = nullptr;
+  cudaError_t err = use_device(static_cast<Context*>(ctx)->device);
+  if (err == cudaSuccess) err = driver(&d);
+  if (err != cudaSuccess) return err;
+  CUmemGenericAllocationHandle h;
+  if ((err = driver_error(d->retain(&h, const_cast<void*>(base)))) != cudaSuccess) return err;
+  int fd = -1;
+  err = driver_error(d->export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  d->release(h);  // the retain above took a reference; the allocation itself lives on
+  if (err == cudaSuccess) *fd_out = fd;
+  return err;
+}
+
+// Maps a peer's exported region (fd from symcomm_ar_export_region, received over a socket)
+// into this process, readable and writable from this rank's device.
+int symcomm_ar_import_region(void* ctx, int fd, size_t size, void** mapped_out) {
+  Context* c = static_cast<Context*>(ctx);
+  Driver* d = nullptr;
+  cudaError_t err = use_device(c->device);  // the driver calls below act on the current context
+  if (err == cudaSuccess) err = driver(&d);
+  if (err != cudaSuccess) return err;
+  CUmemGenericAllocationHandle h;
+  err = driver_error(d->import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  if (err != cudaSuccess) return err;
+  CUdeviceptr va = 0;
+  err = driver_error(d->reserve(&va, size, 0, 0, 0));
+  if (err == cudaSuccess) {
+    err = driver_error(d->map(va, size, 0, h, 0));
+    if (err == cudaSuccess) {
+      CUmemAccessDesc access = {};
+      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access.location.id = c->device;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      err = driver_error(d->set_access(va, size, &access, 1));
+      if (err != cudaSuccess) d->unmap(va, size);
+    }
+    if (err != cudaSuccess) d->address_free(va, size);
+  }
+  d->release(h);  // the mapping keeps the memory alive until unmapped
+  if (err != cudaSuccess) return err;
+  c->imported[reinterpret_cast<char*>(va)] = size;
+  *mapped_out = reinterpret_cast<void*>(va);
+  return cudaSuccess;
+}
+
+// Fills slot `slot` with the world's pointers to one buffer, given directly (pool regions).
+int symcomm_ar_set_slot_ptrs(void* ctx, int slot, const uint64_t* ptrs) {
+  Context* c = static_cast<Context*>(ctx);
+  if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  Peers p{};
+  for (int r = 0; r < c->world; ++r) p.ptr[r] = reinterpret_cast<char*>(ptrs[r]);
   return cudaMemcpy(c->slots + slot, &p, sizeof(Peers), cudaMemcpyHostToDevice);
 }
 
@@ -590,6 +721,15 @@ int symcomm_ar_destroy(void* ctx) {
   for (auto& kv : c->opened) {
     cudaError_t err = cudaIpcCloseMemHandle(kv.second);
     if (first == cudaSuccess) first = err;
+  }
+  Driver* d = nullptr;
+  if (!c->imported.empty() && driver(&d) == cudaSuccess) {
+    for (auto& kv : c->imported) {
+      const CUdeviceptr va = reinterpret_cast<CUdeviceptr>(kv.first);
+      cudaError_t err = driver_error(d->unmap(va, kv.second));
+      if (err == cudaSuccess) err = driver_error(d->address_free(va, kv.second));
+      if (first == cudaSuccess) first = err;
+    }
   }
   if (c->slots) cudaFree(c->slots);
   if (c->base) {

@@ -184,9 +184,12 @@ class Communicator:
             reason: str | None = "turned off (custom_ar_capacity=0)"
             state = None
         else:
-            granules = self._pool.index.granules if self._pool is not None else None
+            pool = self._pool
+            granules = pool.index.granules if pool is not None else None
+            regions = [] if pool is None else [(r.base, r.nbytes) for r in sorted(pool.regions.values(),
+                                                                                    key=lambda r: r.number)]
             state, reason = custom.setup(self.rank, self.world_size, self.device, self._exchange_ints,
-                                         self.timeout_s, granules, staging_bytes=capacity)
+                                         self.timeout_s, granules, staging_bytes=capacity, regions=regions)
         if state is None:
             for name in custom.ALGO_CODES:
                 self._disabled[name] = f"custom all-reduce: {reason}"
@@ -244,7 +247,9 @@ class Communicator:
         self._require_open()
         if self._pool is None:
             raise SymmetricMemoryError("symmetric memory is off: " + self._disabled.get("nccl-symm", "unknown"))
-        self._pool.reserve(nbytes)
+        region = self._pool.reserve(nbytes)
+        if self._custom is not None:
+            custom.map_regions(self._custom, [(region.base, region.nbytes)], self._exchange_ints)
 
     # --------------------------------------------------------------- dispatch
     def algorithms(self) -> list[str]:
@@ -303,7 +308,9 @@ class Communicator:
     def _verify(self, call: Call, algo: str) -> None:
         if self._group_device().type == "cuda" and torch.cuda.is_current_stream_capturing():
             return
-        pool = self._pool if algo == "nccl-symm" else None
+        # Symmetric kernels and the custom kernels (which read pool inputs in place) need each
+        # rank's tensor at the same window offset.
+        pool = self._pool if algo == "nccl-symm" or algo in custom.ALGO_CODES else None
         values, names = checks.signature(call, algo, self.world_size, None if pool is None else pool.locate)
         problem = checks.first_mismatch(self._exchange_ints(values), names)
         if problem is not None:
@@ -474,6 +481,14 @@ class Communicator:
                 "regions": len(pool.regions) if pool else 0,
             },
             "tuning_table": self.table.source,
+            "custom_all_reduce": None if self._custom is None else {
+                "staging_bytes": self._custom.staging_bytes,
+                "flagfree_bytes": self._custom.flagfree_bytes,
+                "graph_slots_used": self._custom.next_slot - 1,
+                # pool regions whose inputs the kernels read in place (else: staged, and why)
+                "symmetric_regions_mapped": len(self._custom.region_slots),
+                "symmetric_regions_problem": self._custom.region_problem,
+            },
             "check_mode": self.check,
         }
 

@@ -21,7 +21,10 @@ class FakeState:
         self.can_register = can_register
         self.graph_slots = graph_slots
         self.next_slot = 1
+        self.region_slots = {}
         self.capture = None
+
+    next_free_slot = custom.CustomAllReduce.next_free_slot
 
 
 def _call(numel=1024, dtype=torch.bfloat16, op="all_reduce", redop="sum", in_ptr=1 << 30, out_ptr=2 << 30):
@@ -86,7 +89,7 @@ class Exchange:
 
 def test_setup_disabled_by_environment_still_votes(monkeypatch):
     monkeypatch.setenv("SYMCOMM_DISABLE_CUSTOM_AR", "1")
-    ex = Exchange([[[0, custom.host_identity()]]])
+    ex = Exchange([[[0, custom.host_identity(), 5]]])
     state, reason = custom.setup(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "SYMCOMM_DISABLE_CUSTOM_AR" in reason
     assert ex.sent[0][0] == 1  # the peers learn this rank is out, so they don't wait for it
@@ -94,14 +97,14 @@ def test_setup_disabled_by_environment_still_votes(monkeypatch):
 
 def test_setup_falls_back_when_a_peer_votes_no_or_ranks_span_hosts():
     here = custom.host_identity()
-    state, reason = custom.setup(0, 2, torch.device("cuda", 0), Exchange([[[1, here]]]), 30.0, None)
+    state, reason = custom.setup(0, 2, torch.device("cuda", 0), Exchange([[[1, here, 5]]]), 30.0, None)
     assert state is None and "another rank" in reason
-    state, reason = custom.setup(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1]]]), 30.0, None)
+    state, reason = custom.setup(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, 5]]]), 30.0, None)
     assert state is None and "span hosts" in reason
 
 
 def test_unsupported_world_size_votes_no():
-    ex = Exchange([[[1, 0]] * 2])
+    ex = Exchange([[[1, 0, 5]] * 2])
     state, reason = custom.setup(0, 3, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "world size 3" in reason and ex.sent[0][0] == 1
 
@@ -140,7 +143,7 @@ def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
 @pytest.mark.parametrize("world", (2, 4))
 def test_builtin_table_puts_the_kernels_first_up_to_their_capacity(world):
     table = dispatch.builtin_table(world)
-    for nbytes in (1 << 10, 64 << 10, 1 << 20, 16 << 20):
+    for nbytes in (1 << 10, 64 << 10, 1 << 20, 4 << 20):
         assert table.preference("all_reduce", nbytes)[0].startswith("custom-"), nbytes
     assert table.preference("all_reduce", 64 << 20)[0] == "nccl"
     for nbytes in (1 << 10, 1 << 20, 16 << 20):

@@ -8,11 +8,14 @@ all-reduce", has the rules; csrc/custom_ar.cu explains the kernels and their mem
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import hashlib
 import os
+import secrets
 import socket
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -45,6 +48,9 @@ _SIGNATURES = {
     "symcomm_ar_probe_read": ([_c.c_void_p, _c.POINTER(_c.c_uint32)], _c.c_int),
     "symcomm_ar_buffer_handle": ([_c.c_void_p, _c.c_char_p, _c.POINTER(_c.c_uint64)], _c.c_int),
     "symcomm_ar_set_slot": ([_c.c_void_p, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_uint64), _c.c_void_p], _c.c_int),
+    "symcomm_ar_export_region": ([_c.c_void_p, _c.c_void_p, _c.POINTER(_c.c_int)], _c.c_int),
+    "symcomm_ar_import_region": ([_c.c_void_p, _c.c_int, _c.c_size_t, _c.POINTER(_c.c_void_p)], _c.c_int),
+    "symcomm_ar_set_slot_ptrs": ([_c.c_void_p, _c.c_int, _c.POINTER(_c.c_uint64)], _c.c_int),
     "symcomm_ar_set_max_blocks": ([_c.c_void_p, _c.c_int], _c.c_int),
     "symcomm_ar_run": ([_c.c_void_p, _c.c_int, _c.c_int, _c.c_void_p, _c.c_int, _c.c_uint64, _c.c_void_p,
                         _c.c_uint64, _c.c_int, _c.c_void_p], _c.c_int),
@@ -113,6 +119,13 @@ class CustomAllReduce:
         # Symmetric-pool memory (cuMem, from ncclMemAlloc) has no CUDA IPC handle, so such
         # inputs are staged rather than recorded during capture.
         self.granules = granules
+        # Symmetric-pool regions mapped from every peer (region base -> slot): inputs there are
+        # read in place, with no copy and no registration. See map_regions.
+        self.region_slots: dict[int, int] = {}
+        self.region_problem: str | None = None
+        self.socket: socket.socket | None = None
+        self.socket_names: list[bytes] = []
+        self.timeout_s = 30.0
         self.capture: CaptureSession | None = None
         # torch's expandable segments are cuMem too: nothing captured there can be registered.
         self.can_register = "expandable_segments:true" not in os.environ.get(
@@ -122,14 +135,24 @@ class CustomAllReduce:
         if code:
             raise CudaError(what, code, self.lib.symcomm_cuda_error_string(code).decode())
 
-    def run(self, algo: int, call: Call, stage: int, slot: int) -> None:
+    def run(self, algo: int, call: Call, stage: int, slot: int, offset: int = 0) -> None:
         x = call.inputs[0]
-        code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, 0,
+        code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, offset,
                                        call.out_ptrs[0], call.nbytes, stage, _raw_stream(self.device_index))
         if code:
             self.check("custom all-reduce launch", code)
 
+    def next_free_slot(self) -> int:
+        """A device slot that stays assigned for the communicator's life, or 0 when none is left."""
+        if self.next_slot >= self.graph_slots:
+            return 0
+        self.next_slot += 1
+        return self.next_slot - 1
+
     def destroy(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
         ctx, self.ctx = self.ctx, 0
         if ctx:
             self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
@@ -152,7 +175,8 @@ class CaptureSession:
 def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, timeout_s: float,
           granules: dict[int, int] | None, staging_bytes: int = DEFAULT_STAGING_BYTES,
           flagfree_bytes: int = DEFAULT_FLAGFREE_BYTES,
-          graph_slots: int = DEFAULT_GRAPH_SLOTS) -> tuple[CustomAllReduce | None, str | None]:
+          graph_slots: int = DEFAULT_GRAPH_SLOTS,
+          regions: Sequence[tuple[int, int]] = ()) -> tuple[CustomAllReduce | None, str | None]:
     """Collective: map every rank's buffers and test P2P on every pair. Returns the context, or
     None and the reason the kernels are off (the same decision on every rank)."""
     reason = None
@@ -166,13 +190,14 @@ def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, 
             lib = load_library()
         except (OSError, AttributeError) as exc:
             reason = f"native library unavailable: {exc}"
-    votes = exchange([0 if reason is None else 1, host_identity()])
+    votes = exchange([0 if reason is None else 1, host_identity(), secrets.randbits(62)])
     if reason is not None:
         return None, reason
-    if any(v for v, _ in votes):
-        return None, "unavailable on another rank: " + ", ".join(str(r) for r, (v, _) in enumerate(votes) if v)
-    if len({h for _, h in votes}) > 1:
+    if any(row[0] for row in votes):
+        return None, "unavailable on another rank: " + ", ".join(str(r) for r, row in enumerate(votes) if row[0])
+    if len({row[1] for row in votes}) > 1:
         return None, "the ranks span hosts (CUDA IPC needs one host)"
+    session = votes[0][2]  # rank 0's random number names this communicator's sockets
 
     ctx = _c.c_void_p()
     code = lib.symcomm_ar_create(rank, world_size, device.index, staging_bytes, flagfree_bytes, graph_slots,
@@ -197,7 +222,95 @@ def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, 
     if problem is not None:
         _quiet_destroy(state)
         return None, problem
+    state.timeout_s = timeout_s
+    state.socket_names = [f"\0symcomm-{session:x}-{r}".encode() for r in range(world_size)]
+    try:
+        # Bound now, used only after the next exchange: every peer is listening by then.
+        state.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        state.socket.bind(state.socket_names[rank])
+        state.socket.settimeout(timeout_s)
+    except OSError as exc:
+        state.socket = None
+        state.region_problem = f"no Unix socket to pass memory handles ({exc})"
+    map_regions(state, regions, exchange)
     return state, None
+
+
+def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exchange: Exchange) -> None:
+    """Collective: map every peer's copy of each symmetric-pool region (base, nbytes), so the
+    kernels read inputs there in place.
+
+    Pool regions are cuMem allocations (ncclMemAlloc), which CUDA IPC handles do not cover and
+    NCCL 2.28 has no host call to translate. Each rank exports a region as a POSIX file
+    descriptor and passes it over a Unix datagram socket (SCM_RIGHTS) to each peer, which maps
+    it. On any failure every rank keeps staging those inputs instead (region_problem says why).
+    """
+    if not regions or state.region_problem is not None:
+        exchange([1])  # peers in the same call learn that this rank opts out
+        return
+    lib, rank, world = state.lib, state.rank, state.world_size
+    fds: list[int] = []
+    code = 0
+    for base, _ in regions:
+        fd = _c.c_int(-1)
+        code = code or lib.symcomm_ar_export_region(state.ctx, base, _c.byref(fd))
+        if code == 0:
+            fds.append(fd.value)
+    problem = None
+    try:
+        if not _all_ok(exchange([code])):
+            problem = "exporting pool regions as file descriptors failed on some rank"
+            return
+        failure = 0
+        payload = struct.pack("<qq", rank, len(fds))
+        for peer in range(world):
+            if peer != rank:
+                try:
+                    state.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+                                       0, state.socket_names[peer])
+                except OSError:
+                    failure = 1
+        mapped: dict[int, list[int]] = {rank: [base for base, _ in regions]}
+        for _ in range(world - 1 if not failure else 0):
+            try:
+                msg, received, _, _ = socket.recv_fds(state.socket, 16, len(regions))
+            except OSError:
+                failure = 1
+                break
+            sender, count = struct.unpack("<qq", msg)
+            ptrs = []
+            for fd, (_, nbytes) in zip(received, regions):
+                out = _c.c_void_p()
+                if not failure and lib.symcomm_ar_import_region(state.ctx, fd, nbytes, _c.byref(out)):
+                    failure = 1
+                os.close(fd)
+                ptrs.append(out.value or 0)
+            if count != len(regions) or len(received) != len(regions):
+                failure = 1
+            mapped[sender] = ptrs
+        if not _all_ok(exchange([failure])):
+            problem = "passing or mapping pool regions between ranks failed on some rank"
+            return
+        slots = []
+        for i, (base, _) in enumerate(regions):
+            slot = state.next_free_slot()
+            ptrs = (_c.c_uint64 * world)(*(mapped[r][i] for r in range(world)))
+            if not slot or lib.symcomm_ar_set_slot_ptrs(state.ctx, slot, ptrs):
+                failure = 1
+            slots.append(slot)
+        if not _all_ok(exchange([failure])):
+            problem = "no device slot left for pool regions on some rank"
+            return
+        state.region_slots.update({base: slot for (base, _), slot in zip(regions, slots)})
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if problem is not None:
+            state.region_problem = problem
+
+
+def _all_ok(rows: list[list[int]]) -> bool:
+    return not any(row[0] for row in rows)
 
 
 def _cuda_reason(lib: ctypes.CDLL, code: int) -> str:
@@ -304,6 +417,13 @@ class CustomBackend:
 
     def run(self, call: Call) -> None:
         state = self._state
+        if self._algo and state.region_slots:
+            ptr = call.in_ptrs[0]
+            base = state.granules.get(ptr >> GRANULE_SHIFT)
+            # In place one-shot writes what peers may still be reading: stage that one.
+            if base is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
+                state.run(self._algo, call, 0, state.region_slots[base], ptr - base)
+                return
         stage, slot = 1, 0
         session = state.capture
         if session is not None and self._algo and torch.cuda.is_current_stream_capturing():
@@ -323,9 +443,9 @@ class CustomBackend:
             return 0
         slot = session.slots.get(ptr)
         if slot is None:
-            if state.next_slot >= state.graph_slots:
+            slot = state.next_free_slot()
+            if not slot:
                 session.out_of_slots = True
                 return 0
-            slot = session.slots[ptr] = state.next_slot
-            state.next_slot += 1
+            session.slots[ptr] = slot
         return slot
