@@ -3,6 +3,10 @@
 #
 #   bash scripts/gpu_check.sh [all|tests|bench|quick] [OUT]
 #   (quick = tests, then the host-side costs: membership and eager overhead, no sweeps)
+#   release = the published numbers in one bounded call: tune + `--algo all` (auto measured
+#   with the freshly tuned table) per world, FP4 bench, eager costs, then GPU tests as time
+#   allows. Each step has its own timeout and everything is re-packed after every step, so
+#   what finished comes back even if the call is cut off (DEADLINE seconds, default 420).
 #   Narrower runs: TESTS (pytest paths, default tests/gpu), BENCH_OPS (default all_reduce
 #   all_gather reduce_scatter), BENCH_MAX (largest size, default 256M), WORLDS (default "2 4").
 #
@@ -81,6 +85,40 @@ run_membership() {
   python3 bench/membership.py --json "$OUT/results/membership.json" >"$OUT/results/membership.txt" 2>&1
   sed 's/^/membership: /' "$OUT/results/membership.txt" | tee -a "$SUMMARY"
 }
+
+step() {  # step NAME TIMEOUT CMD...: run unless the deadline is near, then re-pack
+  local name=$1 limit=$2; shift 2
+  if (( SECONDS + 20 > ${DEADLINE:-420} )); then note "$name: SKIPPED (deadline)"; return; fi
+  timeout "$limit" "$@" >"$OUT/results/$name.txt" 2>"$OUT/logs/$name.err"
+  note "$name: exit $? at ${SECONDS}s"
+  tar -czf "$OUT/partial.tgz" -C "$OUT" logs results summary.txt 2>/dev/null
+}
+
+gpu_tests() {  # gpu_tests WORLD NAME PYTEST-ARGS...: per-rank logs, summary lines
+  local world=$1 name=$2; shift 2
+  step "tests_${name}_w$world" 200 env SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node="$world" --no-python \
+    bash -c "python3 -m pytest $* -q -s -rs -p no:cacheprovider >$OUT/logs/${name}_w${world}_r\$RANK.log 2>&1"
+  for log in "$OUT"/logs/"${name}"_w"${world}"_r*.log; do note "  $(basename "$log"): $(tail -1 "$log")"; done
+}
+
+sweep() {  # sweep WORLD: tune, then every op with the tuned table (so `auto` is measured with it)
+  local world=$1 table="$OUT/results/nvidia_h200_w$1.json" tuned=()
+  step "tune_w$world" 120 torchrun --nproc-per-node="$world" -m symcomm.bench tune -n 20 -w 5 -G 10 -o "$table"
+  [[ -f $table ]] && tuned=(env SYMCOMM_TUNING_FILE="$table")
+  for op in ${BENCH_OPS:-all_reduce all_gather reduce_scatter}; do
+    step "${op}_w$world" 60 "${tuned[@]}" torchrun --nproc-per-node="$world" -m symcomm.bench "$op" \
+      -b 1K -e 256M -f 4 -n 20 -w 5 -G 10 --algo all --json "$OUT/results/${op}_w$world.json"
+  done
+}
+
+if [[ $MODE == release ]]; then  # most important first: later steps are skipped at the deadline
+  sweep 4
+  gpu_tests 4 fp4 tests/gpu/test_fp4_gpu.py
+  step fp4_gather_w4 90 torchrun --nproc-per-node=4 bench/fp4_gather.py "$OUT/results/fp4_w4"
+  sweep 2
+  step eager_w4 60 torchrun --nproc-per-node=4 bench/eager_overhead.py --json "$OUT/results/eager_w4.json"
+  gpu_tests 2 stall "tests/gpu/test_custom_ar.py -k missing_peer"
+fi
 
 if [[ $MODE == all || $MODE == tests || $MODE == quick ]]; then
   for world in ${WORLDS:-2 4}; do
