@@ -116,8 +116,9 @@ class CustomAllReduce:
         self.flagfree_bytes = flagfree_bytes
         self.graph_slots = graph_slots
         self.next_slot = 1  # slot 0 is the staging buffer
-        # Symmetric-pool memory (cuMem, from ncclMemAlloc) has no CUDA IPC handle, so such
-        # inputs are staged rather than recorded during capture.
+        # The pool's granule map, to recognise symmetric inputs. Pool memory is cuMem (from
+        # ncclMemAlloc), which has no CUDA IPC handle: such inputs are read through
+        # region_slots when their region is mapped, and staged otherwise, never recorded.
         self.granules = granules
         # Symmetric-pool regions mapped from every peer (region base -> slot): inputs there are
         # read in place, with no copy and no registration. See map_regions.
@@ -125,7 +126,6 @@ class CustomAllReduce:
         self.region_problem: str | None = None
         self.socket: socket.socket | None = None
         self.socket_names: list[bytes] = []
-        self.timeout_s = 30.0
         self.capture: CaptureSession | None = None
         # torch's expandable segments are cuMem too: nothing captured there can be registered.
         self.can_register = "expandable_segments:true" not in os.environ.get(
@@ -222,7 +222,6 @@ def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, 
     if problem is not None:
         _quiet_destroy(state)
         return None, problem
-    state.timeout_s = timeout_s
     state.socket_names = [f"\0symcomm-{session:x}-{r}".encode() for r in range(world_size)]
     try:
         # Bound now, used only after the next exchange: every peer is listening by then.
