@@ -485,16 +485,14 @@ cudaError_t allocation_base(const void* ptr, uintptr_t* base) {
   return cudaSuccess;
 }
 
-// This library has its own (static) CUDA runtime, whose current device is per thread and
-// independent of torch's. Every entry point selects the communicator's device through here;
-// the cache keeps the per-call path free of a driver call when it is already current.
-thread_local int current_device = -1;
-
+// This library has its own (static) CUDA runtime. Every entry point selects the
+// communicator's device through here. It asks the runtime rather than caching the answer:
+// torch's runtime can make another device's context current on this thread between calls,
+// and cudaGetDevice reads that state without a driver round trip.
 cudaError_t use_device(int device) {
-  if (current_device == device) return cudaSuccess;
-  cudaError_t err = cudaSetDevice(device);
-  current_device = err == cudaSuccess ? device : -1;
-  return err;
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return cudaSuccess;
+  return cudaSetDevice(device);
 }
 
 }  // namespace
@@ -586,9 +584,11 @@ int symcomm_ar_probe_read(void* ctx, uint32_t* got) {
 }
 
 // The IPC handle of the allocation holding ptr, and ptr's offset in it (for graph buffers).
-int symcomm_ar_buffer_handle(const void* ptr, void* handle_out, uint64_t* offset_out) {
+int symcomm_ar_buffer_handle(void* ctx, const void* ptr, void* handle_out, uint64_t* offset_out) {
+  cudaError_t err = use_device(static_cast<Context*>(ctx)->device);  // not device 0's context
+  if (err != cudaSuccess) return err;
   uintptr_t base = 0;
-  cudaError_t err = allocation_base(ptr, &base);
+  err = allocation_base(ptr, &base);
   if (err != cudaSuccess) return err;
   cudaIpcMemHandle_t h;
   if ((err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base))) != cudaSuccess) return err;

@@ -42,6 +42,10 @@ def signature(call: Call, algo: str, world_size: int,
     names += [f"sizes[{r}]" for r in range(world_size)]
     values.append(call.nbytes)
     names.append("message size in bytes")
+    # Misalignment sends a call off the custom kernels (they move 16-byte vectors): a rank
+    # whose view is misaligned alone would wait in NCCL for peers that took a kernel.
+    values.append((call.in_ptrs[0] | call.out_ptrs[0]) & 15 if call.inputs else 0)
+    names.append("16-byte misalignment of the first input/output")
     many = len(call.inputs) > 1
     gathers = call.op in ("all_gather", "all_gatherv")
     for i in range(MAX_CHECKED_TENSORS):
@@ -60,7 +64,7 @@ def signature(call: Call, algo: str, world_size: int,
 
 def refusal(world_size: int) -> list[int]:
     """What a rank that rejected the call sends instead of its signature (same length)."""
-    return [REFUSED] * (5 + world_size + 4 * MAX_CHECKED_TENSORS)
+    return [REFUSED] * (6 + world_size + 4 * MAX_CHECKED_TENSORS)
 
 
 _DECODE = {"op": OPS, "path": _ALGOS, "dtype": [*map(str, _DTYPES), "other"]}

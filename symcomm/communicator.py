@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -114,7 +115,12 @@ class Communicator:
         if self.device.type == "cuda":
             try:
                 self._init_nccl(symmetric, symmetric_capacity)
-                self._init_custom(custom_ar_capacity)
+                if self.nccl is not None:  # agreed on every rank by _init_nccl's vote
+                    self._init_custom(custom_ar_capacity)
+                else:
+                    for name in custom.ALGO_CODES:
+                        # NCCL is their fallback and their teardown barrier.
+                        self._disabled[name] = "custom all-reduce: needs NCCL, which is unavailable"
             except BaseException:
                 self.close()  # release the NCCL communicators and memory created so far
                 raise
@@ -450,11 +456,16 @@ class Communicator:
             failed = False
         finally:
             state.capture = None
-            misplaced = torch.cuda.is_current_stream_capturing()
-            problem = custom.register_captured(state, session, failed or misplaced, self._exchange_ints)
-            if misplaced:
+            if torch.cuda.is_current_stream_capturing():
+                # Every rank runs this same code, so all raise here; exchanging now would put
+                # the exchange itself into the graph.
                 raise ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit inside it: "
                                     "buffers can be registered only after capture ends")
+            problem = custom.register_captured(state, session, failed, self._exchange_ints)
+            if session.out_of_slots:
+                warnings.warn(f"graph_capture(): all {state.graph_slots - 1} buffer slots are in use; later "
+                              f"captured custom all-reduces copy their input to the staging buffer instead",
+                              ResourceWarning, stacklevel=3)
             if problem is not None and not failed:
                 raise PeerMismatchError(f"graph_capture(): {problem}. The captured graph reads unregistered "
                                         f"memory: do not replay it")
@@ -513,22 +524,36 @@ class Communicator:
         if nccl is None:
             return
 
+        # Set when close() gave up waiting: the teardown thread may still wake up (after the
+        # aborts below release it) and must then touch nothing more.
+        abandoned = threading.Event()
+
         def teardown() -> None:
             if pool is not None or state is not None:
                 torch.cuda.synchronize(self.device)
+            failure: BaseException | None = None
             if state is not None:
-                # Peers may still read this rank's buffers in their last kernel: wait for all of
-                # them on the plain communicator (ordered, bounded) before unmapping.
-                self._backends_barrier(nccl, comms[0])
-                state.destroy()
-            if pool is not None:
+                try:
+                    # Peers may still read this rank's buffers in their last kernel: wait for
+                    # all of them on the plain communicator (ordered, bounded) before unmapping.
+                    self._backends_barrier(nccl, comms[0])
+                    if not abandoned.is_set():
+                        state.destroy()
+                except Exception as exc:  # noqa: BLE001 - finish the collective steps first
+                    failure = exc
+            # Window deregistration is collective: a rank that skipped it would stall its peers.
+            if pool is not None and not abandoned.is_set():
                 pool.close()
             for comm in comms:
-                nccl.comm_destroy(comm)
+                if not abandoned.is_set():
+                    nccl.comm_destroy(comm)
+            if failure is not None:
+                raise failure
 
         try:
             _bounded("close", teardown, self.timeout_s, self.device)
         except CommTimeoutError:
+            abandoned.set()
             for comm in comms:
                 try:
                     _bounded("ncclCommAbort", lambda c=comm: nccl.comm_abort(c), self.timeout_s, self.device)

@@ -133,11 +133,48 @@ def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
 
 def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
     session = custom.CaptureSession()
-    session.slots = {1 << 30: 1}
-    problem = custom.register_captured(FakeState(), session, False, Exchange([[[0, 2]]]))
-    assert "different numbers" in problem and "rank 0: 1" in problem and "rank 1: 2" in problem
-    problem = custom.register_captured(FakeState(), session, False, Exchange([[[1, 1]]]))
+    session.slots, session.calls = {1 << 30: 1}, [0]
+    problem = custom.register_captured(FakeState(), session, False, Exchange([[[0, 2, 2]]]))
+    assert "different numbers" in problem and "rank 0: 1 buffers in 1 calls" in problem
+    assert "rank 1: 2 buffers in 2 calls" in problem
+    problem = custom.register_captured(FakeState(), session, False, Exchange([[[1, 1, 1]]]))
     assert "capture failed on rank(s) 1" in problem
+
+
+def test_capture_registration_compares_the_pattern_not_just_the_count():
+    """Rank 0 captured buffers A, A, B; rank 1 C, D, D: two buffers each, but call 1 would pair
+    A with D. The pattern of first-use indices differs, and every rank says where."""
+    session = custom.CaptureSession()
+    session.slots, session.calls = {1 << 30: 1, 2 << 30: 2}, [0, 0, 1]
+    ex = Exchange([[[0, 2, 3]], [[0, 1, 1]]])
+    problem = custom.register_captured(FakeState(), session, False, ex)
+    assert "different custom all-reduce inputs at captured call 1" in problem
+    assert ex.sent[1] == [0, 0, 1]
+
+
+def test_run_records_the_pattern_of_captured_calls(monkeypatch):
+    """What run() appends per captured call: the recorded buffer's index, or how it read its
+    input instead (staged, symmetric region, flag-free's direct read)."""
+    granule = 9
+    state = FakeState(granules={granule: granule << GRANULE_SHIFT})
+    state.region_slots = {granule << GRANULE_SHIFT: 7}
+    launched = []
+    state.run = lambda algo, call, stage, slot, offset=0: launched.append((algo, stage, slot, offset))
+    state.capture = session = custom.CaptureSession()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    one, two = custom.CustomBackend(custom.ONESHOT, state), custom.CustomBackend(custom.TWOSHOT, state)
+    flag = custom.CustomBackend(custom.FLAGFREE, state)
+    two.run(_call(in_ptr=1 << 30))                                   # recorded, buffer 0
+    one.run(_call(in_ptr=3 << 30))                                   # recorded, buffer 1
+    two.run(_call(in_ptr=1 << 30))                                   # buffer 0 again
+    one.run(_call(in_ptr=4 << 30, out_ptr=4 << 30))                  # in-place one-shot: staged
+    two.run(_call(in_ptr=(granule << GRANULE_SHIFT) + 4096))         # in a mapped pool region
+    flag.run(_call(in_ptr=5 << 30))                                  # flag-free reads it directly
+    assert session.calls == [0, 1, 0, custom.STAGED, custom.IN_REGION, custom.DIRECT]
+    assert [l[1:] for l in launched] == [(0, 1, 0), (0, 2, 0), (0, 1, 0), (1, 0, 0), (0, 7, 4096), (1, 0, 0)]
+    state.capture = None  # outside graph_capture(): nothing is recorded
+    two.run(_call(in_ptr=6 << 30))
+    assert len(session.calls) == 6 and launched[-1][1:] == (1, 0, 0)
 
 
 @pytest.mark.parametrize("world", (2, 4))
@@ -151,3 +188,14 @@ def test_builtin_table_puts_the_kernels_first_up_to_their_capacity(world):
         # a kernel that declines still leaves both NCCL paths to fall back on
         assert {"nccl", "nccl-symm"} <= set(prefs)
         assert not table.preference("all_gather", nbytes)[0].startswith("custom-")
+
+
+def test_check_mode_compares_alignment_and_refusals_keep_the_length():
+    """A view misaligned on one rank only would send that rank to NCCL and its peers to a
+    kernel; check mode's signature carries the misalignment so ranks compare it."""
+    from symcomm import checks
+    values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), "custom-oneshot", 2, None)
+    assert len(values) == len(names) == len(checks.refusal(2))
+    assert values[names.index("16-byte misalignment of the first input/output")] == 8
+    table = [values, checks.signature(_call(), "custom-oneshot", 2, None)[0]]
+    assert "misalignment" in checks.first_mismatch(table, names)

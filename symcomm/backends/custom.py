@@ -46,7 +46,7 @@ _SIGNATURES = {
     "symcomm_ar_open": ([_c.c_void_p, _c.c_char_p], _c.c_int),
     "symcomm_ar_probe_write": ([_c.c_void_p, _c.c_uint32], _c.c_int),
     "symcomm_ar_probe_read": ([_c.c_void_p, _c.POINTER(_c.c_uint32)], _c.c_int),
-    "symcomm_ar_buffer_handle": ([_c.c_void_p, _c.c_char_p, _c.POINTER(_c.c_uint64)], _c.c_int),
+    "symcomm_ar_buffer_handle": ([_c.c_void_p, _c.c_void_p, _c.c_char_p, _c.POINTER(_c.c_uint64)], _c.c_int),
     "symcomm_ar_set_slot": ([_c.c_void_p, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_uint64), _c.c_void_p], _c.c_int),
     "symcomm_ar_export_region": ([_c.c_void_p, _c.c_void_p, _c.POINTER(_c.c_int)], _c.c_int),
     "symcomm_ar_import_region": ([_c.c_void_p, _c.c_int, _c.c_size_t, _c.POINTER(_c.c_void_p)], _c.c_int),
@@ -127,9 +127,11 @@ class CustomAllReduce:
         self.socket: socket.socket | None = None
         self.socket_names: list[bytes] = []
         self.capture: CaptureSession | None = None
-        # torch's expandable segments are cuMem too: nothing captured there can be registered.
-        self.can_register = "expandable_segments:true" not in os.environ.get(
-            "PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+        # Only cudaMalloc'd memory has CUDA IPC handles: torch's expandable segments (cuMem) and
+        # its cudaMallocAsync backend do not, so captured inputs there are staged instead.
+        conf = ",".join(os.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
+        conf = conf.replace(" ", "").lower()
+        self.can_register = "expandable_segments:true" not in conf and "backend:cudamallocasync" not in conf
 
     def check(self, what: str, code: int) -> None:
         if code:
@@ -158,6 +160,9 @@ class CustomAllReduce:
             self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
 
 
+STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecorded inputs
+
+
 class CaptureSession:
     """Input buffers recorded while capturing inside Communicator.graph_capture(), in call order.
 
@@ -169,6 +174,11 @@ class CaptureSession:
 
     def __init__(self) -> None:
         self.slots: dict[int, int] = {}  # data pointer -> slot
+        self.order: dict[int, int] = {}  # data pointer -> its index among the recorded buffers
+        # Per captured call: the index of its recorded buffer, or how it reads its input
+        # instead. Ranks compare this whole pattern, not just the count: rank 0 capturing
+        # buffers A, A, B and rank 1 C, D, D record two each, yet pair A with D at call 2.
+        self.calls: list[int] = []
         self.out_of_slots = False
 
 
@@ -229,6 +239,8 @@ def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, 
         state.socket.bind(state.socket_names[rank])
         state.socket.settimeout(timeout_s)
     except OSError as exc:
+        if state.socket is not None:
+            state.socket.close()
         state.socket = None
         state.region_problem = f"no Unix socket to pass memory handles ({exc})"
     map_regions(state, regions, exchange)
@@ -260,43 +272,26 @@ def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exch
         if not _all_ok(exchange([code])):
             problem = "exporting pool regions as file descriptors failed on some rank"
             return
-        failure = 0
-        payload = struct.pack("<qq", rank, len(fds))
-        for peer in range(world):
-            if peer != rank:
-                try:
-                    state.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
-                                       0, state.socket_names[peer])
-                except OSError:
-                    failure = 1
-        mapped: dict[int, list[int]] = {rank: [base for base, _ in regions]}
-        for _ in range(world - 1 if not failure else 0):
-            try:
-                msg, received, _, _ = socket.recv_fds(state.socket, 16, len(regions))
-            except OSError:
-                failure = 1
-                break
-            sender, count = struct.unpack("<qq", msg)
-            ptrs = []
-            for fd, (_, nbytes) in zip(received, regions):
-                out = _c.c_void_p()
-                if not failure and lib.symcomm_ar_import_region(state.ctx, fd, nbytes, _c.byref(out)):
-                    failure = 1
-                os.close(fd)
-                ptrs.append(out.value or 0)
-            if count != len(regions) or len(received) != len(regions):
-                failure = 1
-            mapped[sender] = ptrs
+        # Between exchanges every local failure, exception included, becomes a vote: a rank that
+        # raised here alone would leave its peers waiting in the next exchange.
+        mapped: dict[int, list[int]] = {}
+        try:
+            failure = _pass_regions(state, regions, fds, mapped)
+        except Exception:  # noqa: BLE001 - reported to every rank as a failed vote
+            failure = 1
         if not _all_ok(exchange([failure])):
             problem = "passing or mapping pool regions between ranks failed on some rank"
             return
         slots = []
-        for i, (base, _) in enumerate(regions):
-            slot = state.next_free_slot()
-            ptrs = (_c.c_uint64 * world)(*(mapped[r][i] for r in range(world)))
-            if not slot or lib.symcomm_ar_set_slot_ptrs(state.ctx, slot, ptrs):
-                failure = 1
-            slots.append(slot)
+        try:
+            for i, _ in enumerate(regions):
+                slot = state.next_free_slot()
+                ptrs = (_c.c_uint64 * world)(*(mapped[r][i] for r in range(world)))
+                if not slot or lib.symcomm_ar_set_slot_ptrs(state.ctx, slot, ptrs):
+                    failure = 1
+                slots.append(slot)
+        except Exception:  # noqa: BLE001 - as above
+            failure = 1
         if not _all_ok(exchange([failure])):
             problem = "no device slot left for pool regions on some rank"
             return
@@ -306,6 +301,40 @@ def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exch
             os.close(fd)
         if problem is not None:
             state.region_problem = problem
+
+
+def _pass_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], fds: list[int],
+                  mapped: dict[int, list[int]]) -> int:
+    """Send this rank's region fds to every peer, receive and map theirs into ``mapped``
+    (rank -> region pointers). Returns 1 on any failure. Receives are bounded by the
+    socket's timeout; only a message from a peer's own address, once per peer, is taken."""
+    lib, rank, world = state.lib, state.rank, state.world_size
+    payload = struct.pack("<qq", rank, len(fds))
+    for peer in range(world):
+        if peer != rank:
+            state.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+                                 0, state.socket_names[peer])
+    mapped[rank] = [base for base, _ in regions]
+    failure = 0
+    for _ in range(world - 1):
+        msg, received, _, address = socket.recv_fds(state.socket, 16, len(regions))
+        try:
+            sender, count = struct.unpack("<qq", msg)
+            if (not 0 <= sender < world or sender in mapped or address != state.socket_names[sender]
+                    or count != len(regions) or len(received) != len(regions)):
+                failure = 1
+                continue
+            ptrs = []
+            for fd, (_, nbytes) in zip(received, regions):
+                out = _c.c_void_p()
+                if failure or lib.symcomm_ar_import_region(state.ctx, fd, nbytes, _c.byref(out)):
+                    failure = 1
+                ptrs.append(out.value or 0)
+            mapped[sender] = ptrs
+        finally:
+            for fd in received:
+                os.close(fd)
+    return failure
 
 
 def _all_ok(rows: list[list[int]]) -> bool:
@@ -355,13 +384,20 @@ def register_captured(state: CustomAllReduce, session: CaptureSession, failed: b
     """Collective, after capture: exchange the recorded buffers' IPC handles and fill their
     slots. Returns a problem (the same on every rank) or None."""
     recorded = list(session.slots.items())
-    counts = exchange([1 if failed else 0, len(recorded)])
-    if any(f for f, _ in counts):
-        return "graph capture failed on rank(s) " + ", ".join(str(r) for r, (f, _) in enumerate(counts) if f)
-    if len({n for _, n in counts}) > 1:
-        return ("ranks captured different numbers of custom all-reduce buffers ("
-                + ", ".join(f"rank {r}: {n}" for r, (_, n) in enumerate(counts))
+    counts = exchange([1 if failed else 0, len(recorded), len(session.calls)])
+    if any(row[0] for row in counts):
+        return "graph capture failed on rank(s) " + ", ".join(str(r) for r, row in enumerate(counts) if row[0])
+    if len({tuple(row[1:]) for row in counts}) > 1:
+        return ("ranks captured different numbers of custom all-reduce buffers or calls ("
+                + ", ".join(f"rank {r}: {n} buffers in {c} calls" for r, (_, n, c) in enumerate(counts))
                 + "); every rank must capture the same calls in the same order")
+    if session.calls:
+        patterns = exchange(session.calls)  # equal lengths: checked just above
+        if any(row != patterns[0] for row in patterns):
+            call = next(i for i in range(len(session.calls)) if len({row[i] for row in patterns}) > 1)
+            return (f"ranks captured different custom all-reduce inputs at captured call {call} (a buffer "
+                    f"reused on one rank is a new one on another, or one rank's input is in the symmetric "
+                    f"pool and another's is not); every rank must capture the same calls on the same buffers")
     lib = state.lib
     mine: list[int] = []
     code = 0
@@ -369,7 +405,7 @@ def register_captured(state: CustomAllReduce, session: CaptureSession, failed: b
         handle = _c.create_string_buffer(HANDLE_BYTES)
         offset = _c.c_uint64()
         if code == 0:
-            code = lib.symcomm_ar_buffer_handle(ptr, handle, _c.byref(offset))
+            code = lib.symcomm_ar_buffer_handle(state.ctx, ptr, handle, _c.byref(offset))
         mine += [*_to_ints(handle.raw), offset.value]
     rows = exchange([code, *mine])
     failed_ranks = [r for r, row in enumerate(rows) if row[0]]
@@ -416,18 +452,26 @@ class CustomBackend:
 
     def run(self, call: Call) -> None:
         state = self._state
+        session = state.capture
+        # Only inside graph_capture() is there a capture to record for: one flag test otherwise.
+        capturing = session is not None and torch.cuda.is_current_stream_capturing()
         if self._algo and state.region_slots:
             ptr = call.in_ptrs[0]
             base = state.granules.get(ptr >> GRANULE_SHIFT)
-            # In place one-shot writes what peers may still be reading: stage that one.
-            if base is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
-                state.run(self._algo, call, 0, state.region_slots[base], ptr - base)
+            slot = state.region_slots.get(base) if base is not None else None
+            # In place one-shot writes what peers may still be reading: stage that one. So is
+            # an input in a region that could not be mapped (map_regions failed for it).
+            if slot is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
+                if capturing:
+                    session.calls.append(IN_REGION)
+                state.run(self._algo, call, 0, slot, ptr - base)
                 return
         stage, slot = 1, 0
-        session = state.capture
-        if session is not None and self._algo and torch.cuda.is_current_stream_capturing():
-            slot = self._record(session, call)
-            stage = 0 if slot else 1
+        if capturing:
+            if self._algo:
+                slot = self._record(session, call)
+                stage = 0 if slot else 1
+            session.calls.append(session.order[call.in_ptrs[0]] if slot else STAGED if self._algo else DIRECT)
         state.run(self._algo, call, stage, slot)
 
     def _record(self, session: CaptureSession, call: Call) -> int:
@@ -446,5 +490,6 @@ class CustomBackend:
             if not slot:
                 session.out_of_slots = True
                 return 0
+            session.order[ptr] = len(session.slots)
             session.slots[ptr] = slot
         return slot
