@@ -42,10 +42,11 @@ def signature(call: Call, algo: str, world_size: int,
     names += [f"sizes[{r}]" for r in range(world_size)]
     values.append(call.nbytes)
     names.append("message size in bytes")
-    # Misalignment sends a call off the custom kernels (they move 16-byte vectors): a rank
-    # whose view is misaligned alone would wait in NCCL for peers that took a kernel.
-    values.append((call.in_ptrs[0] | call.out_ptrs[0]) & 15 if call.inputs else 0)
-    names.append("16-byte misalignment of the first input/output")
+    # Misalignment sends an all_reduce off the custom kernels (they move 16-byte vectors): a
+    # rank whose view is misaligned alone would wait in NCCL for peers that took a kernel.
+    # Other ops: in-place gathers and scatters sit at rank-dependent offsets by design.
+    values.append((call.in_ptrs[0] | call.out_ptrs[0]) & 15 if call.op == "all_reduce" else 0)
+    names.append("16-byte misalignment of the all_reduce input/output")
     many = len(call.inputs) > 1
     gathers = call.op in ("all_gather", "all_gatherv")
     for i in range(MAX_CHECKED_TENSORS):

@@ -196,6 +196,6 @@ def test_check_mode_compares_alignment_and_refusals_keep_the_length():
     from symcomm import checks
     values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), "custom-oneshot", 2, None)
     assert len(values) == len(names) == len(checks.refusal(2))
-    assert values[names.index("16-byte misalignment of the first input/output")] == 8
+    assert values[names.index("16-byte misalignment of the all_reduce input/output")] == 8
     table = [values, checks.signature(_call(), "custom-oneshot", 2, None)[0]]
     assert "misalignment" in checks.first_mismatch(table, names)
