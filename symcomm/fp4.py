@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _native
+from . import _native, validate
 from .errors import ArgumentError, CudaError, DtypeError, SymcommError
 
 BLOCK = 16
@@ -119,20 +119,6 @@ def _gs_tensor(gs: GlobalScale) -> torch.Tensor:
     return gs.reshape(()) if isinstance(gs, torch.Tensor) else torch.tensor(gs, dtype=torch.float32)
 
 
-def _check_out(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise DtypeError(f"{name} must be {dtype}, got {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ArgumentError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if t.device != device:
-        raise ArgumentError(f"{name} is on {t.device}, but the data is on {device}")
-    if not t.is_contiguous():
-        raise ArgumentError(f"{name} must be contiguous")
-    return t
-
-
 def _scales_shape(n: int, h: int, swizzled: bool) -> tuple[int, int]:
     return swizzled_shape(n, h // BLOCK) if swizzled else (n, h // BLOCK)
 
@@ -150,7 +136,7 @@ def _check_quantized(packed: object, scales: object, swizzled: bool) -> tuple[in
     n, h = packed.shape[0], packed.shape[1] * 2
     if not isinstance(scales, torch.Tensor):
         raise ArgumentError(f"scales must be a torch.Tensor, got {type(scales).__name__}")
-    _check_out("scales", scales, _scales_shape(n, h, swizzled), torch.float8_e4m3fn, packed.device)
+    validate.given("scales", scales, _scales_shape(n, h, swizzled), torch.float8_e4m3fn, packed.device)
     return n, h
 
 
@@ -334,8 +320,8 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ArgumentError("out must be a (packed, scales) pair")
-        packed = _check_out("out[0]", out[0], (n, h // 2), torch.uint8, x.device)
-        scales = _check_out("out[1]", out[1], s_shape, torch.float8_e4m3fn, x.device)
+        packed = validate.given("out[0]", out[0], (n, h // 2), torch.uint8, x.device)
+        scales = validate.given("out[1]", out[1], s_shape, torch.float8_e4m3fn, x.device)
     else:
         packed = torch.empty((n, h // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty(s_shape, dtype=torch.float8_e4m3fn, device=x.device)
@@ -363,7 +349,7 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
     if out is None:
         out = torch.empty((n, h), dtype=dtype, device=packed.device)
     else:
-        out = _check_out("out", out, (n, h), dtype, packed.device)
+        out = validate.given("out", out, (n, h), dtype, packed.device)
     lib = _native_lib() if packed.is_cuda else None
     if lib is None:
         return out.copy_(dequantize_reference(packed, scales, gs, dtype, swizzled))

@@ -73,14 +73,14 @@ def _check_out(out: object, total: int, h: int, dtype: torch.dtype, extra: list[
                device: torch.device, dequantize: bool) -> None:
     if not isinstance(out, Fp4Gathered):
         raise ArgumentError(f"out must be an Fp4Gathered, got {type(out).__name__}")
-    fp4._check_out("out.packed", out.packed, (total, h // 2), torch.uint8, device)
-    fp4._check_out("out.scales", out.scales, (total, h // fp4.BLOCK), torch.float8_e4m3fn, device)
+    validate.given("out.packed", out.packed, (total, h // 2), torch.uint8, device)
+    validate.given("out.scales", out.scales, (total, h // fp4.BLOCK), torch.float8_e4m3fn, device)
     if len(out.extra) != len(extra):
         raise ArgumentError(f"out.extra has {len(out.extra)} tensors, but extra has {len(extra)}")
     for i, (o, t) in enumerate(zip(out.extra, extra)):
-        fp4._check_out(f"out.extra[{i}]", o, (total, *t.shape[1:]), t.dtype, device)
+        validate.given(f"out.extra[{i}]", o, (total, *t.shape[1:]), t.dtype, device)
     if dequantize and out.values is not None:
-        fp4._check_out("out.values", out.values, (total, h), dtype, device)
+        validate.given("out.values", out.values, (total, h), dtype, device)
 
 
 def _scale_bits(gs: fp4.GlobalScale) -> int:

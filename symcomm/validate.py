@@ -31,19 +31,24 @@ def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != device:
-        raise ArgumentError(f"{name} is on {t.device}, but this communicator runs on {device}")
+        raise ArgumentError(f"{name} is on {t.device}, but the call runs on {device}")
     raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A caller-supplied output: a contiguous tensor on ``device`` of this dtype and shape."""
+    t = tensor(name, t, device)
+    if t.dtype is not dtype:
+        raise DtypeError(f"{name} must be {dtype}, got dtype {t.dtype}")
+    if t.shape != shape:
+        raise ArgumentError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t
 
 
 def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
-    out = tensor(name, out, like.device)
-    if out.dtype is not like.dtype:
-        raise DtypeError(f"{name} has dtype {out.dtype}, but the input has {like.dtype}")
-    if out.shape != shape:
-        raise ArgumentError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    return out
+    return given(name, out, shape, like.dtype, like.device)
 
 
 def redop(op: object, dtype: torch.dtype) -> str:
