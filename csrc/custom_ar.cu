@@ -39,10 +39,15 @@ namespace {
 constexpr int kMaxRanks = 8;
 constexpr int kMaxBlocks = 64;
 constexpr int kThreads = 512;
+// Grid cap of one-shot/two-shot (H200 has 132 SMs). Every block spins on peers in barriers, so
+// all of them must be resident at once; 36 measured well and leaves room for other kernels.
+// Raising it for >= 1 MiB is an open lead (bench/NOTES.md).
+constexpr int kGridBlocks = 36;
 // The flag-free kernel always launches this many blocks: each block keeps its own count of
 // calls (which receive buffer is live) and its own record of what to clear, so every block
 // must take part in every call.
 constexpr int kFlagFreeBlocks = 32;
+static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeBlocks <= kMaxBlocks, "one barrier slot per block");
 constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 // A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
 // float it is a NaN (fp32, and both halves as fp16/bf16), so real data only meets it as a NaN,
@@ -77,7 +82,6 @@ struct Context {
   size_t staging_bytes = 0;
   size_t flagfree_bytes = 0;  // per rank, per receive buffer
   int max_slots = 0;
-  int max_blocks = 36;
   uint64_t timeout_ns = 30ull * 1000 * 1000 * 1000;
   char* base = nullptr;  // this rank's allocation
   size_t total_bytes = 0;
@@ -364,10 +368,10 @@ __global__ void probe_read(Peers signals, int rank, int world, uint32_t* got) {
   }
 }
 
-int blocks_for(size_t work, int max_blocks) {
+int blocks_for(size_t work) {
   size_t b = (work + kThreads - 1) / kThreads;
   if (b < 1) b = 1;
-  return int(b < size_t(max_blocks) ? b : size_t(max_blocks));
+  return int(b < size_t(kGridBlocks) ? b : size_t(kGridBlocks));
 }
 
 template <typename T, int W>
@@ -379,11 +383,11 @@ cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t
                                                                c->flagfree_bytes / 16, c->rank, c->timeout_ns);
       break;
     case kOneShot:
-      one_shot<T, W><<<blocks_for(nvec, c->max_blocks), kThreads, 0, stream>>>(
+      one_shot<T, W><<<blocks_for(nvec), kThreads, 0, stream>>>(
           c->signals, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
       break;
     case kTwoShot:
-      two_shot<T, W><<<blocks_for((nvec + W - 1) / W, c->max_blocks), kThreads, 0, stream>>>(
+      two_shot<T, W><<<blocks_for((nvec + W - 1) / W), kThreads, 0, stream>>>(
           c->signals, c->scratch, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
       break;
     default:
@@ -677,12 +681,6 @@ int symcomm_ar_set_slot_ptrs(void* ctx, int slot, const uint64_t* ptrs) {
   Peers p{};
   for (int r = 0; r < c->world; ++r) p.ptr[r] = reinterpret_cast<char*>(ptrs[r]);
   return cudaMemcpy(c->slots + slot, &p, sizeof(Peers), cudaMemcpyHostToDevice);
-}
-
-int symcomm_ar_set_max_blocks(void* ctx, int max_blocks) {
-  if (max_blocks < 1 || max_blocks > kMaxBlocks) return cudaErrorInvalidValue;
-  static_cast<Context*>(ctx)->max_blocks = max_blocks;
-  return cudaSuccess;
 }
 
 // One all-reduce (sum) of nbytes (a multiple of 16). stage != 0 copies `in` into the staging

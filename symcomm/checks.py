@@ -16,9 +16,10 @@ import torch
 
 from ._nccl import DTYPES
 from .backends.base import OPS, Call
+from .backends.custom import ALGO_CODES
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
-_ALGOS = ("nccl", "nccl-symm", "torch", "custom-flagfree", "custom-oneshot", "custom-twoshot")
+_ALGOS = ("nccl", "nccl-symm", "torch", *ALGO_CODES)
 # Codes for the signature only: every dtype NCCL knows, then bool.
 _DTYPES = {d: i for i, d in enumerate([*DTYPES, torch.bool])}
 

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _native, validate
+from .backends.base import raw_stream
 from .errors import ArgumentError, CudaError, DtypeError, SymcommError
 
 BLOCK = 16
@@ -51,7 +52,6 @@ _E2M1_ROUNDING = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5
                   (5.0, False))
 _FLT_MAX = torch.finfo(torch.float32).max
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # csrc/fp4.cu's Dtype
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 GlobalScale = float | torch.Tensor
 
@@ -286,8 +286,8 @@ def _check_rc(lib: ctypes.CDLL, what: str, rc: int) -> None:
 
 
 def _stream(device: torch.device) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
+    if raw_stream is not None:
+        return raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 

@@ -6,6 +6,10 @@ from typing import Protocol
 
 import torch
 
+# The current cudaStream_t as an int, without building a torch.cuda.Stream (about 1 us saved per
+# eager call). Absent from CPU builds, where nothing that launches GPU work is constructed.
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
 OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
 SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 

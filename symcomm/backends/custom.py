@@ -22,7 +22,7 @@ import torch
 from .. import _native
 from ..errors import CudaError
 from ..pool import GRANULE_SHIFT
-from .base import Call
+from .base import Call, raw_stream
 
 _c = ctypes
 FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twoshot"
@@ -51,14 +51,11 @@ _SIGNATURES = {
     "symcomm_ar_export_region": ([_c.c_void_p, _c.c_void_p, _c.POINTER(_c.c_int)], _c.c_int),
     "symcomm_ar_import_region": ([_c.c_void_p, _c.c_int, _c.c_size_t, _c.POINTER(_c.c_void_p)], _c.c_int),
     "symcomm_ar_set_slot_ptrs": ([_c.c_void_p, _c.c_int, _c.POINTER(_c.c_uint64)], _c.c_int),
-    "symcomm_ar_set_max_blocks": ([_c.c_void_p, _c.c_int], _c.c_int),
     "symcomm_ar_run": ([_c.c_void_p, _c.c_int, _c.c_int, _c.c_void_p, _c.c_int, _c.c_uint64, _c.c_void_p,
                         _c.c_uint64, _c.c_int, _c.c_void_p], _c.c_int),
     "symcomm_ar_destroy": ([_c.c_void_p], _c.c_int),
     "symcomm_cuda_error_string": ([_c.c_int], _c.c_char_p),
 }
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 Exchange = Callable[[list[int]], list[list[int]]]
 
@@ -140,7 +137,7 @@ class CustomAllReduce:
     def run(self, algo: int, call: Call, stage: int, slot: int, offset: int = 0) -> None:
         x = call.inputs[0]
         code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, offset,
-                                       call.out_ptrs[0], call.nbytes, stage, _raw_stream(self.device_index))
+                                       call.out_ptrs[0], call.nbytes, stage, raw_stream(self.device_index))
         if code:
             self.check("custom all-reduce launch", code)
 
