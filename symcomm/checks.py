@@ -36,8 +36,10 @@ def signature(call: Call, algo: str, world_size: int,
     design, so it is recorded as the output's offset; likewise a reduce-scatter's output that
     is a slice of its input.
     """
-    values = [OPS.index(call.op), _ALGOS.index(algo), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs)]
-    names = ["op", "path", "dtype", "number of tensors"]
+    # Causes before symptoms: the path follows from the op, dtype, size and alignment, so a
+    # size mismatch is reported as one, not as the path disagreement it also causes.
+    values = [OPS.index(call.op), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs)]
+    names = ["op", "dtype", "number of tensors"]
     # sizes before the byte count: a disagreement there is the cause, the byte count the symptom
     values += call.sizes if call.sizes is not None else [-1] * world_size
     names += [f"sizes[{r}]" for r in range(world_size)]
@@ -48,6 +50,8 @@ def signature(call: Call, algo: str, world_size: int,
     # Other ops: in-place gathers and scatters sit at rank-dependent offsets by design.
     values.append((call.in_ptrs[0] | call.out_ptrs[0]) & 15 if call.op == "all_reduce" else 0)
     names.append("16-byte misalignment of the all_reduce input/output")
+    values.append(_ALGOS.index(algo))
+    names.append("path")
     many = len(call.inputs) > 1
     gathers = call.op in ("all_gather", "all_gatherv")
     for i in range(MAX_CHECKED_TENSORS):
