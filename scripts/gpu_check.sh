@@ -10,7 +10,9 @@
 #   Every step has its own timeout and re-packs $OUT/partial.tgz, so what finished comes back
 #   even if the call is cut off.
 #   Narrower runs: TESTS (pytest paths, default tests/gpu), BENCH_OPS (default all_reduce
-#   all_gather reduce_scatter), BENCH_MAX (largest size, default 256M), WORLDS (default "2 4").
+#   all_gather reduce_scatter), BENCH_MAX (largest size, default 256M), WORLDS (default "2 4"),
+#   TEST_TIMEOUT (seconds per world's test run, default 420), ROUNDS (-R of tune and the sweeps,
+#   default 3).
 #
 # Writes logs and JSON under $OUT (default ./out), packed as logs.tgz and results.tgz so the
 # device tool's few-files limit holds, and prints a short summary last. A GPU test that skips
@@ -79,15 +81,18 @@ eager() {  # eager WORLD: host cost of a 1 KiB all_reduce against raw ctypes NCC
   note "  $(tail -1 "$OUT/results/eager_w$1.txt")"
 }
 
+# Interleaved rounds per size, median reported: single samples of one kernel varied by up to
+# 35% between cells of one sweep (bench/NOTES.md, session 3).
+ROUNDS=${ROUNDS:-3}
 GPU_SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z_')
 sweep() {  # sweep WORLD: tune, then every op with the tuned table (so `auto` is measured with it)
   local world=$1 table="$OUT/results/${GPU_SLUG}_w$1.json" tuned=()
   if ((world > NGPU)); then note "sweep_w$world: NOT RUN ($NGPU GPUs)"; return; fi
-  step "tune_w$world" 120 torchrun --nproc-per-node="$world" -m symcomm.bench tune -n 20 -w 5 -G 10 -o "$table"
+  step "tune_w$world" 240 torchrun --nproc-per-node="$world" -m symcomm.bench tune -n 20 -w 5 -G 10 -R "$ROUNDS" -o "$table"
   [[ -f $table ]] && tuned=(env SYMCOMM_TUNING_FILE="$table")
   for op in ${BENCH_OPS:-all_reduce all_gather reduce_scatter}; do
-    step "${op}_w$world" 60 "${tuned[@]}" torchrun --nproc-per-node="$world" -m symcomm.bench "$op" \
-      -b 1K -e "${BENCH_MAX:-256M}" -f 4 -n 20 -w 5 -G 10 --algo all --json "$OUT/results/${op}_w$world.json"
+    step "${op}_w$world" 150 "${tuned[@]}" torchrun --nproc-per-node="$world" -m symcomm.bench "$op" \
+      -b 1K -e "${BENCH_MAX:-256M}" -f 4 -n 20 -w 5 -G 10 -R "$ROUNDS" --algo all --json "$OUT/results/${op}_w$world.json"
   done
 }
 
@@ -101,7 +106,7 @@ if [[ $MODE == release ]]; then  # most important first: later steps are skipped
   gpu_tests 2 stall 200 "tests/gpu/test_custom_ar.py -k missing_peer"
 fi
 if [[ $MODE == all || $MODE == tests || $MODE == quick ]]; then
-  for world in ${WORLDS:-2 4}; do gpu_tests "$world" gpu 420 "${TESTS:-tests/gpu}"; done
+  for world in ${WORLDS:-2 4}; do gpu_tests "$world" gpu "${TEST_TIMEOUT:-420}" "${TESTS:-tests/gpu}"; done
 fi
 if [[ $MODE == quick || $MODE == all || $MODE == bench ]]; then
   run_membership

@@ -119,6 +119,7 @@ def test_bad_input_exits_2_with_one_line():
 @pytest.mark.parametrize("args,needle", [
     (["all_reduce", "-b", "1X"], "-b/--minbytes"),
     (["all_reduce", "-n", "0"], "iters"),
+    (["all_reduce", "-R", "0"], "-R/--rounds"),
     (["all_reduce", "-d", "float7"], "datatype"),
     (["all_reduce", "-d", "int32", "-o", "avg"], "floating-point"),
     (["all_reduce", "--device", "cpu", "-G", "4"], "--cudagraph"),
@@ -219,6 +220,28 @@ def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path):
     assert "# torch refused some calls (N/A above), first: torch at 1024 B out-of-place" in text
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 8 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
+
+
+def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tmp_path, monkeypatch):
+    """-R 3: three interleaved passes over (torch, auto) x (out of place, in place); the middle
+    pass is a slow spell, and the median drops it for every cell. Results are checked once."""
+    from symcomm.bench import runner
+
+    passes = [[5.0, 6.0, 7.0, 8.0], [500.0, 600.0, 700.0, 800.0], [4.0, 5.0, 6.0, 7.0]]
+    samples = iter(t for one_pass in passes for t in one_pass)
+    monkeypatch.setattr(runner.Timer, "measure", lambda self, call: next(samples))
+    checked = []
+    real_check = runner.Runner._check
+    monkeypatch.setattr(runner.Runner, "_check", lambda self, case: checked.append(1) or real_check(self, case))
+    out = tmp_path / "rounds.json"
+    assert cli.main(["all_reduce", "--device", "cpu", "--algo", "all", "-b", "1K", "-e", "1K", "-n", "1",
+                     "-w", "0", "-R", "3", "--json", str(out)]) == 0
+    assert "median of 3 rounds" in capsys.readouterr().out
+    payload = json.loads(out.read_text())
+    times = {(r["algo"], r["inplace"]): r["time_us"] for r in payload["rows"]}
+    assert times == {("torch", False): 5.0, ("torch", True): 6.0, ("auto", False): 7.0, ("auto", True): 8.0}
+    assert payload["rounds"] == 3 and len(checked) == 4
+    assert next(samples, None) is None  # exactly three passes
 
 
 def test_missing_matplotlib_is_one_line_before_any_rank_starts(capsys, no_launcher_env, monkeypatch):

@@ -41,6 +41,9 @@ def _common(p: argparse.ArgumentParser, minbytes: str, maxbytes: str, graph_defa
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
     p.add_argument("-G", "--cudagraph", type=int, default=None,
                    help=f"CUDA-graph replays of the n captured ops ({graph_default})")
+    p.add_argument("-R", "--rounds", type=int, default=1,
+                   help="measure every path this many times per size, the paths interleaved, and "
+                        "report each one's median (default 1, as nccl-tests)")
     p.add_argument("-g", "--ngpus", type=int, default=None, help="local processes to start (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda if available")
     p.add_argument("--seed", type=int, default=0, help="seed of the check data (default 0)")
@@ -96,6 +99,8 @@ def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype
         raise BenchError(f"-f/--stepfactor must be at least 2 (got {args.stepfactor})")
     if args.iters < 1:
         raise BenchError(f"-n/--iters must be at least 1 (got {args.iters})")
+    if args.rounds < 1:
+        raise BenchError(f"-R/--rounds must be at least 1 (got {args.rounds})")
     if args.warmup_iters < 0 or (args.cudagraph or 0) < 0:
         raise BenchError("-w/--warmup_iters and -G/--cudagraph cannot be negative")
     if args.cudagraph and device != "cuda":
@@ -112,7 +117,7 @@ def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype
     return dict(op=op, sizes=sweep(minbytes, maxbytes, args.stepfactor), minbytes=minbytes,
                 maxbytes=maxbytes, stepfactor=args.stepfactor, iters=args.iters,
                 warmup=args.warmup_iters, check=bool(args.check), datatype=datatype, redop=redop,
-                device=device, seed=args.seed, corrupt_rank=corrupt_rank)
+                device=device, seed=args.seed, corrupt_rank=corrupt_rank, rounds=args.rounds)
 
 
 def build_config(args: argparse.Namespace, device: str, command: str = "") -> BenchConfig:

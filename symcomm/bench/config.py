@@ -70,6 +70,7 @@ class BenchConfig:
     corrupt_rank: int | None = None
     notes: list[str] = field(default_factory=list)
     plot_path: str | None = None
+    rounds: int = 1          # -R: interleaved passes over the paths; the median time is reported
     with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
     command: str = ""        # the command line, for records (tuning files)
 

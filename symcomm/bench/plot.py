@@ -114,7 +114,7 @@ def from_json(payload: dict) -> tuple[RunInfo, list[SizeRow], list[str]]:
                    warmup=payload["warmup_iters"], iters=payload["iters"], check=True,
                    graph=payload["graph_replays"], device=payload["device"],
                    device_name=payload["device_name"], backend="", torch_version=payload["torch"],
-                   nccl_version=payload["nccl"])
+                   nccl_version=payload["nccl"], rounds=payload.get("rounds", 1))
     return info, rows, algos
 
 

@@ -78,6 +78,7 @@ class RunInfo:
     notes: list[str] = field(default_factory=list)
     devices: list[DeviceInfo] = field(default_factory=list)
     version: str = "unknown"  # symcomm.__version__
+    rounds: int = 1           # interleaved passes; each time is the median over them
 
 
 def format_time(time_us: float) -> str:
@@ -210,6 +211,7 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str) -> dict:
         "graph_replays": info.graph,
         "iters": info.iters,
         "warmup_iters": info.warmup,
+        "rounds": info.rounds,
         "rows": flat,
     }
 

@@ -4,11 +4,12 @@ Expects torch.distributed to be initialised already (the CLI does that).
 """
 from __future__ import annotations
 
-import math
 import dataclasses
 import json
+import math
 import os
 import socket
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -273,6 +274,8 @@ class Runner:
         else:
             timing = (f"Timing: {cfg.iters} eager ops after a barrier, perf_counter, "
                       f"averaged over ranks")
+        if cfg.rounds > 1:
+            timing += f"; median of {cfg.rounds} rounds, the paths interleaved"
         notes = [*self.notes, timing]
         if cfg.check:
             notes.append(f"Check: seeded random data (seed {cfg.seed}) against a float64 "
@@ -287,7 +290,7 @@ class Runner:
         return report.RunInfo(
             op=op, world=self.world, type_name=cfg.type_name, redop=table_redop(op, cfg.redop),
             minbytes=cfg.minbytes, maxbytes=cfg.maxbytes, stepfactor=cfg.stepfactor,
-            warmup=cfg.warmup, iters=cfg.iters, check=cfg.check,
+            warmup=cfg.warmup, iters=cfg.iters, check=cfg.check, rounds=cfg.rounds,
             graph=cfg.graph if cuda else 0, device=self.device.type,
             device_name=devices[0].name, backend=dist.get_backend(),
             torch_version=torch.__version__, nccl_version=_nccl_version(self.comm),
@@ -326,28 +329,38 @@ class Runner:
         else:
             cases = self._cases(lay, gen)
         stats = torch.zeros(len(self.algos), 4, dtype=torch.float64)
-        for i, algo in enumerate(self.algos):
-            for j, inplace in enumerate((False, True)):
-                where = f"{algo} at {lay.nbytes} B {'in-place' if inplace else 'out-of-place'}"
-                case = cases(algo, inplace)
-                if case is None:  # the variant has no such column
-                    stats[i, 2 * j] = math.nan
-                    continue
-                case.load()
-                try:
-                    stats[i, 2 * j] = self.timer.measure(case.call)
-                    if case.count is not None:
-                        stats[i, 2 * j + 1] = self._check(case)
-                except self._refusal as exc:
-                    # symcomm refuses a call before any communication, on every rank alike,
-                    # so the sweep can go on without this path at this size.
-                    if len(self.algos) == 1:
-                        raise BenchError(f"{where}: {exc}") from exc
-                    stats[i, 2 * j] = math.nan
-                    self.refused.setdefault(algo, f"{where}: {exc}")
-                except Exception as exc:
-                    raise RuntimeError(f"{where}: {type(exc).__name__}: {exc}") from exc
-            progress.advance(f"{op} {lay.nbytes} B {algo}")
+        # Rounds pass over every path in turn, so a slow spell of the machine (a host hiccup
+        # delaying a replay) lands on one sample of each path rather than on all of one path;
+        # the median then drops it. Results are checked in the first round only.
+        samples: list[list[list[float]]] = [[[], []] for _ in self.algos]
+        for round_ in range(cfg.rounds):
+            last = round_ == cfg.rounds - 1
+            for i, algo in enumerate(self.algos):
+                for j, inplace in enumerate((False, True)):
+                    if math.isnan(stats[i, 2 * j]):  # absent or refused: the same every round
+                        continue
+                    where = f"{algo} at {lay.nbytes} B {'in-place' if inplace else 'out-of-place'}"
+                    case = cases(algo, inplace)
+                    if case is None:  # the variant has no such column
+                        stats[i, 2 * j] = math.nan
+                        continue
+                    case.load()
+                    try:
+                        samples[i][j].append(self.timer.measure(case.call))
+                        if round_ == 0 and case.count is not None:
+                            stats[i, 2 * j + 1] = self._check(case)
+                    except self._refusal as exc:
+                        # symcomm refuses a call before any communication, on every rank alike,
+                        # so the sweep can go on without this path at this size.
+                        if len(self.algos) == 1:
+                            raise BenchError(f"{where}: {exc}") from exc
+                        stats[i, 2 * j] = math.nan
+                        self.refused.setdefault(algo, f"{where}: {exc}")
+                    except Exception as exc:
+                        raise RuntimeError(f"{where}: {type(exc).__name__}: {exc}") from exc
+                    if last and not math.isnan(stats[i, 2 * j]):
+                        stats[i, 2 * j] = statistics.median(samples[i][j])
+                progress.advance(f"{op} {lay.nbytes} B {algo}")
 
         stats = stats.to(self.stats_device)
         dist.all_reduce(stats)
@@ -465,7 +478,7 @@ def run(cfg: BenchConfig, comm) -> int:
     if streaming:
         emit(report.block_header(runner.algos[0]))
     show_bar = bar_enabled(emit.lead, streaming and emit.out.isatty())
-    with report.Progress(len(cfg.sizes) * len(runner.algos), show_bar) as progress:
+    with report.Progress(len(cfg.sizes) * len(runner.algos) * cfg.rounds, show_bar) as progress:
         on_size = (lambda size_rows: emit([report.format_row(r, info) for r in size_rows])) \
             if streaming else None
         rows = sweep(runner, cfg.op, progress, on_size)

@@ -108,7 +108,8 @@ def payload(cfg: TuneConfig, info: report.RunInfo, gpu: str, rules: dict[str, li
         "date": date,
         "command": cfg.command,
         "dtype": info.type_name,
-        "timing": {"iters": cfg.iters, "warmup_iters": cfg.warmup, "graph_replays": info.graph},
+        "timing": {"iters": cfg.iters, "warmup_iters": cfg.warmup, "graph_replays": info.graph,
+                   "rounds": cfg.rounds},
         "rules": rules,
         "sizes": list(cfg.sizes),
         "times_us": times,
@@ -152,7 +153,7 @@ def run(cfg: TuneConfig, comm) -> int:
     times: dict[str, Times] = {}
     wrong: dict[str, dict[str, list[int]]] = {}
     status = 0
-    total = len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos)
+    total = len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos) * cfg.rounds
     with report.Progress(total, bar_enabled(emit.lead, False)) as progress:
         for op in TUNE_OPS:
             info = dataclasses.replace(base, op=op, redop=table_redop(op, cfg.redop))
