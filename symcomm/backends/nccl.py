@@ -16,6 +16,14 @@ from ..pool import GRANULE_SHIFT
 from .base import SCATTERING_OPS, Call, raw_stream, runner_table
 
 
+# Uneven all_gatherv schedule, by the gathered bytes (all tensors of the call). Same-run
+# measurement (bench/gatherv_variants.py, 2026-11-22, H200, NCCL 2.28.9): a group of sends and
+# receives beat a group of one broadcast per root by 1.35x/2.0x/1.6x/1.06x at 1/4/16/64 MiB at
+# world 4, and 2.0x/1.6x/1.3x/1.02x at world 2. Above 64 MiB only a cross-run comparison
+# exists (bench/fp4_gather.py's bf16 gather: 128 MiB 465 vs 415 us, 256 MiB 941 vs 745 us with
+# send/recv vs broadcasts), so broadcasts keep the sizes where send/recv was not shown to win.
+SENDRECV_GATHERV_MAX_BYTES = 64 << 20
+
 
 class NcclBackend:
     def __init__(self, name: str, nccl: Library, comm: int, rank: int, device: torch.device,
@@ -100,27 +108,59 @@ class NcclBackend:
             REDUCE_OPS[call.redop], self.comm, stream))
 
     def _all_gatherv(self, call: Call, stream: int) -> None:
-        sizes, lib, comm = call.sizes, self._lib, self.comm
-        even = call.even
-        self._check("ncclGroupStart", lib.ncclGroupStart())
+        if call.even:
+            self._grouped(call, lambda x, out, src, base: self._check(
+                "ncclAllGather", self._lib.ncclAllGather(src, base, x.nbytes, UINT8, self.comm, stream)))
+        elif call.nbytes <= SENDRECV_GATHERV_MAX_BYTES:
+            self._copy_own_rows(call)
+            self._grouped(call, lambda x, out, src, base: self._send_recv_rows(call.sizes, out, src, base, stream))
+        else:
+            self._grouped(call, lambda x, out, src, base: self._broadcast_rows(call.sizes, out, src, base, stream))
+
+    def _grouped(self, call: Call, enqueue) -> None:
+        """enqueue(x, out, src_ptr, out_ptr) for each tensor pair, all in one NCCL group."""
+        self._check("ncclGroupStart", self._lib.ncclGroupStart())
         try:
-            for x, out, src, base in zip(call.inputs, call.outputs, call.in_ptrs, call.out_ptrs):
-                if even:
-                    self._check("ncclAllGather", lib.ncclAllGather(src, base, x.nbytes, UINT8, comm, stream))
-                    continue
-                # One broadcast per root into its slice of the output; every rank knows the
-                # sizes, so every rank skips the same empty roots.
-                row_bytes = out.nbytes // out.shape[0]  # out has sum(sizes) > 0 rows here
-                offset = 0
-                for root, rows in enumerate(sizes):
-                    if rows:
-                        dst = base + offset
-                        code = lib.ncclBroadcast(src if root == self._rank else dst, dst, rows * row_bytes,
-                                                 UINT8, root, comm, stream)
-                        self._check("ncclBroadcast", code)
-                    offset += rows * row_bytes
+            for pair in zip(call.inputs, call.outputs, call.in_ptrs, call.out_ptrs):
+                enqueue(*pair)
         finally:
-            self._check("ncclGroupEnd", lib.ncclGroupEnd())
+            self._check("ncclGroupEnd", self._lib.ncclGroupEnd())
+
+    def _copy_own_rows(self, call: Call) -> None:
+        # Sends and receives move only the peers' rows; this rank's own rows are a local copy,
+        # on the same stream before the group, and none when the input already sits in place.
+        me, sizes = self._rank, call.sizes
+        for x, out, src, base in zip(call.inputs, call.outputs, call.in_ptrs, call.out_ptrs):
+            start = sum(sizes[:me])
+            row_bytes = out.nbytes // out.shape[0]  # out has sum(sizes) > 0 rows here
+            if sizes[me] and src != base + start * row_bytes:
+                out.narrow(0, start, sizes[me]).copy_(x)
+
+    def _send_recv_rows(self, sizes: list[int], out: torch.Tensor, src: int, base: int, stream: int) -> None:
+        # Every rank knows the sizes, so both ends of a pair skip an empty slice alike.
+        me, lib, comm = self._rank, self._lib, self.comm
+        row_bytes = out.nbytes // out.shape[0]
+        offset = 0
+        for peer, rows in enumerate(sizes):
+            if peer != me:
+                if sizes[me]:
+                    self._check("ncclSend", lib.ncclSend(src, sizes[me] * row_bytes, UINT8, peer, comm, stream))
+                if rows:
+                    self._check("ncclRecv", lib.ncclRecv(base + offset, rows * row_bytes, UINT8, peer, comm, stream))
+            offset += rows * row_bytes
+
+    def _broadcast_rows(self, sizes: list[int], out: torch.Tensor, src: int, base: int, stream: int) -> None:
+        # One broadcast per root into its slice of the output; every rank skips the same empty
+        # roots. The root's broadcast also copies its own rows into place.
+        me, lib, comm = self._rank, self._lib, self.comm
+        row_bytes = out.nbytes // out.shape[0]
+        offset = 0
+        for root, rows in enumerate(sizes):
+            if rows:
+                dst = base + offset
+                self._check("ncclBroadcast", lib.ncclBroadcast(src if root == me else dst, dst, rows * row_bytes,
+                                                               UINT8, root, comm, stream))
+            offset += rows * row_bytes
 
     def _reduce_scatterv(self, call: Call, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
