@@ -112,8 +112,7 @@ class NcclBackend:
             self._grouped(call, lambda x, out, src, base: self._check(
                 "ncclAllGather", self._lib.ncclAllGather(src, base, x.nbytes, UINT8, self.comm, stream)))
         elif call.nbytes <= SENDRECV_GATHERV_MAX_BYTES:
-            self._copy_own_rows(call)
-            self._grouped(call, lambda x, out, src, base: self._send_recv_rows(call.sizes, out, src, base, stream))
+            self._grouped(call, lambda x, out, src, base: self._send_recv_rows(call.sizes, x, out, src, base, stream))
         else:
             self._grouped(call, lambda x, out, src, base: self._broadcast_rows(call.sizes, out, src, base, stream))
 
@@ -126,28 +125,25 @@ class NcclBackend:
         finally:
             self._check("ncclGroupEnd", self._lib.ncclGroupEnd())
 
-    def _copy_own_rows(self, call: Call) -> None:
-        # Sends and receives move only the peers' rows; this rank's own rows are a local copy,
-        # on the same stream before the group, and none when the input already sits in place.
-        me, sizes = self._rank, call.sizes
-        for x, out, src, base in zip(call.inputs, call.outputs, call.in_ptrs, call.out_ptrs):
-            start = sum(sizes[:me])
-            row_bytes = out.nbytes // out.shape[0]  # out has sum(sizes) > 0 rows here
-            if sizes[me] and src != base + start * row_bytes:
-                out.narrow(0, start, sizes[me]).copy_(x)
-
-    def _send_recv_rows(self, sizes: list[int], out: torch.Tensor, src: int, base: int, stream: int) -> None:
-        # Every rank knows the sizes, so both ends of a pair skip an empty slice alike.
+    def _send_recv_rows(self, sizes: list[int], x: torch.Tensor, out: torch.Tensor, src: int, base: int,
+                        stream: int) -> None:
+        # Every rank knows the sizes, so both ends of a pair skip an empty slice alike. This
+        # rank's own rows are a local copy (enqueued on the stream now, so it runs before the
+        # group's kernels), and none when the input already sits in place.
         me, lib, comm = self._rank, self._lib, self.comm
-        row_bytes = out.nbytes // out.shape[0]
-        offset = 0
+        row_bytes = out.nbytes // out.shape[0]  # out has sum(sizes) > 0 rows here
+        start = 0
         for peer, rows in enumerate(sizes):
-            if peer != me:
+            if peer == me:
+                if rows and src != base + start * row_bytes:
+                    out.narrow(0, start, rows).copy_(x)
+            else:
                 if sizes[me]:
                     self._check("ncclSend", lib.ncclSend(src, sizes[me] * row_bytes, UINT8, peer, comm, stream))
                 if rows:
-                    self._check("ncclRecv", lib.ncclRecv(base + offset, rows * row_bytes, UINT8, peer, comm, stream))
-            offset += rows * row_bytes
+                    self._check("ncclRecv", lib.ncclRecv(base + start * row_bytes, rows * row_bytes, UINT8, peer,
+                                                         comm, stream))
+            start += rows
 
     def _broadcast_rows(self, sizes: list[int], out: torch.Tensor, src: int, base: int, stream: int) -> None:
         # One broadcast per root into its slice of the output; every rank skips the same empty

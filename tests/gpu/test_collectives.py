@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 import symcomm
+from symcomm.backends import nccl as nccl_backend
 from _data import DTYPES, all_inputs, assert_reduced, rank_input
 
 PATHS = ("nccl", "nccl-symm", "auto")
@@ -124,8 +125,11 @@ SIZE_PATTERNS = {
 GATHERV_CASES = [(p, False) for p in SIZE_PATTERNS] + [("equal", True), ("all_zero", True)]
 
 
+@pytest.mark.parametrize("schedule", ("send/recv", "broadcast"))
 @pytest.mark.parametrize(("pattern", "symmetric"), GATHERV_CASES)
-def test_all_gatherv_several_tensors(comm, pattern, symmetric):
+def test_all_gatherv_several_tensors(comm, pattern, symmetric, schedule, monkeypatch):
+    if schedule == "broadcast":  # the uneven schedule of gathers over 64 MiB, at any size here
+        monkeypatch.setattr(nccl_backend, "SENDRECV_GATHERV_MAX_BYTES", -1)
     w, rank = comm.world_size, comm.rank
     sizes = SIZE_PATTERNS[pattern](w)
     specs = [((64,), torch.uint8), ((4,), torch.float8_e4m3fn), ((8,), torch.int32), ((8,), torch.float32),
