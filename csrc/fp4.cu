@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #define HD __host__ __device__ __forceinline__
 
@@ -269,6 +270,17 @@ dim3 grid_for(int64_t blocks) {
   return dim3(static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid));
 }
 
+// Calls launch(layout, vec) with both flags as compile-time constants (std::integral_constant),
+// so each kernel variant is chosen once here instead of in a 2x2 if-ladder per launcher.
+template <typename Launch>
+cudaError_t with_flags(bool layout, bool vec, Launch launch) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (layout) vec ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
+  else vec ? launch(No{}, Yes{}) : launch(No{}, No{});
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, float gs_value, void* packed,
                             void* scales, bool swizzle, cudaStream_t stream) {
@@ -279,14 +291,10 @@ cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, 
   // mid-row of a larger buffer may not be, and take the scalar path instead of faulting.
   const bool vec = aligned(x, 16) && aligned(packed, 8);
   const dim3 grid = grid_for(s.blocks), block(kThreads);
-  if (swizzle) {
-    if (vec) quantize_kernel<T, true, true><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
-    else quantize_kernel<T, true, false><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
-  } else {
-    if (vec) quantize_kernel<T, false, true><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
-    else quantize_kernel<T, false, false><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr, gs_value, s);
-  }
-  return cudaGetLastError();
+  return with_flags(swizzle, vec, [&](auto swz, auto vec_) {
+    quantize_kernel<T, decltype(swz)::value, decltype(vec_)::value><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr,
+                                                                                               gs_value, s);
+  });
 }
 
 template <typename T>
@@ -297,14 +305,10 @@ cudaError_t launch_dequantize(const void* packed, const void* scales, const Shap
   T* o = static_cast<T*>(out);
   const bool vec = aligned(packed, 8) && aligned(out, 16);
   const dim3 grid = grid_for(s.blocks), block(kThreads);
-  if (swizzled) {
-    if (vec) dequantize_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
-    else dequantize_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
-  } else {
-    if (vec) dequantize_kernel<T, false, true><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
-    else dequantize_kernel<T, false, false><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr, gs_value, s);
-  }
-  return cudaGetLastError();
+  return with_flags(swizzled, vec, [&](auto swz, auto vec_) {
+    dequantize_kernel<T, decltype(swz)::value, decltype(vec_)::value><<<grid, block, 0, stream>>>(p, sc, o, gs_ptr,
+                                                                                                 gs_value, s);
+  });
 }
 
 // ------------------------------------------------------------------------- host reference run
