@@ -23,7 +23,9 @@
 // as a CUDA error instead of a hang.
 //
 // Plain C ABI, no libtorch: every entry point takes raw pointers and a cudaStream_t and
-// returns a cudaError_t.
+// returns a cudaError_t (csrc/symcomm.h declares them).
+#include "symcomm.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -49,14 +51,14 @@ constexpr int kGridBlocks = 36;
 constexpr int kFlagFreeBlocks = 32;
 static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeBlocks <= kMaxBlocks, "one barrier slot per block");
 constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
+static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size");
 // A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
 // float it is a NaN (fp32, and both halves as fp16/bf16), so real data only meets it as a NaN,
 // which the writer swaps for another NaN (kNotSentinel) before sending.
 constexpr uint32_t kSentinel = 0xFFFFFFFFu;
 constexpr uint32_t kNotSentinel = 0x7FFF7FFFu;
 
-enum Algo : int { kFlagFree = 0, kOneShot = 1, kTwoShot = 2 };
-enum Dtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+constexpr int kFlagFree = SYMCOMM_AR_FLAGFREE, kOneShot = SYMCOMM_AR_ONESHOT, kTwoShot = SYMCOMM_AR_TWOSHOT;
 
 struct Signal {
   uint32_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
@@ -516,18 +518,24 @@ cudaError_t use_device(int device) {
 
 }  // namespace
 
+// The opaque handle of symcomm.h; wrapping keeps Context itself internal to this file.
+struct symcomm_ar_ctx {
+  Context impl;
+};
+
 extern "C" {
 
 // Allocates this rank's buffer (signals, staging, scratch, flag-free receive buffers) and the
 // slot table. Not collective; symcomm_ar_open is.
 int symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, size_t flagfree_bytes, int max_slots,
-                      double timeout_s, void** out) {
+                      double timeout_s, symcomm_ar_t* out) {
   if (world < 2 || world > kMaxRanks || world % 2 || rank < 0 || rank >= world || staging_bytes % 16 || flagfree_bytes % 16 ||
       max_slots < 1 || timeout_s <= 0)
     return cudaErrorInvalidValue;
   cudaError_t err = use_device(device);
   if (err != cudaSuccess) return err;
-  Context* c = new Context();
+  symcomm_ar_t handle = new symcomm_ar_ctx();
+  Context* c = &handle->impl;
   c->rank = rank, c->world = world, c->device = device;
   c->staging_bytes = staging_bytes, c->flagfree_bytes = flagfree_bytes, c->max_slots = max_slots;
   c->timeout_ns = uint64_t(timeout_s * 1e9);
@@ -542,17 +550,17 @@ int symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, siz
   c->slots = static_cast<Peers*>(p);
   if ((err = cudaMemset(c->slots, 0, sizeof(Peers) * size_t(max_slots))) != cudaSuccess) goto fail;
   if ((err = cudaDeviceSynchronize()) != cudaSuccess) goto fail;
-  *out = c;
+  *out = handle;
   return cudaSuccess;
 fail:
   if (c->base) cudaFree(c->base);
   if (c->slots) cudaFree(c->slots);
-  delete c;
+  delete handle;
   return err;
 }
 
-int symcomm_ar_handle(void* ctx, void* handle_out) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_handle(symcomm_ar_t ctx, char* handle_out) {
+  Context* c = &ctx->impl;
   cudaIpcMemHandle_t h;
   cudaError_t err = cudaIpcGetMemHandle(&h, c->base);
   if (err == cudaSuccess) std::memcpy(handle_out, &h, kHandleBytes);
@@ -560,13 +568,13 @@ int symcomm_ar_handle(void* ctx, void* handle_out) {
 }
 
 // handles: world x 64 bytes, every rank's symcomm_ar_handle in rank order.
-int symcomm_ar_open(void* ctx, const void* handles) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_open(symcomm_ar_t ctx, const char* handles) {
+  Context* c = &ctx->impl;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
   for (int r = 0; r < c->world; ++r) {
     char* b = c->base;
-    if (r != c->rank && (err = open_handle(c, static_cast<const char*>(handles) + r * kHandleBytes, &b)) != cudaSuccess)
+    if (r != c->rank && (err = open_handle(c, handles + r * kHandleBytes, &b)) != cudaSuccess)
       return err;
     c->bases.ptr[r] = b;
     c->signals.ptr[r] = b;
@@ -578,8 +586,8 @@ int symcomm_ar_open(void* ctx, const void* handles) {
   return cudaMemcpy(c->slots, &staging, sizeof(Peers), cudaMemcpyHostToDevice);
 }
 
-int symcomm_ar_probe_write(void* ctx, uint32_t token) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token) {
+  Context* c = &ctx->impl;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
   probe_write<<<1, 32>>>(c->signals, c->rank, c->world, token);
@@ -588,8 +596,8 @@ int symcomm_ar_probe_write(void* ctx, uint32_t token) {
 }
 
 // got: 2 x 8 words: [what peer p wrote here] then [what peer p wrote into its own probe].
-int symcomm_ar_probe_read(void* ctx, uint32_t* got) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_probe_read(symcomm_ar_t ctx, uint32_t* got) {
+  Context* c = &ctx->impl;
   uint32_t* d = nullptr;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
@@ -603,8 +611,8 @@ int symcomm_ar_probe_read(void* ctx, uint32_t* got) {
 }
 
 // The IPC handle of the allocation holding ptr, and ptr's offset in it (for graph buffers).
-int symcomm_ar_buffer_handle(void* ctx, const void* ptr, void* handle_out, uint64_t* offset_out) {
-  cudaError_t err = use_device(static_cast<Context*>(ctx)->device);  // not device 0's context
+int symcomm_ar_buffer_handle(symcomm_ar_t ctx, const void* ptr, char* handle_out, uint64_t* offset_out) {
+  cudaError_t err = use_device(ctx->impl.device);  // not device 0's context
   if (err != cudaSuccess) return err;
   uintptr_t base = 0;
   err = allocation_base(ptr, &base);
@@ -618,8 +626,9 @@ int symcomm_ar_buffer_handle(void* ctx, const void* ptr, void* handle_out, uint6
 
 // Fills slot `slot` with every rank's pointer to one buffer: peers' from their handles and
 // offsets, this rank's own as given.
-int symcomm_ar_set_slot(void* ctx, int slot, const void* handles, const uint64_t* offsets, const void* own) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_set_slot(symcomm_ar_t ctx, int slot, const char* handles, const uint64_t* offsets,
+                        const void* own) {
+  Context* c = &ctx->impl;
   if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
   cudaError_t dev_err = use_device(c->device);  // IPC handles open on the current device
   if (dev_err != cudaSuccess) return dev_err;
@@ -630,7 +639,7 @@ int symcomm_ar_set_slot(void* ctx, int slot, const void* handles, const uint64_t
       continue;
     }
     char* b = nullptr;
-    cudaError_t err = open_handle(c, static_cast<const char*>(handles) + r * kHandleBytes, &b);
+    cudaError_t err = open_handle(c, handles + r * kHandleBytes, &b);
     if (err != cudaSuccess) return err;
     p.ptr[r] = b + offsets[r];
   }
@@ -640,9 +649,9 @@ int symcomm_ar_set_slot(void* ctx, int slot, const void* handles, const uint64_t
 // A POSIX file descriptor for the cuMem allocation at base (symmetric-pool regions come from
 // ncclMemAlloc, which is cuMem memory: CUDA IPC handles do not cover it). The caller passes it
 // to peers over a Unix socket and closes it.
-int symcomm_ar_export_region(void* ctx, const void* base, int* fd_out) {
+int symcomm_ar_export_region(symcomm_ar_t ctx, const void* base, int* fd_out) {
   Driver* d = nullptr;
-  cudaError_t err = use_device(static_cast<Context*>(ctx)->device);
+  cudaError_t err = use_device(ctx->impl.device);
   if (err == cudaSuccess) err = driver(&d);
   if (err != cudaSuccess) return err;
   CUmemGenericAllocationHandle h;
@@ -656,8 +665,8 @@ int symcomm_ar_export_region(void* ctx, const void* base, int* fd_out) {
 
 // Maps a peer's exported region (fd from symcomm_ar_export_region, received over a socket)
 // into this process, readable and writable from this rank's device.
-int symcomm_ar_import_region(void* ctx, int fd, size_t size, void** mapped_out) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_import_region(symcomm_ar_t ctx, int fd, size_t size, void** mapped_out) {
+  Context* c = &ctx->impl;
   Driver* d = nullptr;
   cudaError_t err = use_device(c->device);  // the driver calls below act on the current context
   if (err == cudaSuccess) err = driver(&d);
@@ -688,8 +697,8 @@ int symcomm_ar_import_region(void* ctx, int fd, size_t size, void** mapped_out) 
 }
 
 // Fills slot `slot` with the world's pointers to one buffer, given directly (pool regions).
-int symcomm_ar_set_slot_ptrs(void* ctx, int slot, const uint64_t* ptrs) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_set_slot_ptrs(symcomm_ar_t ctx, int slot, const uint64_t* ptrs) {
+  Context* c = &ctx->impl;
   if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
@@ -701,10 +710,9 @@ int symcomm_ar_set_slot_ptrs(void* ctx, int slot, const uint64_t* ptrs) {
 // One all-reduce (sum) of nbytes (a multiple of 16). stage != 0 copies `in` into the staging
 // buffer first and reads peers' staging (slot 0); otherwise one-shot/two-shot read slot `slot`
 // at in_offset, and flag-free reads `in` directly.
-int symcomm_ar_run(void* ctx, int algo, int dtype, const void* in, int slot, uint64_t in_offset, void* out,
-                   uint64_t nbytes, int stage, void* stream_ptr) {
-  Context* c = static_cast<Context*>(ctx);
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* in, int slot,
+                   uint64_t in_offset, void* out, uint64_t nbytes, int stage, cudaStream_t stream) {
+  Context* c = &ctx->impl;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
   if (nbytes % 16 || slot < 0 || slot >= c->max_slots) return cudaErrorInvalidValue;
@@ -719,17 +727,17 @@ int symcomm_ar_run(void* ctx, int algo, int dtype, const void* in, int slot, uin
   uint4* dst = static_cast<uint4*>(out);
   const size_t nvec = nbytes / 16;
   switch (dtype) {
-    case kF32: return launch<float>(c, algo, src, slot, in_offset, dst, nvec, stream);
-    case kF16: return launch<__half>(c, algo, src, slot, in_offset, dst, nvec, stream);
-    case kBF16: return launch<__nv_bfloat16>(c, algo, src, slot, in_offset, dst, nvec, stream);
+    case SYMCOMM_FLOAT32: return launch<float>(c, algo, src, slot, in_offset, dst, nvec, stream);
+    case SYMCOMM_FLOAT16: return launch<__half>(c, algo, src, slot, in_offset, dst, nvec, stream);
+    case SYMCOMM_BFLOAT16: return launch<__nv_bfloat16>(c, algo, src, slot, in_offset, dst, nvec, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 // Unmaps peers and frees this rank's memory. The caller makes sure no kernel still runs
 // (peers included: they read this rank's buffer) before calling it.
-int symcomm_ar_destroy(void* ctx) {
-  Context* c = static_cast<Context*>(ctx);
+int symcomm_ar_destroy(symcomm_ar_t ctx) {
+  Context* c = &ctx->impl;
   cudaError_t first = use_device(c->device);
   for (auto& kv : c->opened) {
     cudaError_t err = cudaIpcCloseMemHandle(kv.second);
@@ -749,10 +757,15 @@ int symcomm_ar_destroy(void* ctx) {
     cudaError_t err = cudaFree(c->base);
     if (first == cudaSuccess) first = err;
   }
-  delete c;
+  delete ctx;
   return first;
 }
 
-const char* symcomm_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+// The library's only error-string function: symcomm.h's status codes are cudaError_t values
+// plus a few negative ones of symcomm's own.
+const char* symcomm_cuda_error_string(int code) {
+  if (code == SYMCOMM_ERROR_INVALID_REGION) return "unknown pool, or an empty or unaligned region";
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
 
 }  // extern "C"

@@ -13,6 +13,8 @@
 // The e2m1/e4m3 rounding is integer and fp32 logic, not sm_100's cvt instructions: the build
 // targets sm_90. Every piece of math is __host__ __device__, and the *_host entry points run
 // the very same functions on the CPU, so CI (no GPU) checks this file against the reference.
+#include "symcomm.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,9 +32,6 @@ namespace {
 constexpr int kBlock = 16;          // values per scale
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = 1 << 22;  // grid-stride beyond this
-
-// dtype codes shared with symcomm/fp4.py
-enum Dtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 HD uint32_t bits_of(float f) {
 #ifdef __CUDA_ARCH__
@@ -340,18 +339,15 @@ void dequantize_on_host(const uint8_t* packed, const uint8_t* scales, const Shap
 }  // namespace
 
 // ------------------------------------------------------------------------------------ C ABI
-// Sizes are the logical [rows, cols] of the unquantized tensor (cols a positive multiple of
-// 16). packed is [rows, cols / 2] bytes; scales are [rows, cols / 16] bytes, or with
-// swizzle, [rows rounded up to 128, cols / 16 rounded up to 4] with the padding written 0.
-// global_scale: read from gs_ptr (device memory for the kernels) when it is not NULL, else
-// gs_value. Returns a cudaError_t (cudaErrorInvalidValue for a bad shape or dtype).
+// csrc/symcomm.h documents the layouts. Returns a cudaError_t (cudaErrorInvalidValue for a bad
+// shape or dtype). gs_ptr is untyped in the ABI because Python passes a raw device address.
 extern "C" {
 
-int symcomm_fp4_quantize(const void* x, int dtype, int64_t rows, int64_t cols, const float* gs_ptr,
-                         float gs_value, void* packed, void* scales, int swizzle, void* stream) {
+int symcomm_fp4_quantize(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols, const void* gs_ptr_raw,
+                         float gs_value, void* packed, void* scales, int swizzle, cudaStream_t st) {
   Shape s;
   if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
-  auto st = static_cast<cudaStream_t>(stream);
+  const auto* gs_ptr = static_cast<const float*>(gs_ptr_raw);
   if (swizzle && rows > 0 && (s.padded_rows != rows || s.padded_cols != s.blocks_per_row)) {
     // Padding entries must read as zero scales; the scales are 1/16 of the codes' bytes, so a
     // memset of the whole buffer costs little next to the kernel.
@@ -360,30 +356,31 @@ int symcomm_fp4_quantize(const void* x, int dtype, int64_t rows, int64_t cols, c
   }
   if (s.blocks == 0) return cudaSuccess;
   switch (dtype) {
-    case kF32: return launch_quantize<float>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
-    case kF16: return launch_quantize<__half>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
-    case kBF16: return launch_quantize<__nv_bfloat16>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
+    case SYMCOMM_FLOAT32: return launch_quantize<float>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
+    case SYMCOMM_FLOAT16: return launch_quantize<__half>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
+    case SYMCOMM_BFLOAT16: return launch_quantize<__nv_bfloat16>(x, s, gs_ptr, gs_value, packed, scales, swizzle, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
 int symcomm_fp4_dequantize(const void* packed, const void* scales, int64_t rows, int64_t cols,
-                           const float* gs_ptr, float gs_value, int swizzled, void* out, int dtype,
-                           void* stream) {
+                           const void* gs_ptr_raw, float gs_value, int swizzled, void* out, symcomm_dtype_t dtype,
+                           cudaStream_t st) {
   Shape s;
   if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
   if (s.blocks == 0) return cudaSuccess;
-  auto st = static_cast<cudaStream_t>(stream);
+  const auto* gs_ptr = static_cast<const float*>(gs_ptr_raw);
   switch (dtype) {
-    case kF32: return launch_dequantize<float>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
-    case kF16: return launch_dequantize<__half>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
-    case kBF16: return launch_dequantize<__nv_bfloat16>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
+    case SYMCOMM_FLOAT32: return launch_dequantize<float>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
+    case SYMCOMM_FLOAT16: return launch_dequantize<__half>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
+    case SYMCOMM_BFLOAT16:
+      return launch_dequantize<__nv_bfloat16>(packed, scales, s, gs_ptr, gs_value, swizzled, out, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
 // The same per-block code on the CPU, over host memory; global_scale is a value here.
-int symcomm_fp4_quantize_host(const void* x, int dtype, int64_t rows, int64_t cols, float global_scale,
+int symcomm_fp4_quantize_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols, float global_scale,
                               void* packed, void* scales, int swizzle) {
   Shape s;
   if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
@@ -391,29 +388,27 @@ int symcomm_fp4_quantize_host(const void* x, int dtype, int64_t rows, int64_t co
   auto* sc = static_cast<uint8_t*>(scales);
   if (swizzle && rows > 0) std::memset(sc, 0, static_cast<size_t>(s.padded_rows * s.padded_cols));
   switch (dtype) {
-    case kF32: quantize_on_host<float>(x, s, global_scale, p, sc, swizzle); break;
-    case kF16: quantize_on_host<__half>(x, s, global_scale, p, sc, swizzle); break;
-    case kBF16: quantize_on_host<__nv_bfloat16>(x, s, global_scale, p, sc, swizzle); break;
+    case SYMCOMM_FLOAT32: quantize_on_host<float>(x, s, global_scale, p, sc, swizzle); break;
+    case SYMCOMM_FLOAT16: quantize_on_host<__half>(x, s, global_scale, p, sc, swizzle); break;
+    case SYMCOMM_BFLOAT16: quantize_on_host<__nv_bfloat16>(x, s, global_scale, p, sc, swizzle); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaSuccess;
 }
 
 int symcomm_fp4_dequantize_host(const void* packed, const void* scales, int64_t rows, int64_t cols,
-                                float global_scale, int swizzled, void* out, int dtype) {
+                                float global_scale, int swizzled, void* out, symcomm_dtype_t dtype) {
   Shape s;
   if (!make_shape(rows, cols, &s)) return cudaErrorInvalidValue;
   const auto* p = static_cast<const uint8_t*>(packed);
   const auto* sc = static_cast<const uint8_t*>(scales);
   switch (dtype) {
-    case kF32: dequantize_on_host<float>(p, sc, s, global_scale, swizzled, out); break;
-    case kF16: dequantize_on_host<__half>(p, sc, s, global_scale, swizzled, out); break;
-    case kBF16: dequantize_on_host<__nv_bfloat16>(p, sc, s, global_scale, swizzled, out); break;
+    case SYMCOMM_FLOAT32: dequantize_on_host<float>(p, sc, s, global_scale, swizzled, out); break;
+    case SYMCOMM_FLOAT16: dequantize_on_host<__half>(p, sc, s, global_scale, swizzled, out); break;
+    case SYMCOMM_BFLOAT16: dequantize_on_host<__nv_bfloat16>(p, sc, s, global_scale, swizzled, out); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaSuccess;
 }
-
-const char* symcomm_fp4_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 }  // extern "C"

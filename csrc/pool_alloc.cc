@@ -13,6 +13,8 @@
 // yields the same (region, offset) on every rank.
 //
 // Plain C ABI, no CUDA runtime: the NCCL allocation itself happens in Python through ctypes.
+#include "symcomm.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -83,14 +85,13 @@ int symcomm_pool_create() {
   return static_cast<int>(g_pools.size() - 1);
 }
 
-// Returns 0, or -1 for an unknown pool or a zero/unaligned region.
-int symcomm_pool_add_region(int pool, uintptr_t base, size_t size) {
+symcomm_status_t symcomm_pool_add_region(int pool, uintptr_t base, size_t size) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (!valid_pool(pool) || size == 0 || base % kAlign != 0) return -1;
+  if (!valid_pool(pool) || size == 0 || base % kAlign != 0) return SYMCOMM_ERROR_INVALID_REGION;
   Region region{base, size, {}};
   region.free_ranges[0] = size;
   g_pools[pool].regions.push_back(std::move(region));
-  return 0;
+  return SYMCOMM_SUCCESS;
 }
 
 // Makes `pool` the target of symcomm_alloc on this thread; returns the previous target.
@@ -129,7 +130,7 @@ void symcomm_pool_destroy(int pool) {
   }
 }
 
-void* symcomm_alloc(size_t size, int /*device*/, void* /*stream*/) {
+void* symcomm_alloc(size_t size, int /*device*/, symcomm_stream_t /*stream*/) {
   std::lock_guard<std::mutex> lock(g_mutex);
   int pool = t_active_pool;
   if (!valid_pool(pool)) return nullptr;
@@ -154,7 +155,7 @@ void* symcomm_alloc(size_t size, int /*device*/, void* /*stream*/) {
   return nullptr;
 }
 
-void symcomm_free(void* ptr, size_t /*size*/, int /*device*/, void* /*stream*/) {
+void symcomm_free(void* ptr, size_t /*size*/, int /*device*/, symcomm_stream_t /*stream*/) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto found = g_allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (found == g_allocations.end()) return;

@@ -1,16 +1,65 @@
 """Loads csrc/'s shared library (plain C ABI, no libtorch) built by setup.py.
 
+csrc/symcomm.h declares the ABI; ``SIGNATURES`` is its ctypes twin and the only place Python
+declares native signatures (tests/test_native_header.py fails when the two disagree).
+
 Looked up at ``SYMCOMM_NATIVE_LIBRARY``, then inside the package. Missing is not an error:
 the caller records why symmetric memory is off and carries on with plain NCCL.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from . import settings
+from .errors import CudaError
+
 _c = ctypes
+_int, _u32, _u64, _i64, _size = _c.c_int, _c.c_uint32, _c.c_uint64, _c.c_int64, _c.c_size_t
+_f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
+# symcomm.h's typedefs, named here so the table reads like the header.
+_status = _dtype = _algo = _int
+_ar = _stream = _ptr
+
+# name -> (argtypes, restype), in symcomm.h's order.
+SIGNATURES: dict[str, tuple[list, object]] = {
+    # pool_alloc.cc
+    "symcomm_pool_create": ([], _int),
+    "symcomm_pool_add_region": ([_int, _size, _size], _status),  # base is a uintptr_t
+    "symcomm_pool_set_active": ([_int], _int),
+    "symcomm_pool_bytes_in_use": ([_int], _size),
+    "symcomm_pool_live_allocations": ([_int], _size),
+    "symcomm_pool_take_failed_request": ([_int], _size),
+    "symcomm_pool_destroy": ([_int], None),
+    "symcomm_alloc": ([_size, _int, _stream], _ptr),
+    "symcomm_free": ([_ptr, _size, _int, _stream], None),
+    # custom_ar.cu
+    "symcomm_ar_create": ([_int, _int, _int, _size, _size, _int, _f64, _c.POINTER(_ar)], _status),
+    "symcomm_ar_handle": ([_ar, _bytes], _status),
+    "symcomm_ar_open": ([_ar, _bytes], _status),
+    "symcomm_ar_probe_write": ([_ar, _u32], _status),
+    "symcomm_ar_probe_read": ([_ar, _c.POINTER(_u32)], _status),
+    "symcomm_ar_buffer_handle": ([_ar, _ptr, _bytes, _c.POINTER(_u64)], _status),
+    "symcomm_ar_set_slot": ([_ar, _int, _bytes, _c.POINTER(_u64), _ptr], _status),
+    "symcomm_ar_export_region": ([_ar, _ptr, _c.POINTER(_int)], _status),
+    "symcomm_ar_import_region": ([_ar, _int, _size, _c.POINTER(_ptr)], _status),
+    "symcomm_ar_set_slot_ptrs": ([_ar, _int, _c.POINTER(_u64)], _status),
+    "symcomm_ar_run": ([_ar, _algo, _dtype, _ptr, _int, _u64, _ptr, _u64, _int, _stream], _status),
+    "symcomm_ar_destroy": ([_ar], _status),
+    "symcomm_cuda_error_string": ([_status], _bytes),
+    # fp4.cu
+    "symcomm_fp4_quantize": ([_ptr, _dtype, _i64, _i64, _ptr, _f32, _ptr, _ptr, _int, _stream], _status),
+    "symcomm_fp4_dequantize": ([_ptr, _ptr, _i64, _i64, _ptr, _f32, _int, _ptr, _dtype, _stream], _status),
+    "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
+    "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),
+}
+
+# symcomm_dtype_t
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+SUCCESS = 0
 
 
 @dataclass(frozen=True)
@@ -20,44 +69,25 @@ class Native:
 
 
 def library_path() -> str | None:
-    if env := os.environ.get("SYMCOMM_NATIVE_LIBRARY"):
+    if env := settings.native_library():
         return env
     folder = Path(__file__).resolve().parent / "_native"
     matches = sorted(folder.glob("libsymcomm*.so"))
     return str(matches[0]) if matches else None
 
 
-def _bind(lib: ctypes.CDLL) -> None:
-    sigs = {
-        "symcomm_pool_create": ([], _c.c_int),
-        "symcomm_pool_add_region": ([_c.c_int, _c.c_size_t, _c.c_size_t], _c.c_int),
-        "symcomm_pool_set_active": ([_c.c_int], _c.c_int),
-        "symcomm_pool_bytes_in_use": ([_c.c_int], _c.c_size_t),
-        "symcomm_pool_live_allocations": ([_c.c_int], _c.c_size_t),
-        "symcomm_pool_take_failed_request": ([_c.c_int], _c.c_size_t),
-        "symcomm_pool_destroy": ([_c.c_int], None),
-        "symcomm_alloc": ([_c.c_size_t, _c.c_int, _c.c_void_p], _c.c_void_p),
-        "symcomm_free": ([_c.c_void_p, _c.c_size_t, _c.c_int, _c.c_void_p], None),
-    }
-    for name, (argtypes, restype) in sigs.items():
-        fn = getattr(lib, name)
+def _bind(lib: ctypes.CDLL, path: str) -> None:
+    for name, (argtypes, restype) in SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            # OSError like a missing library: callers treat both as "native code unavailable".
+            raise OSError(f"{path} has no {name}: it predates this symcomm, rebuild it "
+                          "(pip install -e .)") from None
         fn.argtypes, fn.restype = argtypes, restype
 
 
 _LOADED: Native | None = None
-
-
-def bind(signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
-    """The loaded library with ``signatures`` (name -> (argtypes, restype)) applied.
-
-    Each module that calls into csrc/ declares its own functions here, next to the code that
-    uses them, instead of one shared table. Raises OSError as load() does.
-    """
-    lib = load().lib
-    for name, (argtypes, restype) in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, restype
-    return lib
 
 
 def load() -> Native:
@@ -68,6 +98,12 @@ def load() -> Native:
         if path is None:
             raise OSError("symcomm's native library was not built (install with nvcc on PATH)")
         lib = ctypes.CDLL(path)
-        _bind(lib)
+        _bind(lib, path)
         _LOADED = Native(lib, path)
     return _LOADED
+
+
+def check(lib: ctypes.CDLL, what: str, code: int) -> None:
+    """Raises CudaError for a symcomm_status_t other than success."""
+    if code != SUCCESS:
+        raise CudaError(what, code, lib.symcomm_cuda_error_string(code).decode())

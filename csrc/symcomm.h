@@ -1,0 +1,215 @@
+/*
+ * symcomm.h: the C ABI of libsymcomm, the native half of the symcomm Python package.
+ *
+ * Three groups of entry points, one per source file:
+ *   symcomm_pool_*, symcomm_alloc/free   pool_alloc.cc  sub-allocator over registered symmetric
+ *                                                       regions (host only, no CUDA calls)
+ *   symcomm_ar_*                         custom_ar.cu   symcomm's own all-reduce kernels over
+ *                                                       peer-mapped memory
+ *   symcomm_fp4_*                        fp4.cu         NVFP4 quantize / dequantize
+ *
+ * The library is loaded with ctypes; symcomm/_native.py holds the matching ctypes table and
+ * tests/test_native_header.py fails when the two disagree. Every source file includes this
+ * header, so the compiler rejects a definition that drifts from its declaration.
+ *
+ * Only <stddef.h> and <stdint.h> are needed: callers without the CUDA toolkit (ctypes, plain C)
+ * can use the header as is.
+ */
+#ifndef SYMCOMM_H_
+#define SYMCOMM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Status codes. Functions that can fail return a symcomm_status_t:
+ *   0         success
+ *   > 0       the cudaError_t the CUDA runtime reported; arguments that symcomm rejects itself
+ *             (bad shape, dtype, slot, world size) report cudaErrorInvalidValue (1)
+ *   < 0       symcomm's own codes, listed below
+ * symcomm_cuda_error_string turns any of them into text.
+ */
+typedef int symcomm_status_t;
+enum {
+  SYMCOMM_SUCCESS = 0,
+  /* symcomm_pool_add_region: unknown pool, or a region that is empty or not 512-byte aligned */
+  SYMCOMM_ERROR_INVALID_REGION = -1
+};
+
+/*
+ * Element types of the all-reduce and fp4 entry points. The values are part of the ABI
+ * (symcomm/_native.py's DTYPE_CODES).
+ */
+typedef enum {
+  SYMCOMM_FLOAT32 = 0,
+  SYMCOMM_FLOAT16 = 1,
+  SYMCOMM_BFLOAT16 = 2,
+  /* Gives the type int's full range in C++ too, so an out-of-range code from Python is a
+     defined value that the switch statements reject, not undefined behaviour. */
+  SYMCOMM_DTYPE_MAX_ENUM = 0x7fffffff
+} symcomm_dtype_t;
+
+/* The three all-reduce kernels (csrc/custom_ar.cu explains each). */
+typedef enum {
+  SYMCOMM_AR_FLAGFREE = 0,
+  SYMCOMM_AR_ONESHOT = 1,
+  SYMCOMM_AR_TWOSHOT = 2,
+  SYMCOMM_AR_ALGO_MAX_ENUM = 0x7fffffff
+} symcomm_ar_algo_t;
+
+/*
+ * A CUDA stream. This is the very type behind cudaStream_t and CUstream, named without the
+ * CUDA headers, so C callers pass their cudaStream_t unchanged and Python passes the integer
+ * handle torch reports (ctypes c_void_p). NULL is the legacy default stream.
+ */
+typedef struct CUstream_st* symcomm_stream_t;
+
+/* One rank's custom all-reduce state: its mapped buffers, the peers' mappings, slot tables. */
+typedef struct symcomm_ar_ctx* symcomm_ar_t;
+
+/* Bytes of one IPC handle as written by symcomm_ar_handle / symcomm_ar_buffer_handle. */
+#define SYMCOMM_AR_HANDLE_BYTES 64
+
+/* ------------------------------------------------------------------------------------------
+ * Symmetric pool (pool_alloc.cc). Pools are small integer ids. Every call is thread-safe,
+ * touches no GPU and never blocks beyond an internal mutex. Placement is deterministic: the
+ * same sequence of requests yields the same (region, offset) on every rank.
+ */
+
+/* Creates an empty pool; returns its id (>= 0). */
+int symcomm_pool_create(void);
+
+/* Adds the caller-owned region [base, base + size) to `pool`. The caller registers regions on
+ * every rank in the same order (registration is collective; this call is not). Returns
+ * SYMCOMM_SUCCESS or SYMCOMM_ERROR_INVALID_REGION. */
+symcomm_status_t symcomm_pool_add_region(int pool, uintptr_t base, size_t size);
+
+/* Makes `pool` the one symcomm_alloc serves on the calling thread (-1: none); returns the
+ * previous one so scopes can nest. */
+int symcomm_pool_set_active(int pool);
+
+/* Bytes currently handed out by `pool` (0 for an unknown pool). */
+size_t symcomm_pool_bytes_in_use(int pool);
+
+/* Allocations of `pool` not yet freed (0 for an unknown pool). */
+size_t symcomm_pool_live_allocations(int pool);
+
+/* The size of the latest request `pool` could not serve (0 if none), and clears it. */
+size_t symcomm_pool_take_failed_request(int pool);
+
+/* Retires `pool`. Later frees of its allocations are accepted and ignored. */
+void symcomm_pool_destroy(int pool);
+
+/* torch's pluggable-allocator entry points: carve `size` bytes (rounded up to 512) out of the
+ * calling thread's active pool, or return NULL when it has no room (device and stream are
+ * unused: regions belong to one device and are not stream-ordered here). */
+void* symcomm_alloc(size_t size, int device, symcomm_stream_t stream);
+void symcomm_free(void* ptr, size_t size, int device, symcomm_stream_t stream);
+
+/* ------------------------------------------------------------------------------------------
+ * Custom all-reduce (custom_ar.cu). Setup is a sequence of local calls; the caller exchanges
+ * the handles between ranks (symcomm/backends/custom.py does it by vote). Every call selects
+ * the context's device itself.
+ */
+
+/* Allocates this rank's buffers (signals, staging and scratch of staging_bytes each, three
+ * flag-free receive buffers of flagfree_bytes per rank) and a table of max_slots pointer
+ * slots. world is 2, 4, 6 or 8; both byte counts are multiples of 16; timeout_s bounds every
+ * wait on a peer inside the kernels. Writes the new context to *out. Not collective; blocks
+ * until the buffers are initialised on the device. */
+symcomm_status_t symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, size_t flagfree_bytes,
+                                   int max_slots, double timeout_s, symcomm_ar_t* out);
+
+/* Writes the IPC handle of this rank's buffer (SYMCOMM_AR_HANDLE_BYTES) to handle_out. Host
+ * only, does not block. */
+symcomm_status_t symcomm_ar_handle(symcomm_ar_t ctx, char* handle_out);
+
+/* Maps every peer's buffer. handles holds world handles from symcomm_ar_handle, in rank order
+ * (this rank's own entry is ignored). Every rank calls it before any symcomm_ar_run; it does
+ * not wait for peers. Blocks for a host-to-device copy. */
+symcomm_status_t symcomm_ar_open(symcomm_ar_t ctx, const char* handles);
+
+/* Peer-to-peer self test, step 1: writes token into every peer's probe word. Blocks until the
+ * device is idle. The caller waits for all ranks before step 2. */
+symcomm_status_t symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token);
+
+/* Step 2: reads 2 x 8 words into got: what peer p wrote here, then what peer p wrote into its
+ * own probe word. Blocks. */
+symcomm_status_t symcomm_ar_probe_read(symcomm_ar_t ctx, uint32_t* got);
+
+/* The IPC handle of the cudaMalloc allocation holding ptr (handle_out,
+ * SYMCOMM_AR_HANDLE_BYTES) and ptr's offset inside it, for buffers recorded during graph
+ * capture. Host only. */
+symcomm_status_t symcomm_ar_buffer_handle(symcomm_ar_t ctx, const void* ptr, char* handle_out,
+                                          uint64_t* offset_out);
+
+/* Fills slot `slot` (1 <= slot < max_slots) with every rank's address of one buffer: peers'
+ * from handles (world x SYMCOMM_AR_HANDLE_BYTES) plus offsets (world entries), this rank's as
+ * own. Blocks for a host-to-device copy. */
+symcomm_status_t symcomm_ar_set_slot(symcomm_ar_t ctx, int slot, const char* handles, const uint64_t* offsets,
+                                     const void* own);
+
+/* A POSIX file descriptor for the cuMem allocation starting at base (NCCL's symmetric
+ * regions have no CUDA IPC handle). The caller sends it to peers and closes it. Host only. */
+symcomm_status_t symcomm_ar_export_region(symcomm_ar_t ctx, const void* base, int* fd_out);
+
+/* Maps a peer's region of `size` bytes from the descriptor fd (received from
+ * symcomm_ar_export_region) and writes its local address to *mapped_out. The mapping lives
+ * until symcomm_ar_destroy. Host only. */
+symcomm_status_t symcomm_ar_import_region(symcomm_ar_t ctx, int fd, size_t size, void** mapped_out);
+
+/* Fills slot `slot` with world device addresses given directly (imported pool regions).
+ * Blocks for a host-to-device copy. */
+symcomm_status_t symcomm_ar_set_slot_ptrs(symcomm_ar_t ctx, int slot, const uint64_t* ptrs);
+
+/* One sum all-reduce of nbytes (a multiple of 16, at most the buffer size of the algorithm)
+ * from in to out, enqueued on stream; returns without waiting for it. stage != 0 first copies
+ * in to the staging buffer and reads slot 0; otherwise one-shot/two-shot read slot `slot` at
+ * in_offset, and flag-free reads in directly. Collective: every rank enqueues the same algo,
+ * dtype and nbytes, and the kernel waits on its peers; a peer missing past timeout_s makes
+ * the kernel trap, which the stream reports as a CUDA error. */
+symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* in,
+                                int slot, uint64_t in_offset, void* out, uint64_t nbytes, int stage,
+                                symcomm_stream_t stream);
+
+/* Unmaps peers and frees this rank's memory; ctx is invalid afterwards. The caller ensures no
+ * kernel still uses it on any rank (peers read this rank's buffer). May block in cudaFree. */
+symcomm_status_t symcomm_ar_destroy(symcomm_ar_t ctx);
+
+/* Static text for any status code of this library (never NULL). */
+const char* symcomm_cuda_error_string(symcomm_status_t code);
+
+/* ------------------------------------------------------------------------------------------
+ * NVFP4 (fp4.cu); symcomm/fp4.py defines the format. Shapes are the unquantized [rows, cols],
+ * cols a positive multiple of 16: x and out are rows x cols of dtype, packed is
+ * rows x cols/2 bytes, scales rows x cols/16 bytes, or with swizzle the 128x4-tiled layout
+ * [rows rounded up to 128, cols/16 rounded up to 4] with the padding written 0.
+ */
+
+/* Quantizes device memory x on stream; returns without waiting. The global scale is read on
+ * the device from gs_ptr (one float) when it is not NULL, otherwise gs_value is used. */
+symcomm_status_t symcomm_fp4_quantize(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
+                                      const void* gs_ptr, float gs_value, void* packed, void* scales, int swizzle,
+                                      symcomm_stream_t stream);
+
+/* Decodes device memory packed/scales into out (dtype) on stream; global scale as above. */
+symcomm_status_t symcomm_fp4_dequantize(const void* packed, const void* scales, int64_t rows, int64_t cols,
+                                        const void* gs_ptr, float gs_value, int swizzled, void* out,
+                                        symcomm_dtype_t dtype, symcomm_stream_t stream);
+
+/* The same per-block code as the kernels, run on the CPU over host memory; needs no GPU and
+ * returns when done. Exists so CI checks the kernels' math without a device. */
+symcomm_status_t symcomm_fp4_quantize_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
+                                           float global_scale, void* packed, void* scales, int swizzle);
+symcomm_status_t symcomm_fp4_dequantize_host(const void* packed, const void* scales, int64_t rows, int64_t cols,
+                                             float global_scale, int swizzled, void* out, symcomm_dtype_t dtype);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* SYMCOMM_H_ */
