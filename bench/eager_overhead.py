@@ -64,10 +64,10 @@ def main() -> None:
     with symcomm.use_symmetric_memory(comm):
         x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
         y = torch.empty_like(x)
-    lib = comm.nccl.lib
+    lib = comm.path("nccl").nccl.lib
     raw_stream = torch._C._cuda_getCurrentRawStream
     dev = torch.cuda.current_device()
-    plain, symm = comm._backends["nccl"].comm, comm._backends["nccl-symm"].comm
+    plain, symm = comm.path("nccl").comm, comm.path("nccl-symm").comm
     xp, yp = x.data_ptr(), y.data_ptr()
 
     def raw(handle):
@@ -90,7 +90,7 @@ def main() -> None:
                    "issue_us": statistics.median(r[name][1] for r in everyone)} for name in variants}
     if dist.get_rank() == 0:
         print(f"# eager 1 KiB bf16 all_reduce, world {dist.get_world_size()}, "
-              f"{torch.cuda.get_device_name()}, NCCL {comm.nccl.version_string}, torch {torch.__version__}")
+              f"{torch.cuda.get_device_name()}, NCCL {comm.path('nccl').nccl.version_string}, torch {torch.__version__}")
         print(f"{'variant':45s} {'loop us/call':>13s} {'issue us':>9s}")
         for name, r in rows.items():
             print(f"{name:45s} {r['loop_us']:13.2f} {r['issue_us']:9.2f}")
@@ -100,7 +100,7 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"world_size": dist.get_world_size(), "nbytes": args.nbytes,
-                           "device": torch.cuda.get_device_name(), "nccl": comm.nccl.version_string,
+                           "device": torch.cuda.get_device_name(), "nccl": comm.path("nccl").nccl.version_string,
                            "torch": torch.__version__, "rows": rows,
                            "overhead_us": {"nccl": over_plain, "auto": over_symm}}, f, indent=1)
     comm.close()

@@ -47,8 +47,8 @@ def main() -> None:
     dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = symcomm.Communicator(symmetric_capacity=1 << 30)
-    lib, u8 = comm.nccl.lib, _nccl.UINT8
-    plain, symm = comm._backends["nccl"].comm, comm._backends["nccl-symm"].comm
+    lib, u8 = comm.path("nccl").nccl.lib, _nccl.UINT8
+    plain, symm = comm.path("nccl").comm, comm.path("nccl-symm").comm
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
     timer = Timer(torch.device("cuda", local), iters=20, warmup=3, graph_replays=10)
     table = []
@@ -69,12 +69,12 @@ def main() -> None:
 
         def broadcast():
             s = stream()
-            comm.nccl.group_start()
+            comm.path("nccl").nccl.group_start()
             for root in range(world):
                 dst = out[offsets[root]].data_ptr()
                 lib.ncclBroadcast(x.data_ptr() if root == rank else dst, dst, sizes[root] * ROW_BYTES, u8,
                                   root, plain, s)
-            comm.nccl.group_end()
+            comm.path("nccl").nccl.group_end()
 
         def symcomm_gatherv():
             comm.all_gatherv(x, sizes, out=out, algo="nccl")
@@ -82,12 +82,12 @@ def main() -> None:
         def send_recv():
             s = stream()
             out[offsets[rank]:offsets[rank] + sizes[rank]].copy_(x)
-            comm.nccl.group_start()
+            comm.path("nccl").nccl.group_start()
             for peer in range(world):
                 if peer != rank:
                     lib.ncclSend(x.data_ptr(), x.nbytes, u8, peer, plain, s)
                     lib.ncclRecv(out[offsets[peer]].data_ptr(), sizes[peer] * ROW_BYTES, u8, peer, plain, s)
-            comm.nccl.group_end()
+            comm.path("nccl").nccl.group_end()
 
         def padded(handle, compact=True):
             def run():
@@ -114,7 +114,7 @@ def main() -> None:
                           "time_us": sum(t for t, _ in times) / world, "bitwise_equal": all(s for _, s in times)})
     if rank == 0:
         print(f"# uneven gather of {ROW_BYTES}-byte rows, world {world}, {torch.cuda.get_device_name()}, "
-              f"NCCL {comm.nccl.version_string}, torch {torch.__version__}; 20 ops per graph, 10 replays")
+              f"NCCL {comm.path('nccl').nccl.version_string}, torch {torch.__version__}; 20 ops per graph, 10 replays")
         print(f"{'gathered bytes':>14s}  {'variant':45s} {'us':>9s} {'vs broadcast':>12s}  equal")
         base = {}
         for row in table:

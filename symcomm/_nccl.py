@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from . import settings
 from .errors import DtypeError, NcclError, NcclUnavailableError
 
 # Symmetric windows (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC) arrived in 2.27.
@@ -87,9 +88,6 @@ _SIGNATURES: dict[str, list] = {
     "ncclCommInitRank": [ctypes.POINTER(_p), _int, UniqueId, _int],
     "ncclCommDestroy": [_p],
     "ncclCommAbort": [_p],
-    "ncclCommGetAsyncError": [_p, ctypes.POINTER(_int)],
-    "ncclCommCount": [_p, ctypes.POINTER(_int)],
-    "ncclCommUserRank": [_p, ctypes.POINTER(_int)],
     "ncclGroupStart": [],
     "ncclGroupEnd": [],
     # sendbuff, recvbuff, count, datatype, op, comm, stream
@@ -140,7 +138,7 @@ def _wheel_nccl() -> str | None:
 def candidate_paths() -> list[tuple[str, str]]:
     """(source, path) pairs in the order the loader tries them."""
     found = []
-    if env := os.environ.get("SYMCOMM_NCCL_LIBRARY"):
+    if env := settings.nccl_library():
         found.append(("SYMCOMM_NCCL_LIBRARY", env))
     if mapped := _mapped_nccl():
         found.append(("already loaded", mapped))
@@ -204,12 +202,6 @@ class Library:
 
     def comm_abort(self, comm: int) -> None:
         self.check("ncclCommAbort", self.lib.ncclCommAbort(comm))
-
-    def async_error(self, comm: int) -> int:
-        result = _int()
-        self.check("ncclCommGetAsyncError",
-                   self.lib.ncclCommGetAsyncError(comm, ctypes.byref(result)), comm)
-        return result.value
 
     def mem_alloc(self, nbytes: int) -> int:
         ptr = _p()

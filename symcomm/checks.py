@@ -10,26 +10,27 @@ would need the GPU.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ._nccl import DTYPES
-from .backends.base import OPS, Call
-from .backends.custom import ALGO_CODES
+from .base import OPS, Call, Peers
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
-_ALGOS = ("nccl", "nccl-symm", "torch", *ALGO_CODES)
-# Codes for the signature only: every dtype NCCL knows, then bool.
-_DTYPES = {d: i for i, d in enumerate([*DTYPES, torch.bool])}
+# Codes for the signature only: every dtype NCCL knows, then bool; any other shares the next.
+_DTYPE_LIST = (*DTYPES, torch.bool)
+_DTYPES = {d: i for i, d in enumerate(_DTYPE_LIST)}
 
 
 REFUSED = -1  # first entry of a rank that rejected the call before communicating
 
 
-def signature(call: Call, algo: str, world_size: int,
+def signature(call: Call, path: int, world_size: int,
               locate: Callable[[int], tuple[int, int]] | None) -> tuple[list[int], list[str]]:
-    """A fixed-length vector (same length on every rank) and the name of each entry.
+    """A fixed-length vector (same length on every rank) and the name of each entry. ``path``
+    is the chosen path's index among the communicator's paths (the same list on every rank);
+    ``locate`` maps an address to (window region, offset) for paths that need equal offsets.
 
     Window offsets are compared where the symmetric kernels need them equal. An in-place
     gather's input is this rank's slice of the output, at an offset that differs by rank by
@@ -50,7 +51,7 @@ def signature(call: Call, algo: str, world_size: int,
     # Other ops: in-place gathers and scatters sit at rank-dependent offsets by design.
     values.append((call.in_ptrs[0] | call.out_ptrs[0]) & 15 if call.op == "all_reduce" else 0)
     names.append("16-byte misalignment of the all_reduce input/output")
-    values.append(_ALGOS.index(algo))
+    values.append(path)
     names.append("path")
     many = len(call.inputs) > 1
     gathers = call.op in ("all_gather", "all_gatherv")
@@ -73,10 +74,7 @@ def refusal(world_size: int) -> list[int]:
     return [REFUSED] * (6 + world_size + 4 * MAX_CHECKED_TENSORS)
 
 
-_DECODE = {"op": OPS, "path": _ALGOS, "dtype": [*map(str, _DTYPES), "other"]}
-
-
-def first_mismatch(table: list[list[int]], names: list[str]) -> str | None:
+def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequence[str]) -> str | None:
     refused = [r for r, row in enumerate(table) if row[0] == REFUSED]
     if refused:
         return (f"rank(s) {', '.join(map(str, refused))} rejected the call before communicating "
@@ -84,7 +82,14 @@ def first_mismatch(table: list[list[int]], names: list[str]) -> str | None:
     for column, name in enumerate(names):
         seen = [row[column] for row in table]
         if any(v != seen[0] for v in seen):
-            shown = [_DECODE[name][v] for v in seen] if name in _DECODE else seen
+            decode = {"op": OPS, "path": path_names, "dtype": [*map(str, _DTYPE_LIST), "other"]}.get(name)
+            shown = [decode[v] for v in seen] if decode is not None else seen
             per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
             return f"ranks disagree on the {name} ({per_rank})"
     return None
+
+
+def refuse(peers: Peers) -> None:
+    """A rank whose call failed its own checks still joins the exchange its peers wait in, so
+    they raise too instead of waiting for it."""
+    peers.exchange(refusal(peers.world_size))

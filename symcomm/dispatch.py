@@ -5,9 +5,9 @@ each backend's ``why_not`` states ability. A forced ``algo=`` skips the table. T
 are upper bounds in bytes (inclusive), in nccl-tests' byte convention (see Call.nbytes).
 
 Where the numbers come from: bench/results/ (graph-replay timing, 2x and 4x H200, NVLS off);
-ANCHORS.md has the NCCL-only picture that motivated the shape: symmetric kernels halve
+docs/measuring.md has the NCCL-only picture that motivated the shape: symmetric kernels halve
 latency up to ~64 KiB and lose 25-35% from 16 MiB up. Rows are keyed by Call.table_key:
-the op, or "all_gather:inplace" where in-place measured differently.
+the op, or "op:inplace" for in-place calls where in place measured differently.
 
 A measured table (``symcomm-bench tune``) replaces the built-in one: see load_table for the
 order in which tables are looked for, and check_tuning for the file format.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,9 @@ from typing import Any
 
 import torch
 
-from .backends.base import OPS
+from .base import OPS, Call
+from .base import Path as CommPath
+from . import settings
 from .errors import ArgumentError
 
 SYMM = ("nccl-symm", "nccl", "torch")
@@ -41,8 +42,8 @@ PLAIN_ROW = ([INF], [PLAIN])  # a key with no rules: plain NCCL first
 # smaller one that is.
 _KiB, _MiB = 1 << 10, 1 << 20
 BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
-    # bench/results/2026-11-21_h200: the faster of nccl and nccl-symm per power-of-two size,
-    # bf16, CUDA-graph replay, out-of-place.
+    # bench/results/2026-11-22_4xH200_nccl2.28.9: the faster of nccl and nccl-symm per
+    # power-of-two size, bf16, CUDA-graph replay, out-of-place.
     2: {
         # Custom kernels: extrapolated from world 4 until `symcomm-bench tune -g 2` replaces them.
         "all_reduce": [(32 * _KiB, FLAGFREE + SYMM), (512 * _KiB, FLAGFREE + PLAIN), (1 * _MiB, TWOSHOT + PLAIN),
@@ -67,7 +68,8 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
 }
 # Rows a table may leave out, and the row that stands in: the v-variants with equal sizes
 # are the plain collectives (with unequal sizes the symmetric backend declines by itself).
-_ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter", "all_gather:inplace": "all_gather"}
+_ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter", "all_gather:inplace": "all_gather",
+            "all_reduce:inplace": "all_reduce", "reduce_scatter:inplace": "reduce_scatter"}
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,7 @@ class DispatchTable:
 
     def __init__(self, rules: dict[str, list[tuple[float, tuple[str, ...]]]], source: str) -> None:
         self.source = source
-        # key -> (ascending inclusive bounds, preference per bound); read per call by
-        # Communicator._choose, which bisects it in place to save a frame.
+        # key -> (ascending inclusive bounds, preference per bound); bisected per call.
         self.rows: dict[str, tuple[list[float], list[tuple[str, ...]]]] = {}
         for key, steps in rules.items():
             bounds = [b for b, _ in steps]
@@ -100,6 +101,51 @@ class DispatchTable:
         return prefs[bisect.bisect_left(bounds, nbytes)]
 
 
+def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str], call: Call,
+           algo: str = "auto", explain: bool = False) -> tuple[CommPath | None, Choice | None]:
+    """The one place a path is chosen: the launch, Communicator.select() and the benchmark's
+    ``auto`` all come through here.
+
+    ``paths`` are the open paths by name, ``off`` the others with the reason they are off.
+    ``algo="auto"`` takes the first path of the table's preference that can serve the call; a
+    path name forces that path. Returns (path, None), or with ``explain`` (path, Choice) where
+    the Choice names every other path and why it was passed over. Raises ArgumentError when
+    nothing can serve the call, before any communication.
+    """
+    if algo == "auto":
+        preference = table.preference(call.table_key, call.nbytes)
+        if not explain:
+            for name in preference:
+                path = paths.get(name)
+                if path is not None and path.why_not(call) is None:
+                    return path, None
+        chosen: CommPath | None = None
+        rejected: dict[str, str] = {}
+        for name in (*preference, *(n for n in (*paths, *off) if n not in preference)):
+            path = paths.get(name)
+            reason = off.get(name, "not opened") if path is None else path.why_not(call)
+            if reason is None and chosen is None and name in preference:
+                chosen = path
+            elif name not in rejected and (chosen is None or name != chosen.name):
+                rejected[name] = reason or (f"not in the {table.source} table's row for {call.table_key}"
+                                            if name not in preference else
+                                            f"ranked below {chosen.name} at {call.nbytes} bytes by the "
+                                            f"{table.source} table")
+        if chosen is None:
+            raise ArgumentError(f"no path can serve this {call.op}: "
+                                + "; ".join(f"{n}: {r}" for n, r in rejected.items()))
+        return chosen, Choice(chosen.name, rejected)
+    path = paths.get(algo)
+    if path is None:
+        if algo in off:
+            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
+        raise ArgumentError(f"algo must be 'auto' or one of {', '.join(paths)}, got {algo!r}")
+    reason = path.why_not(call)
+    if reason is not None:
+        raise ArgumentError(f"algo={algo!r} cannot serve this {call.op}: {reason}")
+    return path, (Choice(algo, {}) if explain else None)
+
+
 def builtin_table(world_size: int) -> DispatchTable:
     known = [w for w in BUILTIN if w <= world_size]
     world = max(known) if known else min(BUILTIN)
@@ -110,7 +156,8 @@ def builtin_table(world_size: int) -> DispatchTable:
 TUNING_ENV = "SYMCOMM_TUNING_FILE"
 TUNING_VERSION = 1
 PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
-TABLE_KEYS = (*OPS, "all_gather:inplace")
+INPLACE_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
+TABLE_KEYS = (*OPS, *INPLACE_KEYS)
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -196,9 +243,8 @@ def load_table(world_size: int, device: torch.device, env: dict[str, str] | None
     """The table a communicator dispatches with. In order: the file named by
     SYMCOMM_TUNING_FILE (which must match this GPU and world size, else ArgumentError); a
     packaged table measured on this GPU at this world size; the built-in table."""
-    env = os.environ if env is None else env
     name = device_name(device)
-    path = env.get(TUNING_ENV)
+    path = settings.tuning_file() if env is None else env.get(TUNING_ENV)
     if path:
         tuned = read_tuning(path)
         if tuned.world_size != world_size:

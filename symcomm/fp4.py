@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import torch
 
 from . import _native, validate
-from .backends.base import raw_stream
-from .errors import ArgumentError, CudaError, DtypeError, SymcommError
+from .base import raw_stream
+from .errors import ArgumentError, DtypeError, SymcommError
 
 BLOCK = 16
 E4M3_MAX = 448.0
@@ -51,7 +51,6 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_ROUNDING = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
                   (5.0, False))
 _FLT_MAX = torch.finfo(torch.float32).max
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # csrc/fp4.cu's Dtype
 
 GlobalScale = float | torch.Tensor
 
@@ -259,17 +258,9 @@ _NATIVE: list = []  # [lib or None, reason], filled once
 
 def _native_lib() -> ctypes.CDLL | None:
     if not _NATIVE:
-        i64, vp, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
         try:
-            lib = _native.bind({
-                "symcomm_fp4_quantize": ([vp, i32, i64, i64, vp, f32, vp, vp, i32, vp], i32),
-                "symcomm_fp4_dequantize": ([vp, vp, i64, i64, vp, f32, i32, vp, i32, vp], i32),
-                "symcomm_fp4_quantize_host": ([vp, i32, i64, i64, f32, vp, vp, i32], i32),
-                "symcomm_fp4_dequantize_host": ([vp, vp, i64, i64, f32, i32, vp, i32], i32),
-                "symcomm_fp4_error_string": ([i32], ctypes.c_char_p),
-            })
-            _NATIVE[:] = [lib, None]
-        except (OSError, AttributeError) as exc:  # not built, or built before csrc/fp4.cu existed
+            _NATIVE[:] = [_native.load().lib, None]
+        except OSError as exc:  # not built, or built before csrc/fp4.cu existed
             _NATIVE[:] = [None, str(exc)]
     return _NATIVE[0]
 
@@ -281,8 +272,7 @@ def native_available() -> tuple[bool, str | None]:
 
 
 def _check_rc(lib: ctypes.CDLL, what: str, rc: int) -> None:
-    if rc:
-        raise CudaError(what, rc, lib.symcomm_fp4_error_string(rc).decode())
+    _native.check(lib, what, rc)
 
 
 def _stream(device: torch.device) -> int:
@@ -333,7 +323,7 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
         return packed, scales
     gs_ptr, gs_value = _scale_args(gs)
     with _on(x.device):
-        rc = lib.symcomm_fp4_quantize(x.data_ptr(), _DTYPE_CODES[x.dtype], n, h, gs_ptr, gs_value,
+        rc = lib.symcomm_fp4_quantize(x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, gs_ptr, gs_value,
                                       packed.data_ptr(), scales.data_ptr(), int(swizzle), _stream(x.device))
     _check_rc(lib, "symcomm_fp4_quantize", rc)
     return packed, scales
@@ -355,8 +345,8 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
         return out.copy_(dequantize_reference(packed, scales, gs, dtype, swizzled))
     gs_ptr, gs_value = _scale_args(gs)
     with _on(packed.device):
-        rc = lib.symcomm_fp4_dequantize(packed.data_ptr(), scales.data_ptr(), n, h, gs_ptr, gs_value,
-                                        int(swizzled), out.data_ptr(), _DTYPE_CODES[dtype], _stream(packed.device))
+        rc = lib.symcomm_fp4_dequantize(packed.data_ptr(), scales.data_ptr(), n, h, gs_ptr, gs_value, int(swizzled),
+                                        out.data_ptr(), _native.DTYPE_CODES[dtype], _stream(packed.device))
     _check_rc(lib, "symcomm_fp4_dequantize", rc)
     return out
 
@@ -381,7 +371,7 @@ def quantize_host(x: torch.Tensor, global_scale: float, swizzle: bool = False) -
     scales = torch.empty(_scales_shape(n, h, swizzle), dtype=torch.float8_e4m3fn)
     lib = _host_lib()
     _check_rc(lib, "symcomm_fp4_quantize_host", lib.symcomm_fp4_quantize_host(
-        x.data_ptr(), _DTYPE_CODES[x.dtype], n, h, gs, packed.data_ptr(), scales.data_ptr(), int(swizzle)))
+        x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, gs, packed.data_ptr(), scales.data_ptr(), int(swizzle)))
     return packed, scales
 
 
@@ -397,5 +387,5 @@ def dequantize_host(packed: torch.Tensor, scales: torch.Tensor, global_scale: fl
     out = torch.empty((n, h), dtype=dtype)
     lib = _host_lib()
     _check_rc(lib, "symcomm_fp4_dequantize_host", lib.symcomm_fp4_dequantize_host(
-        packed.data_ptr(), scales.data_ptr(), n, h, gs, int(swizzled), out.data_ptr(), _DTYPE_CODES[dtype]))
+        packed.data_ptr(), scales.data_ptr(), n, h, gs, int(swizzled), out.data_ptr(), _native.DTYPE_CODES[dtype]))
     return out

@@ -91,7 +91,7 @@ def _scale_bits(gs: fp4.GlobalScale) -> int:
 def _agree_on_scale(comm, gs: fp4.GlobalScale | None) -> None:
     """Check mode: every rank sends (status, global scale bits). A rank whose own checks failed
     sends REFUSED and raises its own error; the others raise here instead of waiting for it."""
-    table = comm._exchange_ints([REFUSED, 0] if gs is None else [0, _scale_bits(gs)])
+    table = comm.peers.exchange([REFUSED, 0] if gs is None else [0, _scale_bits(gs)])
     if gs is None:
         return
     refused = [r for r, (status, _) in enumerate(table) if status == REFUSED]
@@ -115,8 +115,6 @@ def all_gatherv_fp4(comm, x: torch.Tensor, sizes: Sequence[int], global_scale: f
     except SymcommError:
         if checking:
             _agree_on_scale(comm, None)
-        else:
-            comm._refused()
         raise
     if checking:
         _agree_on_scale(comm, args.gs)

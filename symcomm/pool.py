@@ -1,7 +1,7 @@
 """The symmetric pool: NCCL-allocated regions registered as symmetric windows, carved up by
 torch's caching allocator through csrc/pool_alloc.cc, plus the membership index.
 
-Rules this module enforces (DESIGN.md, "Symmetric memory"):
+Rules this module enforces (docs/symmetric-memory.md):
 - Registration is a collective: every rank adds the same region sizes in the same order, so
   regions are added only by :meth:`SymmetricPool.reserve`, which first checks that all ranks
   asked for the same thing and refuses during CUDA-graph capture.
@@ -9,6 +9,7 @@ Rules this module enforces (DESIGN.md, "Symmetric memory"):
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ class Region:
     number: int  # registration order: equal across ranks, unlike the address
     base: int
     nbytes: int
-    window: int
+    windows: tuple[int, ...]  # one per communicator the region is registered on, in their order
 
 
 def round_to_granule(nbytes: int) -> int:
@@ -92,7 +93,7 @@ class SymmetricPool:
                  exchange: Exchange) -> None:
         self._nccl = nccl
         self._native = native.lib
-        self._comm = comm
+        self._comms = [comm]  # registered on each, in this order (SymmetricPool.add_comm)
         self._device = device
         self._exchange = exchange
         self.pool_id: int = self._native.symcomm_pool_create()
@@ -141,17 +142,30 @@ class SymmetricPool:
                 raise SymmetricMemoryError(
                     f"reserve_symmetric({nbytes}): allocation failed on at least one rank"
                     + (f" (here: {failure})" if failure else ""))
+            windows: list[int] = []
             try:
-                window = self._nccl.window_register(self._comm, ptr, nbytes)
+                for comm in self._comms:
+                    windows.append(self._nccl.window_register(comm, ptr, nbytes))
             except Exception:
+                for comm, window in zip(self._comms, windows):
+                    self._nccl.window_deregister(comm, window)
                 self._nccl.mem_free(ptr)
                 raise
         # Cannot fail for an aligned, positive region of a live pool (checked above).
         self._native.symcomm_pool_add_region(self.pool_id, ptr, nbytes)
-        region = Region(len(self.regions), ptr, nbytes, window)
+        region = Region(len(self.regions), ptr, nbytes, tuple(windows))
         self.regions[ptr] = region
         self.index.add(ptr, nbytes)
         return region
+
+    def add_comm(self, comm: int) -> None:
+        """Collective: register every region, in registration order, on one more NCCL
+        communicator (the symmetric path's graph communicator); later regions go on both."""
+        with torch.cuda.device(self._device):
+            for region in sorted(self.regions.values(), key=lambda r: r.number):
+                window = self._nccl.window_register(comm, region.base, region.nbytes)
+                self.regions[region.base] = dataclasses.replace(region, windows=(*region.windows, window))
+        self._comms.append(comm)
 
     def locate(self, ptr: int) -> tuple[int, int]:
         """(region number, offset) of a registered range; (-1, -1) when not registered."""
@@ -175,7 +189,8 @@ class SymmetricPool:
         with torch.cuda.device(self._device):
             # Windows go in reverse registration order, the same on every rank.
             for region in sorted(self.regions.values(), key=lambda r: -r.number):
-                self._nccl.window_deregister(self._comm, region.window)
+                for comm, window in reversed(list(zip(self._comms, region.windows))):
+                    self._nccl.window_deregister(comm, window)
                 if not live:
                     self._nccl.mem_free(region.base)
         if live:

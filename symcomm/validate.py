@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
-from .backends.base import Call
+from .base import Call
 from .errors import ArgumentError, DtypeError
 
 REDOPS = ("sum", "prod", "max", "min", "avg")
@@ -21,6 +22,29 @@ _UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.co
 # ctypes NCCL call (bench/eager_overhead.py). So the happy path reads a few cheap attributes
 # (get_device() returns an int; .device would build a torch.device) and only the failure
 # path builds a message.
+
+
+def resolve_device(device: torch.device | str | int | None, group: dist.ProcessGroup) -> torch.device:
+    """The device rule: an explicit ``device`` wins; otherwise a group with an NCCL backend runs
+    on the current CUDA device and a group without one (gloo) on the CPU, whatever GPUs the
+    machine has, so a gloo program behaves the same on a laptop and on a GPU node."""
+    if device is None:
+        has_nccl = "nccl" in str(dist.get_backend(group))
+        return torch.device("cuda", torch.cuda.current_device()) if has_nccl else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"device={device} requested but CUDA is not available")
+        return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    if device.type != "cpu":
+        raise ArgumentError(f"device must be cpu or cuda, got {device}")
+    return device
+
+
+def capacity(name: str, value: object, multiple: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % multiple:
+        raise ArgumentError(f"{name} must be a non-negative multiple of {multiple} bytes, got {value!r}")
+    return value
 
 
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
@@ -115,7 +139,9 @@ def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call
         out_ptr = out.data_ptr()
         if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
             _in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)  # raises: partial overlap
-    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes)
+    # In place measured differently (one-shot stages an in-place input): its own table row.
+    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes,
+                "all_reduce:inplace" if out_ptr == x_ptr else None)
 
 
 def all_gather(x: object, out: object, rank: int, world_size: int, device: torch.device) -> Call:
@@ -138,13 +164,13 @@ def reduce_scatter(x: object, out: object, op: object, rank: int, world_size: in
         raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
     out = output("out", out, (n // world_size, *x.shape[1:]), x)
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
-    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes)
+    inplace = _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
+    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes,
+                "reduce_scatter:inplace" if inplace else None)
 
 
 def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_size: int,
-                device: torch.device) -> tuple[Call, bool]:
-    """Returns the call and whether the caller passed a single tensor (not a list)."""
+                device: torch.device) -> Call:
     single = isinstance(tensors, torch.Tensor)
     xs = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) else None
     if not xs:
@@ -168,7 +194,7 @@ def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_si
         row_bytes = o.nbytes // total if total else 0
         _in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)
     in_ptrs, out_ptrs = [x.data_ptr() for x in xs], [o.data_ptr() for o in outs]
-    return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs)), single
+    return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs))
 
 
 def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int, world_size: int,
@@ -184,3 +210,15 @@ def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int
     row_bytes = x.nbytes // total if total else 0
     _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + sum(sizes[:rank]) * row_bytes)
     return Call("reduce_scatterv", (x,), (out,), (x_ptr,), (out_ptr,), sizes, op, x.nbytes)
+
+
+# op -> builder(comm, x, out, sizes, reduce_op), for Communicator.select(), which names the op
+# as a string; the collectives call their own builder directly.
+BUILDERS = {
+    "all_reduce": lambda c, x, out, sizes, redop: all_reduce(x, out, redop, c.device),
+    "all_gather": lambda c, x, out, sizes, redop: all_gather(x, out, c.rank, c.world_size, c.device),
+    "all_gatherv": lambda c, x, out, sizes, redop: all_gatherv(x, sizes, out, c.rank, c.world_size, c.device),
+    "reduce_scatter": lambda c, x, out, sizes, redop: reduce_scatter(x, out, redop, c.rank, c.world_size, c.device),
+    "reduce_scatterv": lambda c, x, out, sizes, redop: reduce_scatterv(x, sizes, out, redop, c.rank, c.world_size,
+                                                                       c.device),
+}

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from symcomm import dispatch
+from symcomm import _native, dispatch
 from symcomm.backends import custom
-from symcomm.backends.base import Call
+from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT, Call
 from symcomm.pool import GRANULE_SHIFT
 
 
 class FakeState:
-    """What CustomBackend reads of CustomAllReduce, with no CUDA behind it."""
+    """What CustomPath reads of CustomAllReduce, with no CUDA behind it."""
 
     def __init__(self, granules=None, can_register=True, graph_slots=8):
         self.flagfree_bytes = custom.DEFAULT_FLAGFREE_BYTES
@@ -34,14 +34,14 @@ def _call(numel=1024, dtype=torch.bfloat16, op="all_reduce", redop="sum", in_ptr
 
 def test_library_exports_every_entry_point():
     lib = custom.load_library()  # CI builds csrc/ with nvcc, so this must load
-    for name in custom._SIGNATURES:
+    for name in (n for n in _native.SIGNATURES if n.startswith("symcomm_ar_")):
         assert getattr(lib, name) is not None
     assert lib.symcomm_cuda_error_string(1) == b"invalid argument"
 
 
 @pytest.mark.parametrize("algo", custom.ALGO_CODES)
 def test_accepts_sums_of_supported_dtypes_in_whole_vectors(algo):
-    backend = custom.CustomBackend(algo, FakeState())
+    backend = custom.CustomPath(algo, custom.Kernels(FakeState()))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert backend.why_not(_call(dtype=dtype)) is None
     assert backend.why_not(_call(numel=0)) is None
@@ -57,22 +57,25 @@ def test_accepts_sums_of_supported_dtypes_in_whole_vectors(algo):
     (_call(out_ptr=(2 << 30) + 4), "16-byte aligned"),
 ])
 def test_declines_with_a_reason(algo, call, reason):
-    assert reason in custom.CustomBackend(algo, FakeState()).why_not(call)
+    assert reason in custom.CustomPath(algo, custom.Kernels(FakeState())).why_not(call)
 
 
 def test_capacity_differs_by_kernel():
     state = FakeState()
     over_flagfree = _call(numel=custom.DEFAULT_FLAGFREE_BYTES // 2 + 8)
-    assert "capacity" in custom.CustomBackend(custom.FLAGFREE, state).why_not(over_flagfree)
-    assert custom.CustomBackend(custom.ONESHOT, state).why_not(over_flagfree) is None
+    assert "capacity" in custom.CustomPath(FLAGFREE, custom.Kernels(state)).why_not(over_flagfree)
+    assert custom.CustomPath(ONESHOT, custom.Kernels(state)).why_not(over_flagfree) is None
     over_staging = _call(numel=custom.DEFAULT_STAGING_BYTES // 2 + 8)
-    for algo in (custom.ONESHOT, custom.TWOSHOT):
-        assert "capacity" in custom.CustomBackend(algo, state).why_not(over_staging)
+    for algo in (ONESHOT, TWOSHOT):
+        assert "capacity" in custom.CustomPath(algo, custom.Kernels(state)).why_not(over_staging)
 
 
 @pytest.mark.parametrize("world,ok", [(1, False), (2, True), (3, False), (4, True), (6, True), (8, True), (16, False)])
 def test_world_sizes(world, ok):
     assert (custom.world_size_problem(world) is None) == ok
+
+
+SIZES = [custom.DEFAULT_STAGING_BYTES, custom.DEFAULT_FLAGFREE_BYTES, custom.DEFAULT_GRAPH_SLOTS]
 
 
 class Exchange:
@@ -89,23 +92,34 @@ class Exchange:
 
 def test_setup_disabled_by_environment_still_votes(monkeypatch):
     monkeypatch.setenv("SYMCOMM_DISABLE_CUSTOM_AR", "1")
-    ex = Exchange([[[0, custom.host_identity(), 5]]])
-    state, reason = custom.setup(0, 2, torch.device("cuda", 0), ex, 30.0, None)
+    ex = Exchange([[[0, custom.host_identity(), 5, *SIZES]]])
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "SYMCOMM_DISABLE_CUSTOM_AR" in reason
     assert ex.sent[0][0] == 1  # the peers learn this rank is out, so they don't wait for it
 
 
 def test_setup_falls_back_when_a_peer_votes_no_or_ranks_span_hosts():
     here = custom.host_identity()
-    state, reason = custom.setup(0, 2, torch.device("cuda", 0), Exchange([[[1, here, 5]]]), 30.0, None)
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[1, here, 5, *SIZES]]]), 30.0, None)
     assert state is None and "another rank" in reason
-    state, reason = custom.setup(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, 5]]]), 30.0, None)
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, 5, *SIZES]]]), 30.0, None)
     assert state is None and "span hosts" in reason
 
 
+def test_ranks_with_different_buffer_sizes_turn_the_kernels_off_everywhere():
+    """A peer built with another custom_ar_capacity: addresses computed from the local sizes
+    would land outside its buffers, so every rank falls back, naming the sizes."""
+    here = custom.host_identity()
+    other = [custom.DEFAULT_STAGING_BYTES // 2, *SIZES[1:]]
+    ex = Exchange([[[0, here, 5, *other]]])
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None)
+    assert state is None and "disagree on the buffer sizes" in reason and f"rank 1: {other}" in reason
+    assert ex.sent[0][3:] == SIZES
+
+
 def test_unsupported_world_size_votes_no():
-    ex = Exchange([[[1, 0, 5]] * 2])
-    state, reason = custom.setup(0, 3, torch.device("cuda", 0), ex, 30.0, None)
+    ex = Exchange([[[1, 0, 5, *SIZES]] * 2])
+    state, reason = custom.setup_kernels(0, 3, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "world size 3" in reason and ex.sent[0][0] == 1
 
 
@@ -119,7 +133,7 @@ def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
     granule = 77
     state = FakeState(granules={granule: granule << GRANULE_SHIFT}, graph_slots=3)
     session = custom.CaptureSession()
-    one, two = custom.CustomBackend(custom.ONESHOT, state), custom.CustomBackend(custom.TWOSHOT, state)
+    one, two = custom.CustomPath(ONESHOT, custom.Kernels(state)), custom.CustomPath(TWOSHOT, custom.Kernels(state))
     assert one._record(session, _call(in_ptr=1 << 30)) == 1
     assert two._record(session, _call(in_ptr=1 << 30)) == 1  # same buffer, same slot
     assert one._record(session, _call(in_ptr=1 << 30, out_ptr=1 << 30)) == 0  # in-place one-shot stages
@@ -128,7 +142,7 @@ def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
     assert one._record(session, _call(in_ptr=5 << 30)) == 0  # slots exhausted: stage instead
     assert session.out_of_slots and list(session.slots) == [1 << 30, 3 << 30]
     no_ipc = FakeState(can_register=False)
-    assert custom.CustomBackend(custom.ONESHOT, no_ipc)._record(custom.CaptureSession(), _call()) == 0
+    assert custom.CustomPath(ONESHOT, custom.Kernels(no_ipc))._record(custom.CaptureSession(), _call()) == 0
 
 
 def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
@@ -162,8 +176,8 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     state.run = lambda algo, call, stage, slot, offset=0: launched.append((algo, stage, slot, offset))
     state.capture = session = custom.CaptureSession()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    one, two = custom.CustomBackend(custom.ONESHOT, state), custom.CustomBackend(custom.TWOSHOT, state)
-    flag = custom.CustomBackend(custom.FLAGFREE, state)
+    one, two = custom.CustomPath(ONESHOT, custom.Kernels(state)), custom.CustomPath(TWOSHOT, custom.Kernels(state))
+    flag = custom.CustomPath(FLAGFREE, custom.Kernels(state))
     two.run(_call(in_ptr=1 << 30))                                   # recorded, buffer 0
     one.run(_call(in_ptr=3 << 30))                                   # recorded, buffer 1
     two.run(_call(in_ptr=1 << 30))                                   # buffer 0 again
@@ -194,8 +208,20 @@ def test_check_mode_compares_alignment_and_refusals_keep_the_length():
     """A view misaligned on one rank only would send that rank to NCCL and its peers to a
     kernel; check mode's signature carries the misalignment so ranks compare it."""
     from symcomm import checks
-    values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), "custom-oneshot", 2, None)
+    values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), 1, 2, None)
     assert len(values) == len(names) == len(checks.refusal(2))
     assert values[names.index("16-byte misalignment of the all_reduce input/output")] == 8
-    table = [values, checks.signature(_call(), "custom-oneshot", 2, None)[0]]
-    assert "misalignment" in checks.first_mismatch(table, names)
+    table = [values, checks.signature(_call(), 1, 2, None)[0]]
+    assert "misalignment" in checks.first_mismatch(table, names, ["nccl", "custom-oneshot"])
+
+
+def test_a_rank_that_turned_the_kernels_off_still_votes():
+    """custom_ar_capacity=0 on one rank only: that rank still joins the vote (saying no), so
+    peers with kernels on fall back instead of waiting for it in the exchange."""
+    ex = Exchange([[[0, custom.host_identity(), 5, *SIZES]]])
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None,
+                                         off="turned off (custom_ar_capacity=0)")
+    assert state is None and "custom_ar_capacity=0" in reason and ex.sent[0][0] == 1
+    peer = Exchange([[[1, custom.host_identity(), 5, *SIZES]]])
+    state, reason = custom.setup_kernels(1, 2, torch.device("cuda", 0), peer, 30.0, None)
+    assert state is None and "another rank" in reason

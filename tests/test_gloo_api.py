@@ -221,9 +221,10 @@ class _FakeNccl:
 
 def _bootstrap_ids(rank, world):
     import torch.distributed as dist
+    from symcomm.backends.nccl import unique_id
     comm = symcomm.Communicator()
     fake = _FakeNccl()
-    ids = [u.to_bytes() for u in comm._broadcast_ids(fake, 2)]
+    ids = [unique_id(fake, comm.peers).to_bytes() for _ in range(2)]
     assert ids[0] != ids[1] and len(ids[0]) == 128
     assert fake.calls == (2 if rank == 0 else 0), "only rank 0 creates ids"
     everyone = [torch.zeros(256, dtype=torch.uint8) for _ in range(world)]
@@ -235,7 +236,7 @@ def _bootstrap_ids(rank, world):
             raise symcomm.NcclError("ncclGetUniqueId", 2, "ncclSystemError", "no network interface")
 
     with pytest.raises(symcomm.SymcommError, match="no network interface" if rank == 0 else "failed on rank 0"):
-        comm._broadcast_ids(Broken(), 1)  # every rank raises; none is left waiting
+        unique_id(Broken(), comm.peers)  # every rank raises; none is left waiting
     comm.close()
 
 

@@ -40,16 +40,16 @@ class _RecordingLib:
 
 def _run(sizes, rank, in_place=False):
     lib = _RecordingLib()
-    backend = nccl_backend.NcclBackend("nccl", _nccl.Library(lib, "/fake", "test", (2, 28, 9)), 1, rank,
-                                       torch.device("cpu"))
+    backend = nccl_backend.NcclPath()
+    backend.attach(_nccl.Library(lib, "/fake", "test", (2, 28, 9)), 1, rank, torch.device("cpu"))
     out = torch.zeros(sum(sizes), 3, dtype=torch.float16)
     start = sum(sizes[:rank])
     x = torch.arange(sizes[rank] * 3, dtype=torch.float16).view(sizes[rank], 3) + 1
     if in_place:
         out[start:start + sizes[rank]] = x
         x = out[start:start + sizes[rank]]
-    call, _ = validate.all_gatherv(x, sizes, out, rank, len(sizes), torch.device("cpu"))
-    backend._all_gatherv(call, 0)
+    call = validate.all_gatherv(x, sizes, out, rank, len(sizes), torch.device("cpu"))
+    backend._all_gatherv(call, 1, 0)
     return lib.calls, x, out
 
 

@@ -1,10 +1,12 @@
-"""symcomm's own all-reduce kernels (csrc/custom_ar.cu) over CUDA-IPC-mapped peer memory.
+"""symcomm's own all-reduce kernels (csrc/custom_ar.cu) over peer-mapped memory: three paths,
+``custom-flagfree``, ``custom-oneshot`` and ``custom-twoshot``.
 
-One ``CustomAllReduce`` per communicator owns the mapped buffers; three ``CustomBackend``
-objects (one per kernel) share it, so dispatch treats each kernel as a path of its own.
-Setup is collective and decided by vote at each step, so a rank that cannot take part makes
-every rank fall back to NCCL instead of leaving the others waiting. DESIGN.md, "Custom
-all-reduce", has the rules; csrc/custom_ar.cu explains the kernels and their memory ordering.
+One ``CustomAllReduce`` per communicator owns the mapped buffers; the three ``CustomPath``
+objects share it (the first to open builds it, the last to close tears it down), so dispatch
+treats each kernel as a path of its own. Setup is collective and decided by vote at each step,
+so a rank that cannot take part makes every rank fall back to NCCL instead of leaving the
+others waiting. docs/architecture.md has the rules; csrc/custom_ar.cu explains the kernels and
+their memory ordering.
 """
 from __future__ import annotations
 
@@ -15,23 +17,24 @@ import os
 import secrets
 import socket
 import struct
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
-from .. import _native
+from .. import _native, settings
+from ..base import FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, TWOSHOT, Call, Exchange, Path, Setup, raw_stream
 from ..errors import CudaError
-from ..pool import GRANULE_SHIFT
-from .base import Call, raw_stream
+from ..pool import GRANULE_SHIFT, Region
 
 _c = ctypes
-FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twoshot"
 ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+DTYPE_CODES = _native.DTYPE_CODES
 SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 # Staging (and the two-shot scratch, as large) bounds one-shot/two-shot: 16 MiB covers the
-# range where the kernels can beat NCCL (ANCHORS.md: NCCL reaches its bandwidth from ~16 MiB).
+# range where the kernels can beat NCCL (docs/measuring.md: NCCL reaches its bandwidth from
+# about 16 MiB).
 DEFAULT_STAGING_BYTES = 16 << 20
 # Per rank and per receive buffer (three of them) for the flag-free kernel, which only wins
 # for small messages where latency, not bandwidth, decides.
@@ -39,30 +42,9 @@ DEFAULT_FLAGFREE_BYTES = 512 << 10
 # Device-side pointer tables for buffers recorded during graph capture (64 bytes each).
 DEFAULT_GRAPH_SLOTS = 4096
 
-_SIGNATURES = {
-    "symcomm_ar_create": ([_c.c_int, _c.c_int, _c.c_int, _c.c_size_t, _c.c_size_t, _c.c_int, _c.c_double,
-                           _c.POINTER(_c.c_void_p)], _c.c_int),
-    "symcomm_ar_handle": ([_c.c_void_p, _c.c_char_p], _c.c_int),
-    "symcomm_ar_open": ([_c.c_void_p, _c.c_char_p], _c.c_int),
-    "symcomm_ar_probe_write": ([_c.c_void_p, _c.c_uint32], _c.c_int),
-    "symcomm_ar_probe_read": ([_c.c_void_p, _c.POINTER(_c.c_uint32)], _c.c_int),
-    "symcomm_ar_buffer_handle": ([_c.c_void_p, _c.c_void_p, _c.c_char_p, _c.POINTER(_c.c_uint64)], _c.c_int),
-    "symcomm_ar_set_slot": ([_c.c_void_p, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_uint64), _c.c_void_p], _c.c_int),
-    "symcomm_ar_export_region": ([_c.c_void_p, _c.c_void_p, _c.POINTER(_c.c_int)], _c.c_int),
-    "symcomm_ar_import_region": ([_c.c_void_p, _c.c_int, _c.c_size_t, _c.POINTER(_c.c_void_p)], _c.c_int),
-    "symcomm_ar_set_slot_ptrs": ([_c.c_void_p, _c.c_int, _c.POINTER(_c.c_uint64)], _c.c_int),
-    "symcomm_ar_run": ([_c.c_void_p, _c.c_int, _c.c_int, _c.c_void_p, _c.c_int, _c.c_uint64, _c.c_void_p,
-                        _c.c_uint64, _c.c_int, _c.c_void_p], _c.c_int),
-    "symcomm_ar_destroy": ([_c.c_void_p], _c.c_int),
-    "symcomm_cuda_error_string": ([_c.c_int], _c.c_char_p),
-}
-
-Exchange = Callable[[list[int]], list[list[int]]]
-
-
 def load_library() -> ctypes.CDLL:
     """The native library with the custom all-reduce entry points bound (OSError if absent)."""
-    return _native.bind(_SIGNATURES)
+    return _native.load().lib
 
 
 def host_identity() -> int:
@@ -126,8 +108,7 @@ class CustomAllReduce:
         self.capture: CaptureSession | None = None
         # Only cudaMalloc'd memory has CUDA IPC handles: torch's expandable segments (cuMem) and
         # its cudaMallocAsync backend do not, so captured inputs there are staged instead.
-        conf = ",".join(os.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
-        conf = conf.replace(" ", "").lower()
+        conf = settings.torch_allocator_conf()
         self.can_register = "expandable_segments:true" not in conf and "backend:cudamallocasync" not in conf
 
     def check(self, what: str, code: int) -> None:
@@ -179,31 +160,39 @@ class CaptureSession:
         self.out_of_slots = False
 
 
-def setup(rank: int, world_size: int, device: torch.device, exchange: Exchange, timeout_s: float,
+def setup_kernels(rank: int, world_size: int, device: torch.device, exchange: Exchange, timeout_s: float,
           granules: dict[int, int] | None, staging_bytes: int = DEFAULT_STAGING_BYTES,
           flagfree_bytes: int = DEFAULT_FLAGFREE_BYTES,
           graph_slots: int = DEFAULT_GRAPH_SLOTS,
-          regions: Sequence[tuple[int, int]] = ()) -> tuple[CustomAllReduce | None, str | None]:
+          regions: Sequence[tuple[int, int]] = (),
+          off: str | None = None) -> tuple[CustomAllReduce | None, str | None]:
     """Collective: map every rank's buffers and test P2P on every pair. Returns the context, or
-    None and the reason the kernels are off (the same decision on every rank)."""
-    reason = None
-    lib = None
-    if os.environ.get("SYMCOMM_DISABLE_CUSTOM_AR", "0") == "1":
+    None and the reason the kernels are off (the same decision on every rank). ``off`` is a
+    local reason to stay off, which still takes part in the vote so no peer waits for this rank."""
+    reason, lib = off, None
+    if reason is None and settings.custom_kernels_disabled():
         reason = "disabled by SYMCOMM_DISABLE_CUSTOM_AR=1"
-    elif (problem := world_size_problem(world_size)) is not None:
-        reason = problem
-    else:
+    if reason is None:
+        reason = world_size_problem(world_size)
+    if reason is None:
         try:
             lib = load_library()
         except (OSError, AttributeError) as exc:
             reason = f"native library unavailable: {exc}"
-    votes = exchange([0 if reason is None else 1, host_identity(), secrets.randbits(62)])
+    # Peers' staging, scratch, flag-free and slot addresses are computed from these sizes, so
+    # ranks that disagree would write outside each other's buffers: they are part of the vote.
+    sizes = [staging_bytes, flagfree_bytes, graph_slots]
+    votes = exchange([0 if reason is None else 1, host_identity(), secrets.randbits(62), *sizes])
     if reason is not None:
         return None, reason
     if any(row[0] for row in votes):
         return None, "unavailable on another rank: " + ", ".join(str(r) for r, row in enumerate(votes) if row[0])
     if len({row[1] for row in votes}) > 1:
         return None, "the ranks span hosts (CUDA IPC needs one host)"
+    if any(row[3:] != sizes for row in votes):
+        per_rank = ", ".join(f"rank {r}: {row[3:]}" for r, row in enumerate(votes))
+        return None, (f"ranks disagree on the buffer sizes [staging, flag-free, graph slots] ({per_rank}); "
+                      f"pass the same custom_ar_capacity on every rank")
     session = votes[0][2]  # rank 0's random number names this communicator's sockets
 
     ctx = _c.c_void_p()
@@ -256,7 +245,7 @@ def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exch
     if not regions or state.region_problem is not None:
         exchange([1])  # peers in the same call learn that this rank opts out
         return
-    lib, rank, world = state.lib, state.rank, state.world_size
+    lib, world = state.lib, state.world_size
     fds: list[int] = []
     code = 0
     for base, _ in regions:
@@ -352,7 +341,7 @@ def _quiet_destroy(state: CustomAllReduce) -> None:
 def _probe(state: CustomAllReduce, exchange: Exchange) -> str | None:
     """Every rank stores a token into every peer and loads every peer's own copy; both
     directions of every pair must carry the right bits. The driver's peer-access report is
-    not proof (DESIGN.md), a round trip of real loads and stores is."""
+    not proof, a round trip of real loads and stores is."""
     lib, world = state.lib, state.world_size
     code = lib.symcomm_ar_probe_write(state.ctx, probe_token(state.rank))
     exchange([code])  # everyone has written (or failed to) before anyone reads
@@ -422,14 +411,80 @@ def register_captured(state: CustomAllReduce, session: CaptureSession, failed: b
     return None
 
 
-class CustomBackend:
-    """One of the three kernels as a dispatch path."""
+class CustomPath(Path):
+    """One of the three kernels as a path. The three share one CustomAllReduce through the
+    setup's ``shared`` entry: the first to open builds it (or records why it is off), the last to
+    close tears it down."""
 
-    def __init__(self, name: str, state: CustomAllReduce) -> None:
+    needs_equal_offsets = True  # pool inputs are read in place at this rank's offset
+
+    def __init__(self, name: str, kernels: Kernels | None = None) -> None:
+        """``kernels`` attaches already-built state (tests); open() builds or finds it."""
         self.name = name
-        self._state = state
         self._algo = ALGO_CODES[name]
-        self.capacity = state.flagfree_bytes if name == FLAGFREE else state.staging_bytes
+        self._shared: Kernels | None = None
+        self._state: CustomAllReduce | None = None
+        self.capacity = 0
+        if kernels is not None:
+            self._attach(kernels)
+
+    def open(self, setup: Setup) -> str | None:
+        kernels = setup.shared.get(_SHARED_KEY)
+        if kernels is None:
+            kernels = setup.shared[_SHARED_KEY] = Kernels.open(setup)
+        if kernels.state is None:
+            return f"custom all-reduce: {kernels.reason}"
+        self._attach(kernels)
+        return None
+
+    def _attach(self, kernels: Kernels) -> None:
+        kernels.users += 1
+        self._shared, self._state = kernels, kernels.state
+        self.capacity = kernels.state.flagfree_bytes if self.name == FLAGFREE else kernels.state.staging_bytes
+
+    def add_region(self, region: Region) -> None:
+        self._shared.add_region(region)
+
+    def begin_capture(self) -> None:
+        if self._state.capture is None:  # the first of the three starts the session
+            self._state.capture = CaptureSession()
+
+    def end_capture(self, failed: bool) -> str | None:
+        state = self._state
+        session, state.capture = state.capture, None
+        if session is None:  # a sibling already registered this session
+            return None
+        problem = register_captured(state, session, failed, self._shared.exchange)
+        if session.out_of_slots:
+            warnings.warn(f"graph_capture(): all {state.graph_slots - 1} buffer slots are in use; later "
+                          f"captured custom all-reduces copy their input to the staging buffer instead",
+                          ResourceWarning, stacklevel=4)
+        return problem
+
+    def info(self) -> dict:
+        state = self._state
+        if state is None:
+            return {}
+        return {"custom_all_reduce": {
+            "staging_bytes": state.staging_bytes,
+            "flagfree_bytes": state.flagfree_bytes,
+            "graph_slots_used": state.next_slot - 1,
+            # pool regions whose inputs the kernels read in place (else: staged, and why)
+            "symmetric_regions_mapped": len(state.region_slots),
+            "symmetric_regions_problem": state.region_problem,
+        }}
+
+    def close(self) -> None:
+        shared, self._shared, self._state = self._shared, None, None
+        if shared is not None:
+            shared.release()
+
+    def abort(self) -> None:
+        # After a timed-out close the peers may still read these buffers: leave them mapped
+        # rather than free memory under a peer's kernel.
+        if self._shared is not None:
+            self._shared.abandoned = True
+        self._shared, self._state = None, None
 
     def why_not(self, call: Call) -> str | None:
         if call.op != "all_reduce":
@@ -446,7 +501,6 @@ class CustomBackend:
         if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
             return "input or output is not 16-byte aligned"
         return None
-
     def run(self, call: Call) -> None:
         state = self._state
         session = state.capture
@@ -490,3 +544,60 @@ class CustomBackend:
             session.order[ptr] = len(session.slots)
             session.slots[ptr] = slot
         return slot
+
+
+_SHARED_KEY = "custom-ar"
+
+
+class Kernels:
+    """The kernels' state, shared by the three paths of one communicator."""
+
+    def __init__(self, state: CustomAllReduce | None, reason: str | None = None, exchange: Exchange | None = None,
+                 barrier: Callable[[], None] | None = None) -> None:
+        self.state = state
+        self.reason = reason
+        self.exchange = exchange
+        self._barrier = barrier
+        self.users = 0
+        self.abandoned = False  # set by abort(): a timed-out teardown must unmap nothing
+        self._regions_seen: set[int] = set()
+
+    @classmethod
+    def open(cls, setup: Setup) -> "Kernels":
+        """Collective (decided alike on every rank): build the kernels' state, or say why not."""
+        peers, capacity = setup.peers, setup.options["custom_ar_capacity"]
+        plain = setup.opened.get(NCCL)
+        if plain is None:
+            # NCCL is the kernels' fallback and their teardown barrier; its own open voted.
+            return cls(None, f"needs NCCL, which is off ({setup.off.get(NCCL, 'not opened')})", peers.exchange)
+        symm = setup.opened.get(NCCL_SYMM)
+        pool = getattr(symm, "pool", None)
+        regions = [] if pool is None else [(r.base, r.nbytes) for r in sorted(pool.regions.values(),
+                                                                                key=lambda r: r.number)]
+        state, reason = setup_kernels(peers.rank, peers.world_size, setup.device, peers.exchange, setup.timeout_s,
+                                      None if pool is None else pool.index.granules, staging_bytes=capacity,
+                                      regions=regions,
+                                      # a rank's own choice: voted, since its peers may differ
+                                      off="turned off (custom_ar_capacity=0)" if capacity == 0 else None)
+        shared = cls(state, reason, peers.exchange, plain.barrier)
+        shared._regions_seen.update(base for base, _ in regions)
+        return shared
+
+    def add_region(self, region: Region) -> None:
+        # Every path hears of the region; the kernels map it once (the same call on every rank).
+        if region.base in self._regions_seen:
+            return
+        self._regions_seen.add(region.base)
+        map_regions(self.state, [(region.base, region.nbytes)], self.exchange)
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users or self.state is None:
+            return
+        state, self.state = self.state, None
+        torch.cuda.synchronize(state.device_index)
+        # Peers may still read this rank's buffers in their last kernel: wait for all of them
+        # (ordered and bounded, on the plain NCCL communicator) before unmapping.
+        self._barrier()
+        if not self.abandoned:
+            state.destroy()

@@ -1,19 +1,27 @@
-"""Plain NCCL, and NCCL on symmetric windows. One class serves both: they differ only in
-which communicator they enqueue on and in what they require of the tensors.
+"""Plain NCCL (``nccl``) and NCCL on symmetric windows (``nccl-symm``): two paths, each with an
+NCCL communicator of its own, sharing the code that enqueues the collectives.
 
-The symmetric communicator has windows registered; NCCL picks its symmetric kernels there
-when every buffer of the call lies in a window (same offset on every rank). The plain
-communicator has none, so even a symmetric tensor runs NCCL's regular kernels on it, which
-win at large sizes without NVLS (ANCHORS.md).
+The symmetric communicator has the pool's regions registered as windows; NCCL picks its
+symmetric kernels there when every buffer of the call lies in a window at the same offset on
+every rank. The plain communicator has none, so even a symmetric tensor runs NCCL's regular
+kernels on it, which win at large sizes without NVLS (docs/measuring.md). The symmetric path
+owns the pool: the Communicator hands it out for use_symmetric_memory.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from .. import _native, _nccl
 from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
-from ..errors import DtypeError
-from ..pool import GRANULE_SHIFT
-from .base import SCATTERING_OPS, Call, raw_stream, runner_table
+from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Peers, Setup, raw_stream, runner_table
+
+from ..bounded import bounded
+from ..errors import DtypeError, SymcommError
+from ..pool import GRANULE_SHIFT, SymmetricPool
+
+_capturing = torch.cuda.is_current_stream_capturing
 
 
 # Uneven all_gatherv schedule, by the gathered bytes (all tensors of the call). Same-run
@@ -25,24 +33,134 @@ from .base import SCATTERING_OPS, Call, raw_stream, runner_table
 SENDRECV_GATHERV_MAX_BYTES = 64 << 20
 
 
-class NcclBackend:
-    def __init__(self, name: str, nccl: Library, comm: int, rank: int, device: torch.device,
-                 granules: dict[int, int] | None = None) -> None:
-        self.name = name
-        self._nccl = nccl
-        self._lib = nccl.lib
-        self.comm = comm
-        self._rank = rank
-        self._device_index = device.index
-        # Only the symmetric backend gets the pool's granule map (SegmentIndex.granules); its
-        # presence is what makes why_not demand windows.
-        self._granules = granules
+def unique_id(nccl: Library, peers: Peers) -> _nccl.UniqueId:
+    """Collective: rank 0's fresh ncclUniqueId on every rank. It travels led by a status byte,
+    so a failure on rank 0 raises everywhere instead of leaving the others waiting."""
+    payload, failure = None, None
+    if peers.rank == 0:
+        try:
+            payload = b"\0" + nccl.get_unique_id().to_bytes()
+        except SymcommError as exc:
+            failure, payload = exc, b"\1"
+    raw = peers.broadcast(payload, 1 + _nccl.UNIQUE_ID_BYTES)
+    if raw[0]:
+        if failure is not None:
+            raise failure
+        raise SymcommError("ncclGetUniqueId failed on rank 0 (its own error says why); "
+                           "no NCCL communicator was created")
+    return _nccl.UniqueId.from_bytes(raw[1:])
+
+
+def _new_comm(nccl: Library, peers: Peers, timeout_s: float, device: torch.device) -> int:
+    """Collective: one NCCL communicator over ``peers``, its init bounded by ``timeout_s``."""
+    uid = unique_id(nccl, peers)
+    return bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(peers.world_size, uid, peers.rank),
+                   timeout_s, device)
+
+
+def _agree(setup: Setup, reason: str | None) -> str | None:
+    """Collective vote: None only if no rank has a reason to stay off."""
+    votes = setup.peers.exchange([0 if reason is None else 1])
+    if reason is None and any(v for v, in votes):
+        return "unavailable on another rank"
+    return reason
+
+
+class NcclPath(Path):
+    """NCCL's regular kernels on a communicator with no windows: serves any CUDA tensor."""
+
+    name = NCCL
+
+    def __init__(self) -> None:
+        self.nccl: Library | None = None
+        self.comm = 0
+        # A second communicator for captured launches, opened by the first graph_capture():
+        # a communicator that serves both pays NCCL's graph-mixing cost on every captured call.
+        self.graph_comm = 0
+        self.graph_comm_bytes = 0  # device memory it took, measured when it was opened
+        self._peers: Peers | None = None
+        self._timeout_s = 0.0
+        self._lib = None
+        self._rank = 0
+        self._device_index: int | None = None
+        self._device: torch.device | None = None
         self._reduce_codes: dict[torch.dtype, int] = {}
+        # Only the symmetric path gets the pool's granule map (SegmentIndex.granules); its
+        # presence is what makes why_not demand windows.
+        self._granules: dict[int, int] | None = None
+
+    def open(self, setup: Setup) -> str | None:
+        reason, nccl = self._local_blocker(setup)
+        reason = _agree(setup, reason)
+        if reason is not None:
+            return reason
+        self._peers, self._timeout_s = setup.peers, setup.timeout_s
+        self.attach(nccl, _new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
+        return None
+
+    def _local_blocker(self, setup: Setup) -> tuple[str | None, Library | None]:
+        if setup.device.type != "cuda":
+            return "the communicator's device is the CPU", None
+        try:
+            return None, _nccl.load()
+        except _nccl.NcclUnavailableError as exc:
+            return f"NCCL: {exc}", None
+
+    def attach(self, nccl: Library, comm: int, rank: int, device: torch.device) -> None:
+        """Serve calls on ``comm``, an NCCL communicator this path now owns (open() makes one;
+        tests pass a recording stand-in)."""
+        self.nccl, self._lib, self.comm = nccl, nccl.lib, comm
+        self._rank = rank
+        self._device = device
+        self._device_index = device.index
         for dtype in DTYPES:
             try:
                 self._reduce_codes[dtype] = reduce_dtype(dtype, nccl.version)
             except DtypeError:
                 pass
+
+    def begin_capture(self) -> None:
+        if self.graph_comm or self._peers is None:
+            return
+        # Collective (graph_capture() is), and outside the capture, which cannot create one.
+        free_before = torch.cuda.mem_get_info(self._device)[0]
+        self.graph_comm = _new_comm(self.nccl, self._peers, self._timeout_s, self._device)
+        self._graph_comm_opened()
+        torch.cuda.synchronize(self._device)
+        self.graph_comm_bytes = max(free_before - torch.cuda.mem_get_info(self._device)[0], 0)
+
+    def _graph_comm_opened(self) -> None:
+        """Hook for the symmetric path, which registers its windows on the new communicator."""
+
+    def info(self) -> dict[str, Any]:
+        nccl = self.nccl
+        if nccl is None:
+            return {}
+        return {"nccl": {"version": nccl.version_string, "library": nccl.path, "found_by": nccl.source},
+                f"{self.name}_graph_communicator": {"open": bool(self.graph_comm),
+                                                    "device_bytes": self.graph_comm_bytes}}
+
+    def barrier(self) -> None:
+        """Every rank's GPU work so far is done: a one-element all-reduce, waited for. Only
+        inside a bounded teardown (it blocks until every peer arrives)."""
+        flag = torch.ones(1, dtype=torch.int32, device=self._device)
+        stream = torch.cuda.current_stream(self._device).cuda_stream
+        self._check("ncclAllReduce", self._lib.ncclAllReduce(flag.data_ptr(), flag.data_ptr(), 1,
+                                                             DTYPES[torch.int32], REDUCE_OPS["sum"],
+                                                             self.comm, stream))
+        torch.cuda.synchronize(self._device)
+
+    def close(self) -> None:
+        comms, self.comm, self.graph_comm, self._peers = (self.comm, self.graph_comm), 0, 0, None
+        for comm in comms:
+            if comm:
+                self.nccl.comm_destroy(comm)
+
+    def abort(self) -> None:
+        comms, self.comm, self.graph_comm, self._peers = (self.comm, self.graph_comm), 0, 0, None
+        for comm in comms:
+            if comm:
+                self.nccl.comm_abort(comm)
 
     def why_not(self, call: Call) -> str | None:
         # Runs on every call: cheapest tests first, and nothing the validator already did
@@ -58,7 +176,7 @@ class NcclBackend:
             return "each rank's chunk must be a multiple of 16 bytes for NCCL's symmetric reduce-scatter"
         if call.sizes is not None and not call.even:
             # Uneven rows put each rank's slice at a different offset: a symmetric kernel
-            # would read the wrong peer memory (DESIGN.md, "same offset" rule).
+            # would read the wrong peer memory (docs/symmetric-memory.md, "same offset" rule).
             return "per-rank sizes are uneven, so window offsets differ between ranks"
         symmetric = call._symmetric
         if symmetric is None:
@@ -75,46 +193,51 @@ class NcclBackend:
 
     def _unreducible(self, dtype: torch.dtype) -> str:
         try:
-            reduce_dtype(dtype, self._nccl.version)
+            reduce_dtype(dtype, self.nccl.version)
         except DtypeError as exc:
             return str(exc)
         return f"NCCL cannot reduce {dtype}"
 
     def run(self, call: Call) -> None:
-        self._RUNNERS[call.op](self, call, raw_stream(self._device_index))
+        # Captured calls go to a communicator of their own once graph_capture() has opened one:
+        # NCCL's support for mixing captured and eager launches on one communicator costs
+        # microseconds per captured collective (docs/measuring.md, "Honest baselines").
+        graph_comm = self.graph_comm
+        comm = graph_comm if graph_comm and _capturing() else self.comm
+        self._RUNNERS[call.op](self, call, comm, raw_stream(self._device_index))
 
     def _check(self, call: str, code: int) -> None:
         if code:
             self._raise(call, code)
 
     def _raise(self, call: str, code: int) -> None:
-        self._nccl.check(call, code, self.comm)
+        self.nccl.check(call, code, self.comm)
 
-    def _all_reduce(self, call: Call, stream: int) -> None:
+    def _all_reduce(self, call: Call, comm: int, stream: int) -> None:
         x = call.inputs[0]
         code = self._lib.ncclAllReduce(call.in_ptrs[0], call.out_ptrs[0], x.numel(), self._reduce_codes[x.dtype],
-                                       REDUCE_OPS[call.redop], self.comm, stream)
+                                       REDUCE_OPS[call.redop], comm, stream)
         if code:  # no helper call on success: this is the eager hot path
             self._raise("ncclAllReduce", code)
 
-    def _all_gather(self, call: Call, stream: int) -> None:
+    def _all_gather(self, call: Call, comm: int, stream: int) -> None:
         # Byte-moving ops send every dtype (fp8, packed fp4, ...) as uint8.
         self._check("ncclAllGather", self._lib.ncclAllGather(
-            call.in_ptrs[0], call.out_ptrs[0], call.inputs[0].nbytes, UINT8, self.comm, stream))
+            call.in_ptrs[0], call.out_ptrs[0], call.inputs[0].nbytes, UINT8, comm, stream))
 
-    def _reduce_scatter(self, call: Call, stream: int) -> None:
+    def _reduce_scatter(self, call: Call, comm: int, stream: int) -> None:
         self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
             call.in_ptrs[0], call.out_ptrs[0], call.outputs[0].numel(), self._reduce_codes[call.dtype],
-            REDUCE_OPS[call.redop], self.comm, stream))
+            REDUCE_OPS[call.redop], comm, stream))
 
-    def _all_gatherv(self, call: Call, stream: int) -> None:
+    def _all_gatherv(self, call: Call, comm: int, stream: int) -> None:
         if call.even:
             self._grouped(call, lambda x, out, src, base: self._check(
-                "ncclAllGather", self._lib.ncclAllGather(src, base, x.nbytes, UINT8, self.comm, stream)))
+                "ncclAllGather", self._lib.ncclAllGather(src, base, x.nbytes, UINT8, comm, stream)))
         elif call.nbytes <= SENDRECV_GATHERV_MAX_BYTES:
-            self._grouped(call, lambda x, out, src, base: self._send_recv_rows(call.sizes, x, out, src, base, stream))
+            self._grouped(call, lambda x, out, src, base: self._send_recv_rows(call.sizes, x, out, src, base, comm, stream))
         else:
-            self._grouped(call, lambda x, out, src, base: self._broadcast_rows(call.sizes, out, src, base, stream))
+            self._grouped(call, lambda x, out, src, base: self._broadcast_rows(call.sizes, out, src, base, comm, stream))
 
     def _grouped(self, call: Call, enqueue) -> None:
         """enqueue(x, out, src_ptr, out_ptr) for each tensor pair, all in one NCCL group."""
@@ -126,11 +249,11 @@ class NcclBackend:
             self._check("ncclGroupEnd", self._lib.ncclGroupEnd())
 
     def _send_recv_rows(self, sizes: list[int], x: torch.Tensor, out: torch.Tensor, src: int, base: int,
-                        stream: int) -> None:
+                        comm: int, stream: int) -> None:
         # Every rank knows the sizes, so both ends of a pair skip an empty slice alike. This
         # rank's own rows are a local copy (enqueued on the stream now, so it runs before the
         # group's kernels), and none when the input already sits in place.
-        me, lib, comm = self._rank, self._lib, self.comm
+        me, lib = self._rank, self._lib
         row_bytes = out.nbytes // out.shape[0]  # out has sum(sizes) > 0 rows here
         start = 0
         for peer, rows in enumerate(sizes):
@@ -145,10 +268,11 @@ class NcclBackend:
                                                          comm, stream))
             start += rows
 
-    def _broadcast_rows(self, sizes: list[int], out: torch.Tensor, src: int, base: int, stream: int) -> None:
+    def _broadcast_rows(self, sizes: list[int], out: torch.Tensor, src: int, base: int, comm: int,
+                        stream: int) -> None:
         # One broadcast per root into its slice of the output; every rank skips the same empty
         # roots. The root's broadcast also copies its own rows into place.
-        me, lib, comm = self._rank, self._lib, self.comm
+        me, lib = self._rank, self._lib
         row_bytes = out.nbytes // out.shape[0]
         offset = 0
         for root, rows in enumerate(sizes):
@@ -158,18 +282,18 @@ class NcclBackend:
                                                                UINT8, root, comm, stream))
             offset += rows * row_bytes
 
-    def _reduce_scatterv(self, call: Call, stream: int) -> None:
+    def _reduce_scatterv(self, call: Call, comm: int, stream: int) -> None:
         x, out = call.inputs[0], call.outputs[0]
         x_ptr, out_ptr = call.in_ptrs[0], call.out_ptrs[0]
         dtype = self._reduce_codes[call.dtype]
         op = REDUCE_OPS[call.redop]
         if call.even:
             self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
-                x_ptr, out_ptr, out.numel(), dtype, op, self.comm, stream))
+                x_ptr, out_ptr, out.numel(), dtype, op, comm, stream))
             return
         row_elems = x.numel() // x.shape[0]  # x has sum(sizes) > 0 rows here
         row_bytes = row_elems * x.element_size()
-        lib, comm = self._lib, self.comm
+        lib = self._lib
         self._check("ncclGroupStart", lib.ncclGroupStart())
         try:
             offset = 0
@@ -186,3 +310,71 @@ class NcclBackend:
 
     _RUNNERS = runner_table(locals())
 
+
+
+class NcclSymmPath(NcclPath):
+    """NCCL's symmetric kernels on a second communicator that has the pool registered as
+    windows. Owns the pool: regions are registered on this communicator."""
+
+    name = NCCL_SYMM
+    needs_equal_offsets = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool: SymmetricPool | None = None
+        self._reason: str | None = None
+
+    def open(self, setup: Setup) -> str | None:
+        plain = setup.opened.get(NCCL)
+        if plain is None:
+            # NCCL's own open already voted: every rank is here alike.
+            reason = f"symmetric memory: needs NCCL, which is off ({setup.off.get(NCCL, 'not opened')})"
+        else:
+            reason = _agree(setup, self._symmetric_blocker(setup, plain.nccl))
+            if reason is not None:
+                reason = f"symmetric memory: {reason}"
+        if reason is not None:
+            self._reason = reason
+            return reason
+        nccl = plain.nccl
+        self._peers, self._timeout_s = setup.peers, setup.timeout_s
+        self.attach(nccl, _new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
+        self.pool = SymmetricPool(nccl, _native.load(), self.comm, setup.device, setup.peers.exchange)
+        self._granules = self.pool.index.granules
+        capacity = setup.options["symmetric_capacity"]
+        if capacity > 0:
+            self.pool.reserve(capacity)
+        return None
+
+    @staticmethod
+    def _symmetric_blocker(setup: Setup, nccl: Library) -> str | None:
+        if not setup.options["symmetric"]:
+            return "disabled by the caller (symmetric=False)"
+        if not nccl.has_windows:
+            return (f"NCCL {nccl.version_string} has no symmetric windows "
+                    f"(needs >= {'.'.join(map(str, _nccl.SYMMETRIC_MIN_VERSION))})")
+        try:
+            _native.load()
+        except OSError as exc:
+            return str(exc)
+        return None
+
+    def _graph_comm_opened(self) -> None:
+        self.pool.add_comm(self.graph_comm)  # collective: every region, in order, as windows
+
+    def info(self) -> dict[str, Any]:
+        pool = self.pool
+        return {**super().info(), "symmetric_memory": {
+            "enabled": pool is not None,
+            "reason": self._reason,
+            "capacity": pool.capacity if pool else 0,
+            "bytes_in_use": pool.bytes_in_use if pool else 0,
+            "regions": len(pool.regions) if pool else 0,
+        }}
+
+    def close(self) -> None:
+        pool, self.pool, self._granules = self.pool, None, None
+        if pool is not None:
+            torch.cuda.synchronize(self._device)
+            pool.close()  # deregistration is collective: every rank does it, in the same order
+        super().close()

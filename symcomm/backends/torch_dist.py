@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import Call, runner_table
+from ..base import TORCH, Call, Path, Setup, runner_table
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -21,13 +21,23 @@ _REDUCE_OPS = {
 _UNREDUCIBLE = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 
 
-class TorchDistBackend:
-    name = "torch"
+class TorchPath(Path):
+    name = TORCH
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, world_size: int) -> None:
-        self._group = group
-        self._rank = rank
-        self._world = world_size
+    def __init__(self) -> None:
+        self._group: dist.ProcessGroup | None = None
+        self._rank = 0
+        self._world = 1
+
+    def open(self, setup: Setup) -> str | None:
+        self._group = setup.peers.group
+        self._rank, self._world = setup.peers.rank, setup.peers.world_size
+        return None
+
+    def close(self) -> None:
+        self._group = None  # see Peers.close: the group must not outlive the user's teardown
+
+    abort = close
 
     def why_not(self, call: Call) -> str | None:
         if call.redop is not None and call.dtype in _UNREDUCIBLE:
@@ -79,7 +89,6 @@ class TorchDistBackend:
         reduced = x.clone()
         self._reduce_in_place(reduced, call.redop)
         out.copy_(reduced[first: first + rows])
-
 
     _RUNNERS = runner_table(locals())
 

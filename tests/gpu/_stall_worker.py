@@ -19,7 +19,7 @@ try:
     torch.cuda.set_device(rank)
     torch.ones(1, device="cuda")  # create the CUDA context before the bounded NCCL init
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    comm = symcomm.Communicator(symmetric=False)
+    comm = symcomm.Communicator(device="cuda", symmetric=False)  # a gloo group: CUDA must be asked for
     assert "custom-oneshot" in comm.algorithms(), comm.capabilities()
     x = torch.ones(4096, device="cuda")
     y = comm.all_reduce(x, algo="custom-oneshot")

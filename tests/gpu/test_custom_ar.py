@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -279,7 +278,7 @@ def test_unsupported_world_size_falls_back(dist_env):
     members = list(range(w - 1))
     if rank in members:
         group = dist.new_group(members, backend="gloo", use_local_synchronization=True)
-        with symcomm.Communicator(group=group, symmetric=False) as c:
+        with symcomm.Communicator(group=group, device="cuda", symmetric=False) as c:
             reason = c.capabilities()["paths"][custom.ONESHOT]["reason"]
             assert f"world size {len(members)} is unsupported" in reason, reason
             x = rank_input(512, torch.float32, rank, seed=4)

@@ -213,7 +213,7 @@ def test_communicator_over_an_nccl_only_group(dist_env):
     """Bootstrap over an NCCL group: ids and votes travel as CUDA tensors."""
     group = torch.distributed.new_group(backend="nccl")
     with symcomm.Communicator(group=group, symmetric_capacity=16 << 20) as c:
-        assert c._group_device().type == "cuda"
+        assert c.peers.device.type == "cuda"
         assert c.capabilities()["paths"]["nccl-symm"]["enabled"]
         x = rank_input(1000, torch.float32, c.rank, 8)
         assert_reduced(c.all_reduce(x), all_inputs(1000, torch.float32, c.world_size, 8), "nccl-group comm")

@@ -1,0 +1,177 @@
+"""The vocabulary every module shares: op names, the validated call, the path interface, and
+the peer exchange. It imports nothing of symcomm's, so any module may import it.
+
+A *path* is one way to run a collective (plain NCCL, NCCL on symmetric windows, one of
+symcomm's kernels, torch.distributed). Each is one object with its whole life:
+
+    open(setup)        collective; returns None, or the reason it is off (the same on every rank)
+    add_region(region) collective; the symmetric pool grew by one registered region
+    begin_capture() / end_capture(failed)   around a CUDA-graph capture (Communicator.graph_capture)
+    why_not(call)      per call: None if it can serve the call, else the reason, for people
+    run(call)          per call: enqueue on the current stream (CUDA) or run (CPU)
+    close() / abort()  teardown, bounded by the Communicator; abort() after a timeout
+
+Every collective step of a path's life runs on every rank in the same order, so a path that
+must give up votes first (Peers.exchange) and gives up everywhere.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
+SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
+GATHERING_OPS = frozenset({"all_gather", "all_gatherv"})
+
+# The paths symcomm ships, in the order a Communicator opens them (symcomm.backends.PATHS).
+NCCL, NCCL_SYMM, TORCH = "nccl", "nccl-symm", "torch"
+FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twoshot"
+
+# The current cudaStream_t as an int, without building a torch.cuda.Stream (about 1 us saved per
+# eager call). Absent from CPU builds, where nothing that launches GPU work is opened.
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+Exchange = Callable[[list[int]], list[list[int]]]
+
+
+class Call:
+    """One validated collective call. Built per call, so it stays a bag of slots.
+
+    ``inputs[i]`` pairs with ``outputs[i]`` (several only for all_gatherv); ``in_ptrs`` and
+    ``out_ptrs`` are their data pointers, read once by the validator. ``sizes`` holds per-rank
+    row counts for the v-variants and is None otherwise; ``redop`` is None for gathers.
+    ``nbytes`` is the size that selects a path: the tensor for all_reduce, the whole output for
+    gathers, the whole input for reduce-scatters (nccl-tests' convention, so tuning tables read
+    like its output). ``table_key`` is the tuning-table row: the op, or ``op:inplace`` where
+    in place measured differently.
+    """
+
+    __slots__ = ("op", "inputs", "outputs", "in_ptrs", "out_ptrs", "sizes", "redop", "nbytes", "dtype",
+                 "table_key", "_symmetric")
+
+    def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                 in_ptrs: Sequence[int], out_ptrs: Sequence[int], sizes: list[int] | None,
+                 redop: str | None, nbytes: int, table_key: str | None = None) -> None:
+        self.op = op
+        self.inputs = inputs
+        self.outputs = outputs
+        self.in_ptrs = in_ptrs
+        self.out_ptrs = out_ptrs
+        self.sizes = sizes
+        self.redop = redop
+        self.nbytes = nbytes
+        self.dtype = inputs[0].dtype
+        self.table_key = table_key or op
+        self._symmetric: bool | None = None  # memo of the symmetric path's window test
+
+    @property
+    def even(self) -> bool:
+        """True unless a v-variant has unequal per-rank sizes."""
+        sizes = self.sizes
+        return sizes is None or sizes.count(sizes[0]) == len(sizes)
+
+
+def runner_table(namespace: dict) -> dict:
+    """op -> the class's ``_<op>`` function, from a class body's namespace (``locals()``).
+
+    Kept on the class, unbound: a dict of bound methods on the instance would form a
+    reference cycle that keeps the process group alive past destroy_process_group()."""
+    return {op: namespace[f"_{op}"] for op in OPS}
+
+
+class Peers:
+    """The ranks of one group, for the small host-side exchanges of setup and check mode.
+
+    Never on the per-call path of a collective: every method is a blocking collective over the
+    user's torch.distributed group, which every rank must enter in the same order.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, device: torch.device) -> None:
+        self.group: dist.ProcessGroup | None = group
+        self.rank: int = dist.get_rank(group)
+        self.world_size: int = dist.get_world_size(group)
+        # gloo carries CPU tensors only; a group with an NCCL backend takes the CUDA device.
+        self.device = torch.device("cpu") if "gloo" in str(dist.get_backend(group)) else device
+
+    def exchange(self, values: list[int]) -> list[list[int]]:
+        """All-gather a short int vector (same length on every rank): row r is rank r's."""
+        local = torch.tensor(values, dtype=torch.int64, device=self.device)
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local, group=self.group)
+        return [row.tolist() for row in gathered]
+
+    def broadcast(self, data: bytes | None, nbytes: int) -> bytes:
+        """Rank 0's ``nbytes`` bytes on every rank (other ranks pass None). A plain uint8
+        broadcast: broadcast_object_list would need numpy."""
+        buf = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        if self.rank == 0 and data:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        dist.broadcast(buf, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return bytes(buf.tolist())
+
+    def close(self) -> None:
+        # A ProcessGroup that outlives destroy_process_group() is torn down during interpreter
+        # shutdown, where gloo's threads abort the process: hold it no longer than needed.
+        self.group = None
+
+
+class Setup:
+    """What a path's open() may use: the peers, the device, the caller's options, the wait
+    bound, and the paths opened before it (by name, open ones only)."""
+
+    def __init__(self, peers: Peers, device: torch.device, timeout_s: float, options: dict[str, Any]) -> None:
+        self.peers = peers
+        self.device = device
+        self.timeout_s = timeout_s
+        self.options = options
+        self.opened: dict[str, Path] = {}
+        self.off: dict[str, str] = {}  # paths that declined to open, with their reason
+        # Native state that several paths of one communicator share (symcomm's three
+        # all-reduce kernels share their mapped buffers), by a name their module chooses.
+        self.shared: dict[str, Any] = {}
+
+
+class Path:
+    """Base of every path: the lifecycle steps default to nothing, so a path implements the
+    ones it needs. See the module docstring for the contract."""
+
+    name: str = ""
+    # The symmetric kernels (NCCL's and symcomm's) read peers' tensors at this rank's window
+    # offset: check mode compares the offsets across ranks only for paths that say so.
+    needs_equal_offsets: bool = False
+
+    def open(self, setup: Setup) -> str | None:
+        return None
+
+    def add_region(self, region: Any) -> None:
+        pass
+
+    def begin_capture(self) -> None:
+        pass
+
+    def end_capture(self, failed: bool) -> str | None:
+        """After capture ended (collective): None, or a problem that makes the graph unsafe to
+        replay (the same on every rank)."""
+        return None
+
+    def info(self) -> dict[str, Any]:
+        """Sections this path adds to Communicator.capabilities()."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        """close() timed out: release what can be released without peers."""
+
+    def why_not(self, call: Call) -> str | None:
+        raise NotImplementedError
+
+    def run(self, call: Call) -> None:
+        raise NotImplementedError
+
+
+PathFactory = Callable[[], Path]

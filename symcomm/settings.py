@@ -1,0 +1,127 @@
+"""Every environment variable symcomm reads, read here and nowhere else.
+
+Each setting is read when it is needed (not at import), so a test or a launcher that sets a
+variable before building a Communicator is heard. ``VARIABLES`` is the list the README's
+settings table must match (tests/test_structure.py compares them).
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+# One bound for every wait on peers (NCCL init and teardown, the custom kernels' barriers):
+# generous against a healthy peer (NCCL init takes seconds), short enough that a dead one is
+# reported while someone is still watching.
+DEFAULT_TIMEOUT_S = 30.0
+
+VARIABLES: dict[str, str] = {
+    "SYMCOMM_CHECK": "1 turns check mode on: every call is compared across ranks before it runs",
+    "SYMCOMM_TIMEOUT_S": "bound in seconds on every wait on peers (NCCL init/teardown, custom kernels), default 30",
+    "SYMCOMM_DISABLE_CUSTOM_AR": "1 turns symcomm's own all-reduce kernels off",
+    "SYMCOMM_TUNING_FILE": "dispatch table to load (written by `symcomm-bench tune`)",
+    "SYMCOMM_NCCL_LIBRARY": "libnccl to load; otherwise the one torch loaded, then the `nvidia-nccl` wheel, then the system's",
+    "SYMCOMM_NATIVE_LIBRARY": "csrc/ library to load instead of the packaged one",
+    "SYMCOMM_CUDA_ARCHS": "nvcc `-gencode` flags at build time (read by setup.py; default sm_90 + compute_90 PTX)",
+    "SYMCOMM_BENCH_CORRUPT": "symcomm-bench test hook: this rank spoils one output element, so #wrong must count it",
+    "SYMCOMM_BENCH_DEBUG": "symcomm-bench prints the traceback of a failure, not just its one line",
+    "PYTORCH_CUDA_ALLOC_CONF": "torch's, read only: expandable segments have no CUDA IPC handle, so captured inputs there are staged",
+    "PYTORCH_ALLOC_CONF": "torch's newer name for the same, read the same way",
+    "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE": "set by torchrun; symcomm-bench joins that world instead of launching its own",
+    "PYTHONPATH": "Python's own, read by symcomm-bench's launcher to extend it so its ranks import this same symcomm",
+}
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def _flag(name: str) -> bool:
+    return _get(name) == "1"
+
+
+def check_mode() -> bool:
+    return _flag("SYMCOMM_CHECK")
+
+
+def timeout_s() -> float:
+    """SYMCOMM_TIMEOUT_S, or the default; a value that is not a positive number is an error,
+    not silently replaced."""
+    raw = _get("SYMCOMM_TIMEOUT_S")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"SYMCOMM_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def custom_kernels_disabled() -> bool:
+    return _flag("SYMCOMM_DISABLE_CUSTOM_AR")
+
+
+def tuning_file() -> str | None:
+    return _get("SYMCOMM_TUNING_FILE")
+
+
+def nccl_library() -> str | None:
+    return _get("SYMCOMM_NCCL_LIBRARY")
+
+
+def native_library() -> str | None:
+    return _get("SYMCOMM_NATIVE_LIBRARY")
+
+
+def bench_corrupt_rank() -> str | None:
+    return _get("SYMCOMM_BENCH_CORRUPT")
+
+
+def bench_debug() -> bool:
+    return _get("SYMCOMM_BENCH_DEBUG") is not None
+
+
+def torch_allocator_conf() -> str:
+    """torch's allocator settings, lower-cased without spaces ("" when unset)."""
+    conf = ",".join(os.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
+    return conf.replace(" ", "").lower()
+
+
+class Launcher(NamedTuple):
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def launcher() -> Launcher | None:
+    """The rank this process was started as by torchrun (or symcomm-bench's own launcher), or
+    None when no launcher set RANK and WORLD_SIZE."""
+    rank, world = _get("RANK"), _get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    local = _get("LOCAL_RANK")
+    return Launcher(int(rank), int(world), int(local) if local is not None else int(rank))
+
+
+def local_world_size() -> int | None:
+    """LOCAL_WORLD_SIZE: how many ranks the launcher started on this machine (torchrun and
+    symcomm-bench's own launcher set it), or None where it did not say."""
+    value = _get("LOCAL_WORLD_SIZE")
+    return int(value) if value is not None else None
+
+
+def python_path() -> str | None:
+    """PYTHONPATH (Python's own), which a launcher extends so its ranks import the same package."""
+    return _get("PYTHONPATH")
+
+
+def child_environment(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment plus ``extra``, for ranks that a launcher starts."""
+    return {**os.environ, **extra}
+
+
+def export(values: dict[str, str]) -> None:
+    """Set variables in this process (the bench's single-rank run sets the launcher's)."""
+    os.environ.update(values)

@@ -1,0 +1,137 @@
+"""Rules of the code's shape that a reviewer would otherwise have to re-check by hand:
+imports form a DAG, the vocabulary module imports nothing of symcomm's, environment variables
+are read in one module, and the README's settings table lists exactly those."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import symcomm.settings as settings
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "symcomm"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """symcomm modules imported anywhere in the file, function bodies included (an import
+    hidden in a function to dodge a cycle is still a cycle)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("symcomm")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("symcomm"):
+                found.add(target)
+                # "from . import x" imports the submodule x
+                found |= {f"{target}.{a.name}" for a in node.names}
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {m for m in _imports(p) if m in modules and m != name} for name, p in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            # a package's __init__ importing its own submodules is how packages work, not a cycle
+            if node.startswith(nxt + "."):
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_imports_form_a_dag():
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_vocabulary_imports_nothing_of_symcomms():
+    assert _graph()["symcomm.base"] == set()
+
+
+def test_environment_is_read_in_settings_only():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "settings.py":
+            continue
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bos\.environ\b|\bgetenv\(", line):
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    assert not offenders, "read environment variables through symcomm.settings:\n" + "\n".join(offenders)
+
+
+def test_readme_settings_table_lists_exactly_what_symcomm_reads():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+    assert rows, "no settings table under '## Settings'"
+    assert sorted(rows) == sorted(settings.VARIABLES)
+    # and every variable settings.py reads is in VARIABLES
+    source = (PACKAGE / "settings.py").read_text()
+    read = set(re.findall(r'_(?:get|flag)\("([A-Z_]+)"\)', source))
+    read |= set(re.findall(r'"(PYTORCH_[A-Z_]+)"', source))
+    listed = {name for key in settings.VARIABLES for name in key.split(", ")}
+    assert read <= listed, read - listed
+
+
+def test_communicator_stays_small():
+    lines = len((PACKAGE / "communicator.py").read_text().splitlines())
+    assert lines <= 340, f"communicator.py has {lines} lines: move path-specific work into its path"
+
+
+_MEASURED = re.compile(r"\d[\d.,]*\s?(?:µs|us\b|×(?! ?[A-Z])|GB/s)")  # "4× H200" names a machine
+
+
+def _uncited_paragraphs(text: str) -> list[str]:
+    """Paragraphs (outside code blocks) that quote a measurement but cite no raw result file."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [p.strip()[:80] for p in re.split(r"\n\s*\n", text)
+            if _MEASURED.search(p) and "bench/results/" not in p and "docs/measuring.md" not in p]
+
+
+def test_every_number_in_the_readme_cites_the_file_it_comes_from():
+    missing = _uncited_paragraphs((ROOT / "README.md").read_text())
+    assert not missing, "README paragraphs quoting numbers without a bench/results/ source:\n" + "\n".join(missing)
+    cited = re.findall(r"bench/results/[\w./-]+", (ROOT / "README.md").read_text())
+    absent = [c for c in cited if not (ROOT / c.rstrip(".")).exists()]
+    assert cited and not absent, absent
+
+
+def test_the_citation_check_flags_a_bare_number():
+    assert _uncited_paragraphs("It takes 4.2 µs.\n\nCited 4.2 µs (" + "bench/results/" + "x.txt).") == ["It takes 4.2 µs."]
