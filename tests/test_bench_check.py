@@ -4,14 +4,13 @@ import math
 import pytest
 import torch
 
-from symcomm.bench import check
-from symcomm.bench.sizes import layout
+from symcomm.bench import check, ops
 
 CPU = torch.device("cpu")
 
 
-def gen_for(lay, dtype, redop, world, seed=0):
-    return lambda p: check.make_input(check.input_elems(lay, p), dtype, CPU, seed, p, lay.nbytes,
+def gen_for(spec, lay, dtype, redop, world, seed=0):
+    return lambda p: check.make_input(spec.input_elems(lay, p), dtype, CPU, seed, p, lay.nbytes,
                                       redop, world)
 
 
@@ -39,10 +38,11 @@ def test_integer_inputs_cannot_overflow_the_reduction(dtype, redop, world):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32])
 def test_reduction_computed_in_dtype_passes_and_one_bad_element_counts(op, dtype):
     world, rank = 3, 1
-    lay = layout(op, 6144, world, dtype.itemsize, rank)
-    gen = gen_for(lay, dtype, "sum", world)
-    exp = check.expected(lay, "sum", dtype, rank, world, gen)
-    lo, hi = check.output_span(lay, rank)
+    spec = ops.spec(op)
+    lay = spec.layout(6144, world, dtype.itemsize, rank)
+    gen = gen_for(spec, lay, dtype, "sum", world)
+    exp = spec.expected(lay, "sum", dtype, rank, world, gen)
+    lo, hi = spec.output_span(lay, rank)
     got = gen(0)[lo:hi].clone()
     for p in range(1, world):  # rank order, in the low precision dtype, as a real path would
         got += gen(p)[lo:hi]
@@ -56,9 +56,10 @@ def test_reduction_computed_in_dtype_passes_and_one_bad_element_counts(op, dtype
 
 def test_off_by_one_rank_sum_is_caught_in_bf16():
     world = 4
-    lay = layout("all_reduce", 2048, world, 2, 0)
-    gen = gen_for(lay, torch.bfloat16, "sum", world)
-    exp = check.expected(lay, "sum", torch.bfloat16, 0, world, gen)
+    spec = ops.spec("all_reduce")
+    lay = spec.layout(2048, world, 2, 0)
+    gen = gen_for(spec, lay, torch.bfloat16, "sum", world)
+    exp = spec.expected(lay, "sum", torch.bfloat16, 0, world, gen)
     missing_one = sum(gen(p).double() for p in range(world - 1)).to(torch.bfloat16)
     assert check.count_wrong(missing_one, exp) > lay.count // 2
 
@@ -66,9 +67,10 @@ def test_off_by_one_rank_sum_is_caught_in_bf16():
 @pytest.mark.parametrize("redop", ["max", "min", "prod", "avg"])
 def test_other_redops(redop):
     world = 4
-    lay = layout("all_reduce", 512, world, 4, 2)
-    gen = gen_for(lay, torch.float32, redop, world)
-    exp = check.expected(lay, redop, torch.float32, 2, world, gen)
+    spec = ops.spec("all_reduce")
+    lay = spec.layout(512, world, 4, 2)
+    gen = gen_for(spec, lay, torch.float32, redop, world)
+    exp = spec.expected(lay, redop, torch.float32, 2, world, gen)
     xs = torch.stack([gen(p) for p in range(world)])
     got = {"max": xs.amax(0), "min": xs.amin(0), "prod": xs.prod(0), "avg": xs.mean(0)}[redop]
     assert check.count_wrong(got, exp) == 0
@@ -78,9 +80,10 @@ def test_other_redops(redop):
 @pytest.mark.parametrize("op", ["all_gather", "all_gatherv"])
 def test_gather_expectation_is_exact_concatenation(op):
     world = 4
-    lay = layout(op, 4096, world, 2, 3)
-    gen = gen_for(lay, torch.bfloat16, "none", world)
-    exp = check.expected(lay, "none", torch.bfloat16, 3, world, gen)
+    spec = ops.spec(op)
+    lay = spec.layout(4096, world, 2, 3)
+    gen = gen_for(spec, lay, torch.bfloat16, "none", world)
+    exp = spec.expected(lay, "none", torch.bfloat16, 3, world, gen)
     got = torch.cat([gen(p) for p in range(world)])
     assert got.numel() == lay.total
     assert check.count_wrong(got, exp) == 0

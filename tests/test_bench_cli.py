@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from symcomm.bench import cli
+from symcomm.bench import cli, ops
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -169,7 +169,8 @@ def test_flags_map_to_config():
     assert (cfg.iters, cfg.warmup, cfg.check, cfg.type_name, cfg.redop) == (7, 3, False, "half", "max")
     assert (cfg.algo, cfg.symmetric, cfg.graph) == ("all", False, 0)
     gathered = cli.build_config(cli.build_parser().parse_args(["all_gather"]), "cuda")
-    assert (gathered.type_name, gathered.table_redop, gathered.sizes) == ("bfloat16", "none", [32 << 20])
+    redop_column = ops.spec(gathered.op).redop_label(gathered.redop)
+    assert (gathered.type_name, redop_column, gathered.sizes) == ("bfloat16", "none", [32 << 20])
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from symcomm.bench import report as rp
 
 # Lines printed by nccl-tests 2.18.3's all_reduce_perf (16 ranks, float, sum): the layout of
-# current nccl-tests (ANCHORS.md used 2.19.6). Our formatter must reproduce them character for
+# current nccl-tests (the reference numbers in docs/measuring.md used 2.19.6). Our formatter must reproduce them character for
 # character from the same numbers.
 NCCL_TESTS_HEADER = [
     "#                                                              out-of-place                       in-place          ",

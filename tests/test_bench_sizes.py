@@ -1,7 +1,12 @@
 """symcomm.bench.sizes: -b/-e parsing, the -f sweep, and per-op element layouts."""
 import pytest
 
-from symcomm.bench.sizes import ROW_BYTES, layout, parse_size, sweep, uneven_rows
+from symcomm.bench import ops
+from symcomm.bench.sizes import ROW_BYTES, parse_size, sweep, uneven_rows
+
+
+def layout(op, nbytes, world, itemsize, rank):
+    return ops.spec(op).layout(nbytes, world, itemsize, rank)
 
 
 @pytest.mark.parametrize("text,value", [

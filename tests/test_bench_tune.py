@@ -44,7 +44,7 @@ def test_table_rules_per_key_with_a_wrong_path_left_out():
     ]}
 
 
-def test_split_rows_gives_all_gather_its_in_place_row():
+def test_split_rows_gives_every_op_its_in_place_row():
     rows = [rp.SizeRow("nccl", 1024, 256, rp.Timing(9.0, 0), rp.Timing(8.0, 0)),
             rp.SizeRow("nccl-symm", 1024, 256, rp.Timing(4.0, 0), rp.Timing(math.nan, None)),
             rp.SizeRow("nccl", 2048, 512, rp.Timing(9.5, 2), rp.Timing(8.5, 0))]
@@ -54,7 +54,21 @@ def test_split_rows_gives_all_gather_its_in_place_row():
     assert times["all_gather:inplace"] == {"nccl": [8.0, 8.5], "nccl-symm": [None, None]}
     assert wrong["all_gather"]["nccl"] == [0, 2]
     only = tune.split_rows(rows, [1024], "all_reduce", ["nccl"])[0]
-    assert set(only) == {"all_reduce"}
+    assert set(only) == {"all_reduce", "all_reduce:inplace"}
+
+
+def test_an_in_place_row_is_kept_only_where_it_ranks_differently():
+    """World 2, 16 MiB measured in-place one-shot slower than two-shot while out of place it
+    was faster: the in-place row then differs and is kept; an identical one is dropped."""
+    paths = ["custom-oneshot", "custom-twoshot"]
+    times = {"all_reduce": {"custom-oneshot": [68.19], "custom-twoshot": [72.59]},
+             "all_reduce:inplace": {"custom-oneshot": [74.13], "custom-twoshot": [68.79]},
+             "reduce_scatter": {"custom-oneshot": [1.0], "custom-twoshot": [2.0]},
+             "reduce_scatter:inplace": {"custom-oneshot": [1.5], "custom-twoshot": [2.5]}}
+    rules = tune.table_rules([16 << 20], times, {}, paths)
+    assert rules["all_reduce"] == [[None, ["custom-oneshot", "custom-twoshot"]]]
+    assert rules["all_reduce:inplace"] == [[None, ["custom-twoshot", "custom-oneshot"]]]
+    assert "reduce_scatter:inplace" not in rules and "reduce_scatter" in rules
 
 
 def test_default_output_is_the_packaged_name():
@@ -84,7 +98,8 @@ def test_tune_two_ranks_writes_a_table_a_communicator_loads(tmp_path):
     payload = json.loads(out.read_text())
     tuned = check_tuning(payload)
     assert (tuned.gpu, tuned.world_size) == ("cpu", 2)
-    assert set(payload["rules"]) == set(tune.KEYS)
+    # one path on CPU ranks identically in place: only the out-of-place rows remain
+    assert set(payload["rules"]) == {key for key in tune.KEYS if ":" not in key}
     assert all(steps[-1][0] is None for steps in payload["rules"].values())
     assert tuned.rules["all_reduce"][-1] == (INF, ("torch",))
     for key in ("nccl", "torch", "date", "command", "dtype", "timing", "sizes", "times_us", "wrong"):

@@ -2,20 +2,19 @@
 
 Each rank's input comes from a generator seeded by (seed, rank, size), so any rank can rebuild
 any other rank's input and compute the expected result locally, with no extra communication.
+Which ranks' elements make up an output is the op's spec's to say (collectives.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Iterable
 
 import torch
 
-from .sizes import FP4_OP, Layout
-
-GATHERS = ("all_gather", "all_gatherv", FP4_OP)
-
 _MASK64 = (1 << 64) - 1
+# Largest integer input magnitude where values combine (sum, avg, prod).
+_INT_CAP = 16
 
 # Relative tolerance per rank for reductions that round (sum, avg, prod): one rounding per
 # partial result, each within half an ulp, so world * eps bounds the accumulated error.
@@ -46,12 +45,13 @@ def int_magnitude(dtype: torch.dtype, redop: str, world: int) -> int:
     if redop in ("sum", "avg"):
         limit = top // world
     elif redop == "prod":
+        # Counting past the cap below changes nothing and, at world 1, would count to top.
         limit = 1
-        while (limit + 1) ** world <= top:
+        while limit < _INT_CAP and (limit + 1) ** world <= top:
             limit += 1
     else:  # max, min, gathers: wide values make a misplaced element visible
         limit = top
-    return max(1, min(limit, 1 << 20 if redop in ("none", "max", "min") else 16))
+    return max(1, min(limit, 1 << 20 if redop in ("none", "max", "min") else _INT_CAP))
 
 
 def make_input(n: int, dtype: torch.dtype, device: torch.device, seed: int, rank: int,
@@ -98,34 +98,17 @@ class Expected:
     int_avg: bool = False               # integer avg truncates: |got - value| < 1 is right
 
 
-def input_elems(lay: Layout, rank: int) -> int:
-    """Elements in ``rank``'s input (which may differ from this rank's for all_gatherv)."""
-    if lay.op in GATHERS:
-        return lay.parts[rank]
-    if lay.op == "all_reduce":
-        return lay.count
-    return lay.total  # reduce_scatter(v): every rank holds the whole input
+def concatenation(parts: Iterable[torch.Tensor]) -> Expected:
+    """A gather's output: every rank's part in rank order, bit for bit."""
+    return Expected(torch.cat([p.to(torch.float64) for p in parts]), 0.0)
 
 
-def output_span(lay: Layout, rank: int) -> tuple[int, int]:
-    """[lo, hi) of the input elements that reduce into this rank's output."""
-    if lay.op == "all_reduce":
-        return 0, lay.count
-    lo = lay.offset(rank)
-    return lo, lo + lay.parts[rank]
-
-
-def expected(lay: Layout, redop: str, dtype: torch.dtype, rank: int, world: int,
-             gen: Callable[[int], torch.Tensor]) -> Expected:
-    """Expected output of ``rank`` given ``gen(p)``, rank p's input in its own dtype."""
-    if lay.op in GATHERS:
-        parts = [gen(p).to(torch.float64) for p in range(world)]
-        return Expected(torch.cat(parts), 0.0)
-
-    lo, hi = output_span(lay, rank)
+def reduction(slices: Iterable[torch.Tensor], redop: str, dtype: torch.dtype, world: int) -> Expected:
+    """The reduction of every rank's slice (rank order, each in ``dtype``), with the error a
+    path that rounds in ``dtype`` may make."""
     acc = scale = None
-    for p in range(world):
-        x = gen(p)[lo:hi].to(torch.float64)
+    for s in slices:
+        x = s.to(torch.float64)
         if acc is None:
             acc, scale = x.clone(), x.abs()
         elif redop in ("sum", "avg"):

@@ -17,9 +17,17 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from .config import (ALGO_NAME, CORRUPT_ENV, DATATYPES, FLOAT_TYPES, GATHER_OPS, REDOPS, TUNE_OPS,
-                     BenchConfig, BenchError, TuneConfig)
-from .sizes import CLI_OPS, FP4_OP, parse_size, sweep
+import torch
+import torch.distributed as dist
+
+import symcomm
+from symcomm import settings
+
+from . import device as devices
+from . import ops, plot, runner, tune
+from .config import (ALGO_NAME, DATATYPES, FLOAT_TYPES, REDOPS, TUNE_OPS, BenchConfig, BenchError,
+                     TuneConfig)
+from .sizes import parse_size, sweep
 
 PROG = "symcomm-bench"
 EXIT_USAGE = 2
@@ -45,14 +53,15 @@ def _common(p: argparse.ArgumentParser, minbytes: str, maxbytes: str, graph_defa
                    help="measure every path this many times per size, the paths interleaved, and "
                         "report each one's median (default 1, as nccl-tests)")
     p.add_argument("-g", "--ngpus", type=int, default=None, help="local processes to start (default 1)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda if available")
+    p.add_argument("--device", choices=devices.CHOICES, default="auto",
+                   help="default auto: cuda when every local rank gets a GPU, else cpu over gloo")
     p.add_argument("--seed", type=int, default=0, help="seed of the check data (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Bandwidth and latency of symcomm collectives, printed in "
                 f"nccl-tests' table layout. '{PROG} {TUNE} -h' writes a dispatch table instead.")
-    p.add_argument("collective", metavar="OP", choices=CLI_OPS, help=" | ".join(CLI_OPS))
+    p.add_argument("collective", metavar="OP", choices=ops.NAMES, help=" | ".join(ops.NAMES))
     _common(p, "32M", "32M", "default 0: eager")
     p.add_argument("-d", "--datatype", default=None,
                    help="float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2 "
@@ -87,7 +96,8 @@ def _size(flag: str, text: str) -> int:
         raise BenchError(f"{flag}: {exc}") from None
 
 
-def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype: str) -> dict:
+def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype: str,
+            fallback: str | None) -> dict:
     """Checks the shared flags; returns them as BenchConfig fields."""
     minbytes = _size("-b/--minbytes", args.minbytes)
     maxbytes = _size("-e/--maxbytes", args.maxbytes)
@@ -104,73 +114,54 @@ def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype
     if args.warmup_iters < 0 or (args.cudagraph or 0) < 0:
         raise BenchError("-w/--warmup_iters and -G/--cudagraph cannot be negative")
     if args.cudagraph and device != "cuda":
-        raise BenchError("-G/--cudagraph needs --device cuda")
+        why = f" (--device auto chose cpu: {fallback})" if fallback else ""
+        raise BenchError(f"-G/--cudagraph needs --device cuda{why}")
     if datatype not in DATATYPES:
         raise BenchError(f"unknown datatype {datatype!r} (choose from {', '.join(DATATYPES)})")
-    if redop == "avg" and DATATYPES[datatype][0] not in FLOAT_TYPES and op not in GATHER_OPS:
+    if ops.spec(op).redop_label(redop) == "avg" and DATATYPES[datatype][0] not in FLOAT_TYPES:
         raise BenchError(f"-o avg needs a floating-point datatype, not {datatype}")
-    corrupt = os.environ.get(CORRUPT_ENV)
+    corrupt = settings.bench_corrupt_rank()
     try:
-        corrupt_rank = int(corrupt) if corrupt not in (None, "") else None
+        corrupt_rank = int(corrupt) if corrupt is not None else None
     except ValueError:
-        raise BenchError(f"{CORRUPT_ENV} must be a rank number, not {corrupt!r}") from None
+        raise BenchError(f"SYMCOMM_BENCH_CORRUPT must be a rank number, not {corrupt!r}") from None
+    notes = [devices.DeviceChoice(device, fallback).note] if fallback else []
     return dict(op=op, sizes=sweep(minbytes, maxbytes, args.stepfactor), minbytes=minbytes,
                 maxbytes=maxbytes, stepfactor=args.stepfactor, iters=args.iters,
                 warmup=args.warmup_iters, check=bool(args.check), datatype=datatype, redop=redop,
-                device=device, seed=args.seed, corrupt_rank=corrupt_rank, rounds=args.rounds)
+                device=device, seed=args.seed, corrupt_rank=corrupt_rank, rounds=args.rounds,
+                notes=notes)
 
 
-def build_config(args: argparse.Namespace, device: str, command: str = "") -> BenchConfig:
+def build_config(args: argparse.Namespace, device: str, command: str = "", *,
+                 fallback: str | None = None) -> BenchConfig:
+    """``device``: the resolved one; ``fallback``: why --device auto took the cpu, if it did."""
     datatype = args.datatype or ("bfloat16" if device == "cuda" else "float")
-    fields = _fields(args, device, args.collective, args.redop, datatype)
+    fields = _fields(args, device, args.collective, args.redop, datatype, fallback)
     if not ALGO_NAME.match(args.algo):
         raise BenchError(f"--algo {args.algo!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
     if args.plot_path is not None:
-        from . import plot
-
         plot.check_path(args.plot_path)
         plot.require_matplotlib()
-    if args.collective == FP4_OP:
-        _require_fp4(datatype)
+    ops.spec(args.collective).validate(datatype)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
                        json_path=args.json_path, plot_path=args.plot_path, command=command)
 
 
-def _require_fp4(datatype: str) -> None:
-    import symcomm
-
-    if not hasattr(symcomm.Communicator, FP4_OP):
-        raise BenchError(f"{FP4_OP}: this symcomm has no Communicator.{FP4_OP} (the FP4 gather "
-                         f"is not in this build)")
-    if DATATYPES[datatype][1] not in ("bfloat16", "float16", "float32"):
-        raise BenchError(f"{FP4_OP} quantizes bfloat16, half or float rows, not {datatype}")
-
-
-def build_tune_config(args: argparse.Namespace, device: str, command: str = "") -> TuneConfig:
-    fields = _fields(args, device, TUNE_OPS[0], "sum", args.datatype)
+def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,
+                      fallback: str | None = None) -> TuneConfig:
+    fields = _fields(args, device, TUNE_OPS[0], "sum", args.datatype, fallback)
+    # Graph replay is the default only where graphs exist: on the device actually chosen.
     graph = args.cudagraph if args.cudagraph is not None else (10 if device == "cuda" else 0)
     return TuneConfig(**fields, graph=graph, algo="all", with_auto=False, symmetric=None,
                       json_path=None, command=command, output=args.output)
-
-
-def _resolve_device(requested: str | None) -> str:
-    import torch
-
-    has_cuda = torch.cuda.is_available()
-    if requested == "cuda" and not has_cuda:
-        raise BenchError(f"--device cuda, but no CUDA device is visible (torch {torch.__version__})")
-    return requested or ("cuda" if has_cuda else "cpu")
 
 
 def _check_world(device: str, ngpus: int) -> None:
     if ngpus < 1:
         raise BenchError(f"-g/--ngpus must be at least 1 (got {ngpus})")
     if device == "cuda":
-        import torch
-
-        visible = torch.cuda.device_count()
-        if ngpus > visible:
-            raise BenchError(f"-g {ngpus} needs {ngpus} GPUs, but only {visible} are visible")
+        devices.require_gpus(ngpus)
     else:
         cores = os.cpu_count() or 1
         if ngpus > cores:
@@ -194,13 +185,13 @@ def launch_local(world: int, argv: Sequence[str]) -> int:
     """Starts ``world`` ranks of this same command line and waits for them. If one fails, the
     others are stopped, since they would otherwise wait forever in a collective."""
     port = _free_port()
-    env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # so children import this same symcomm
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (root, settings.python_path()) if p)
     procs = []
     for rank in range(world):
+        env = settings.child_environment({"PYTHONPATH": path, **_rank_env(rank, world, port)})
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "symcomm.bench", *argv], env={**env, **_rank_env(rank, world, port)},
+            [sys.executable, "-m", "symcomm.bench", *argv], env=env,
             stdout=None if rank == 0 else subprocess.DEVNULL))
     stopped: set[int] = set()
     status: int | None = None
@@ -233,13 +224,9 @@ def launch_local(world: int, argv: Sequence[str]) -> int:
     return 1 if status < 0 else status  # killed by a signal
 
 
-def run_rank(cfg: BenchConfig) -> int:
+def run_rank(cfg: BenchConfig, launched: settings.Launcher) -> int:
     """One rank: join the process group, build the communicator, run the sweep."""
-    import torch
-    import torch.distributed as dist
-
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    rank, local_rank = launched.rank, launched.local_rank
     cuda = cfg.device == "cuda"
     try:
         if cuda:
@@ -250,13 +237,8 @@ def run_rank(cfg: BenchConfig) -> int:
             dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
         else:
             dist.init_process_group("gloo")
-        import symcomm
-        from . import runner
-
-        comm = _communicator(symcomm, cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
+        comm = _communicator(cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
         if isinstance(cfg, TuneConfig):
-            from . import tune
-
             status = tune.run(cfg, comm)
         else:
             status = runner.run(cfg, comm)
@@ -267,7 +249,7 @@ def run_rank(cfg: BenchConfig) -> int:
         status = _report_failure(exc, rank)
         sys.stdout.flush()
         sys.stderr.flush()
-        if cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if cuda and launched.world_size > 1:
             # Tearing down NCCL while a peer may still sit in a collective can hang; leave.
             os._exit(status)
         if dist.is_initialized():
@@ -275,7 +257,7 @@ def run_rank(cfg: BenchConfig) -> int:
         return status
 
 
-def _communicator(symcomm, cfg: BenchConfig, device):
+def _communicator(cfg: BenchConfig, device: torch.device) -> symcomm.Communicator:
     """Communicator for the run. On cuda the runner reserves exactly the pool the sweep needs,
     so the constructor's default reservation is skipped where the core offers that knob."""
     params = inspect.signature(symcomm.Communicator).parameters
@@ -296,44 +278,43 @@ def _report_failure(exc: Exception, rank: int) -> int:
         if rank == 0 or getattr(exc, "every_rank", False):
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if os.environ.get("SYMCOMM_BENCH_DEBUG"):
+    if settings.bench_debug():
         traceback.print_exc()
     print(f"{PROG}: error: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 1
 
 
 def _is_argument_error(exc: Exception) -> bool:
-    try:
-        from symcomm import ArgumentError
-    except ImportError:
-        return False
-    return isinstance(exc, ArgumentError)
+    return isinstance(exc, symcomm.ArgumentError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    launched = settings.launcher()
     try:
         command = shlex.join([PROG, *argv])
-        if argv[:1] == [TUNE]:
-            args = build_tune_parser().parse_args(argv[1:])
-            device = _resolve_device(args.device)
-            cfg: BenchConfig = build_tune_config(args, device, command)
+        tuning = argv[:1] == [TUNE]
+        args = build_tune_parser().parse_args(argv[1:]) if tuning else build_parser().parse_args(argv)
+        # The ranks this machine runs: what the launcher started here, or what -g will start.
+        if launched is not None:
+            local_ranks = settings.local_world_size()
         else:
-            args = build_parser().parse_args(argv)
-            device = _resolve_device(args.device)
-            cfg = build_config(args, device, command)
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            world = int(os.environ["WORLD_SIZE"])
-            if args.ngpus is not None and args.ngpus != world:
-                raise BenchError(f"-g {args.ngpus} conflicts with WORLD_SIZE={world} set by the launcher")
-            return run_rank(cfg)
+            local_ranks = args.ngpus if args.ngpus is not None else 1
+        choice = devices.resolve(args.device, local_ranks)
+        build = build_tune_config if tuning else build_config
+        cfg = build(args, choice.device, command, fallback=choice.fallback)
+        if launched is not None:
+            if args.ngpus is not None and args.ngpus != launched.world_size:
+                raise BenchError(f"-g {args.ngpus} conflicts with WORLD_SIZE={launched.world_size} "
+                                 f"set by the launcher")
+            return run_rank(cfg, launched)
         world = args.ngpus if args.ngpus is not None else 1
-        _check_world(device, world)
+        _check_world(choice.device, world)
         if world == 1:
-            os.environ.update(_rank_env(0, 1, _free_port()))
-            return run_rank(cfg)
+            settings.export(_rank_env(0, 1, _free_port()))
+            return run_rank(cfg, settings.launcher())
         return launch_local(world, argv)
     except BenchError as exc:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would say the same
+        if launched is None or launched.rank == 0:  # under torchrun every rank would say the same
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

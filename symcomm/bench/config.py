@@ -1,6 +1,7 @@
 """The validated settings of one benchmark run, shared by the CLI and the runner.
 
-Kept free of torch so that bad command lines fail fast, before torch is imported.
+Plain data with no imports from the rest of the bench, so that every module (the op specs
+included) can depend on it.
 """
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from dataclasses import dataclass, field
 # and the machine, so the runner checks it against the communicator's algorithms(). This only
 # rejects what cannot be a name at all.
 ALGO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-# What `tune` measures; all_gather also yields the in-place row ("all_gather:inplace").
+# What `tune` measures; each op also yields its in-place row ("all_reduce:inplace", ...).
 TUNE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 REDOPS = ("sum", "prod", "max", "min", "avg")
-GATHER_OPS = ("all_gather", "all_gatherv", "all_gatherv_fp4")
 
 # nccl-tests' -d names (and common aliases) -> (name printed in the table, torch dtype attribute).
 DATATYPES: dict[str, tuple[str, str]] = {
@@ -31,10 +31,6 @@ DATATYPES: dict[str, tuple[str, str]] = {
 }
 
 FLOAT_TYPES = ("half", "float", "double", "bfloat16", "f8e4m3", "f8e5m2")
-
-# Fault injection for tests: the rank named here overwrites one output element after every
-# checked call, so #wrong must come out non-zero.
-CORRUPT_ENV = "SYMCOMM_BENCH_CORRUPT"
 
 
 class BenchError(Exception):
@@ -65,10 +61,10 @@ class BenchConfig:
     algo: str
     symmetric: bool | None   # None: on for cuda, off for cpu
     json_path: str | None
-    device: str              # "cpu" or "cuda"
+    device: str              # "cpu" or "cuda", resolved (never "auto")
     seed: int = 0
-    corrupt_rank: int | None = None
-    notes: list[str] = field(default_factory=list)
+    corrupt_rank: int | None = None  # SYMCOMM_BENCH_CORRUPT: this rank spoils one output element
+    notes: list[str] = field(default_factory=list)  # preamble lines, before the runner's own
     plot_path: str | None = None
     rounds: int = 1          # -R: interleaved passes over the paths; the median time is reported
     with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
@@ -81,15 +77,6 @@ class BenchConfig:
     @property
     def torch_dtype_name(self) -> str:
         return DATATYPES[self.datatype][1]
-
-    @property
-    def table_redop(self) -> str:
-        return table_redop(self.op, self.redop)
-
-
-def table_redop(op: str, redop: str) -> str:
-    """The redop column: gathers reduce nothing."""
-    return "none" if op in GATHER_OPS else redop
 
 
 @dataclass

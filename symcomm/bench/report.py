@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Sequence
 
+from . import ops
+
 SCHEMA = "symcomm-bench/1"
 
 
@@ -18,13 +20,7 @@ def bus_factor(op: str, world: int) -> float:
     """busbw / algbw: the fraction of the data each rank's link carries (nccl-tests' factors)."""
     if world < 1:
         raise ValueError("world must be positive")
-    if op == "all_reduce":
-        return 2.0 * (world - 1) / world
-    # all_gatherv_fp4 counts the unquantized bytes, so its busbw is what a gather of the
-    # original rows would need to match.
-    if op in ("all_gather", "all_gatherv", "all_gatherv_fp4", "reduce_scatter", "reduce_scatterv"):
-        return (world - 1) / world
-    raise ValueError(f"unknown op {op!r}")
+    return ops.spec(op).bus_factor(world)
 
 
 def algbw_gbs(nbytes: int, time_us: float) -> float:
@@ -61,7 +57,7 @@ class DeviceInfo:
 class RunInfo:
     op: str
     world: int
-    type_name: str
+    type_name: str       # the table's type, redop and root columns: the op's Labels
     redop: str           # "none" for gathers
     minbytes: int
     maxbytes: int
@@ -79,6 +75,7 @@ class RunInfo:
     devices: list[DeviceInfo] = field(default_factory=list)
     version: str = "unknown"  # symcomm.__version__
     rounds: int = 1           # interleaved passes; each time is the median over them
+    root: int = -1
 
 
 def format_time(time_us: float) -> str:
@@ -145,7 +142,7 @@ def block_header(algo: str) -> list[str]:
 def format_row(row: SizeRow, info: RunInfo) -> str:
     factor = bus_factor(info.op, info.world)
     line = (f"{row.nbytes:12d}  {row.count:12d}  {info.type_name:>8s}  {info.redop:>6s}  "
-            f"{-1:6d}")
+            f"{info.root:6d}")
     for timing in (row.out_of_place, row.in_place):
         wrong = "N/A" if timing.wrong is None else "%g" % timing.wrong
         if math.isnan(timing.time_us):  # the path refused this call

@@ -1,5 +1,6 @@
 """Runs the sweep on every rank: buffers, timing, correctness, rank averaging, rank-0 output.
 
+What each op allocates, calls and checks is its spec's (ops.py); this module runs any of them.
 Expects torch.distributed to be initialised already (the CLI does that).
 """
 from __future__ import annotations
@@ -8,21 +9,23 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import socket
 import statistics
 import sys
-import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from . import check, report
-from .config import BenchConfig, BenchError, table_redop
-from .sizes import FP4_OP, UNEVEN_OPS, Layout, layout, uneven_rule
+import symcomm
+
+from . import ops, plot, report
+from .config import BenchConfig, BenchError
+from .spec import Buffers, Case, OpSpec, Setup
+from .timing import Timer
 
 _MIB = 1 << 20
 _POOL_SLACK = 8 * _MIB
@@ -37,137 +40,16 @@ def pool_bytes(buffer_bytes: int, buffers: int) -> int:
     return -(-need // _POOL_ROUND) * _POOL_ROUND
 
 
-@dataclass
-class Buffers:
-    send: torch.Tensor
-    recv: torch.Tensor
-    symmetric: bool
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # per-op buffers (fp4 outputs)
-
-
-@dataclass
-class Case:
-    """One timed column: the call, how to load its input (and poison its output) before a
-    checked call, and how to count wrong elements after it."""
-
-    call: Callable[[], object]
-    load: Callable[[], None]
-    count: Callable[[], int] | None   # None when the check is off
-    corrupt: Callable[[], None]       # test hook: spoil one output element
-
-
-def views(lay: Layout, bufs: Buffers, rank: int, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input, output) for one call. In-place aliases them the way nccl-tests does: the same
-    tensor for all_reduce, the rank's slice of the output for gathers, the rank's slice of the
-    input as the output for reduce-scatters."""
-    op, row = lay.op, lay.row
-    if op == "all_reduce":
-        x = bufs.send[:lay.count]
-        return x, (x if inplace else bufs.recv[:lay.count])
-    lo, hi = lay.offset(rank), lay.offset(rank) + lay.parts[rank]
-    if op in check.GATHERS:
-        out = bufs.recv[:lay.total]
-        x = out[lo:hi] if inplace else bufs.send[:lay.parts[rank]]
-    else:
-        x = bufs.send[:lay.total]
-        out = x[lo:hi] if inplace else bufs.recv[:lay.parts[rank]]
-    if op in UNEVEN_OPS:
-        x, out = x.view(-1, row), out.view(-1, row)
-    return x, out
-
-
-def make_call(comm, lay: Layout, x: torch.Tensor, out: torch.Tensor, redop: str,
-              algo: str) -> Callable[[], object]:
-    """A zero-argument closure, so the timed loop costs one Python call on top of the API."""
-    op = lay.op
-    if op == "all_reduce":
-        return lambda: comm.all_reduce(x, out=out, op=redop, algo=algo)
-    if op == "all_gather":
-        return lambda: comm.all_gather(x, out=out, algo=algo)
-    if op == "reduce_scatter":
-        return lambda: comm.reduce_scatter(x, out=out, op=redop, algo=algo)
-    rows = [p // lay.row for p in lay.parts]
-    if op in ("all_gatherv", FP4_OP):  # FP4_OP's unquantized baseline
-        return lambda: comm.all_gatherv(x, rows, out=out, algo=algo)
-    return lambda: comm.reduce_scatterv(x, rows, out=out, op=redop, algo=algo)
-
-
-class Timer:
-    """Per-rank time of one collective, in microseconds."""
-
-    def __init__(self, device: torch.device, iters: int, warmup: int, graph_replays: int,
-                 capture: Callable[[], ContextManager[object]] = nullcontext):
-        self.cuda = device.type == "cuda"
-        self.iters = iters
-        self.warmup = warmup
-        self.graph_replays = graph_replays
-        # Communicator.graph_capture where it exists: captured custom all-reduces then read
-        # their inputs in place at replay, as a serving engine's graphs would, instead of
-        # timing an extra staging copy per call.
-        self.capture = capture
-
-    def barrier(self) -> None:
-        dist.barrier()
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def measure(self, call: Callable[[], object]) -> float:
-        # Graph mode always runs one eager call first: a path that refuses the call then says
-        # so outside capture, and lazy setup never happens inside it.
-        for _ in range(max(self.warmup, 1 if self.cuda and self.graph_replays > 0 else 0)):
-            call()
-        if not self.cuda:
-            self.barrier()
-            start = time.perf_counter()
-            for _ in range(self.iters):
-                call()
-            return (time.perf_counter() - start) * 1e6 / self.iters
-        if self.graph_replays > 0:
-            return self._graph(call)
-        return self._eager_cuda(call)
-
-    def _eager_cuda(self, call: Callable[[], object]) -> float:
-        start, end = _events()
-        self.barrier()
-        start.record()
-        for _ in range(self.iters):
-            call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / self.iters
-
-    def _graph(self, call: Callable[[], object]) -> float:
-        # n collectives captured back to back, replayed G times with no barrier in between:
-        # a barrier per replay would add the ranks' start skew to every sample.
-        graph = torch.cuda.CUDAGraph()
-        with self.capture(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            for _ in range(self.iters):
-                call()
-        graph.replay()  # untimed: the first launch also uploads the graph to the device
-        start, end = _events()
-        self.barrier()
-        start.record()
-        for _ in range(self.graph_replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        elapsed_ms = start.elapsed_time(end)
-        del graph
-        return elapsed_ms * 1e3 / (self.iters * self.graph_replays)
-
-
-def _events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
 class Runner:
-    """One communicator's sweep state: the paths to measure, buffers big enough for every op
-    in ``ops`` (the symmetric pool is reserved once: growing it is a collective), the timer."""
+    """One communicator's sweep state: the columns to measure (the paths, or the config op's
+    variants), buffers big enough for every op in ``op_names`` (the symmetric pool is reserved
+    once: growing it is a collective), the timer."""
 
-    def __init__(self, cfg: BenchConfig, comm, ops: Sequence[str] | None = None):
+    def __init__(self, cfg: BenchConfig, comm, op_names: Sequence[str] | None = None):
         self.cfg = cfg
         self.comm = comm
-        self.ops = tuple(ops or (cfg.op,))
+        self.spec = ops.spec(cfg.op)
+        self.specs: tuple[OpSpec, ...] = tuple(ops.spec(n) for n in (op_names or (cfg.op,)))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.device = torch.device(comm.device)
@@ -177,32 +59,29 @@ class Runner:
         self.stats_device = self.device if "nccl" in str(dist.get_backend()) else torch.device("cpu")
         self.notes: list[str] = list(cfg.notes)
         self.refused: dict[str, str] = {}  # algo -> first refusal, for --algo all
-        import symcomm
-
-        self._refusal = symcomm.ArgumentError
-        self.algos = self._algos()
+        self.path, self.algos = self._columns()
         self.bufs = self._buffers()
+        self.setup = Setup(comm, self.bufs, self.rank, self.world, self.device, self.dtype, cfg.redop,
+                           cfg.seed, cfg.check, self.path)
         self.timer = Timer(self.device, cfg.iters, cfg.warmup,
                            cfg.graph if self.device.type == "cuda" else 0,
                            getattr(comm, "graph_capture", nullcontext))
 
     # -- setup ---------------------------------------------------------------------------
-    def _algos(self) -> list[str]:
+    def _columns(self) -> tuple[str, list[str]]:
+        """(path, columns): a spec's variants are the columns, each running --algo's path
+        ("all": auto); otherwise every column is a path of its own."""
         available = list(self.comm.algorithms())
         self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}; "
                           f"auto follows the {self.comm.capabilities().get('tuning_table')} table")
-        if self.ops == (FP4_OP,):
-            from . import fp4_bench
-
-            # Columns are the variants (unquantized, fp4, fp4 + dequantize); --algo picks the
-            # path of the gather inside each.
-            self.gather_algo = self._check_algo("auto" if self.cfg.algo == "all" else self.cfg.algo, available)
-            return list(fp4_bench.VARIANTS)
+        path = "auto" if self.cfg.algo == "all" else self._check_algo(self.cfg.algo, available)
+        if self.spec.variants:
+            return path, list(self.spec.variants)
         if self.cfg.algo == "all":
             # On GPUs the torch path is a last resort, not a contender: keep it out of "all".
             paths = [a for a in available if not (a == "torch" and self.device.type == "cuda")]
-            return paths + (["auto"] if self.cfg.with_auto else [])
-        return [self._check_algo(self.cfg.algo, available)]
+            return path, paths + (["auto"] if self.cfg.with_auto else [])
+        return path, [path]
 
     def _check_algo(self, algo: str, available: list[str]) -> str:
         if algo != "auto" and algo not in available:
@@ -215,17 +94,13 @@ class Runner:
         return algo
 
     def _buffers(self) -> Buffers:
-        import symcomm
-
         itemsize = self.dtype.itemsize
-        lays = [layout(op, n, self.world, itemsize, self.rank) for op in self.ops for n in self.cfg.sizes]
+        lays = [s.layout(n, self.world, itemsize, self.rank) for s in self.specs for n in self.cfg.sizes]
         n_send = max(max(lay.in_elems for lay in lays), 1)
         n_recv = max(max(lay.out_elems for lay in lays), 1)
         extra: dict[str, tuple[int, torch.dtype]] = {}
-        if FP4_OP in self.ops:
-            from . import fp4_bench
-
-            extra = fp4_bench.buffer_specs(n_recv)
+        for s in self.specs:
+            extra.update(s.buffers(n_recv))
         total_bytes = (n_send + n_recv) * itemsize + sum(n * d.itemsize for n, d in extra.values())
 
         want = self.cfg.symmetric if self.cfg.symmetric is not None else self.device.type == "cuda"
@@ -258,13 +133,10 @@ class Runner:
             more = {name: torch.empty(n, dtype=d, device=self.device) for name, (n, d) in extra.items()}
         return Buffers(send, recv, symmetric, more)
 
-    def run_info(self, op: str | None = None) -> report.RunInfo:
-        """The header's facts for ``op`` (default: the config's). Collective: every rank
-        must call it, since it gathers the device list."""
-        import symcomm
-
+    def run_info(self) -> report.RunInfo:
+        """The header's facts for the config's op. Collective: every rank must call it, since
+        it gathers the device list."""
         cfg = self.cfg
-        op = op or cfg.op
         cuda = self.device.type == "cuda"
         if cuda and cfg.graph > 0:
             timing = (f"Timing: {cfg.iters} ops captured in one CUDA graph, replayed {cfg.graph} "
@@ -280,15 +152,10 @@ class Runner:
         if cfg.check:
             notes.append(f"Check: seeded random data (seed {cfg.seed}) against a float64 "
                          f"reference; #wrong summed over ranks")
-        if op in UNEVEN_OPS:
-            notes.append(f"Split: {uneven_rule(self.world, op)}")
-        if op == FP4_OP:
-            from . import fp4_bench
-
-            notes += fp4_bench.notes(self)
+        notes += self.spec.notes(self.world, self.dtype.itemsize, self.path)
         devices = self._gather_devices(_device_info(self.rank, self.device))
         return report.RunInfo(
-            op=op, world=self.world, type_name=cfg.type_name, redop=table_redop(op, cfg.redop),
+            op=cfg.op, world=self.world, **self.spec.labels(cfg.type_name, cfg.redop)._asdict(),
             minbytes=cfg.minbytes, maxbytes=cfg.maxbytes, stepfactor=cfg.stepfactor,
             warmup=cfg.warmup, iters=cfg.iters, check=cfg.check, rounds=cfg.rounds,
             graph=cfg.graph if cuda else 0, device=self.device.type,
@@ -315,19 +182,9 @@ class Runner:
     # -- one size ------------------------------------------------------------------------
     def measure_size(self, op: str, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
         cfg = self.cfg
-        lay = layout(op, nbytes, self.world, self.dtype.itemsize, self.rank)
-        data_redop = table_redop(op, cfg.redop)
-
-        def gen(p: int) -> torch.Tensor:
-            return check.make_input(check.input_elems(lay, p), self.dtype, self.device, cfg.seed,
-                                    p, lay.nbytes, data_redop, self.world)
-
-        if op == FP4_OP:
-            from . import fp4_bench
-
-            cases = fp4_bench.cases(self, lay, gen)
-        else:
-            cases = self._cases(lay, gen)
+        spec = ops.spec(op)
+        lay = spec.layout(nbytes, self.world, self.dtype.itemsize, self.rank)
+        cases = spec.cases(self.setup, lay, spec.inputs(self.setup, lay))
         stats = torch.zeros(len(self.algos), 4, dtype=torch.float64)
         # Rounds pass over every path in turn, so a slow spell of the machine (a host hiccup
         # delaying a replay) lands on one sample of each path rather than on all of one path;
@@ -349,7 +206,7 @@ class Runner:
                         samples[i][j].append(self.timer.measure(case.call))
                         if round_ == 0 and case.count is not None:
                             stats[i, 2 * j + 1] = self._check(case)
-                    except self._refusal as exc:
+                    except symcomm.ArgumentError as exc:
                         # symcomm refuses a call before any communication, on every rank alike,
                         # so the sweep can go on without this path at this size.
                         if len(self.algos) == 1:
@@ -373,21 +230,6 @@ class Runner:
                                        self._timing(t_ip, w_ip, cfg.check)))
         return rows
 
-    def _cases(self, lay: Layout, gen: Callable[[int], torch.Tensor]) -> Callable[[str, bool], Case]:
-        """The plain collectives: every path, out of place and in place, checked against a
-        float64 reference computed from every rank's regenerated input."""
-        cfg = self.cfg
-        mine = gen(self.rank)
-        exp = check.expected(lay, cfg.redop, self.dtype, self.rank, self.world, gen) if cfg.check else None
-
-        def case(algo: str, inplace: bool) -> Case:
-            x, out = views(lay, self.bufs, self.rank, inplace)
-            return Case(call=make_call(self.comm, lay, x, out, cfg.redop, algo),
-                        load=lambda: _load(x, out, mine),
-                        count=None if exp is None else (lambda: check.count_wrong(out, exp)),
-                        corrupt=lambda: check.corrupt(out))
-        return case
-
     def _timing(self, time_sum: float, wrong_sum: float, checked: bool) -> report.Timing:
         if math.isnan(time_sum):
             return report.Timing(math.nan, None)
@@ -401,14 +243,6 @@ class Runner:
         if self.cfg.corrupt_rank == self.rank:
             case.corrupt()
         return case.count()
-
-
-def _load(x: torch.Tensor, out: torch.Tensor, mine: torch.Tensor) -> None:
-    """Poison the output, then write this rank's input (in-place layouts overlap the two, so
-    the order matters)."""
-    check.poison_fill(out)
-    if x.numel():
-        x.reshape(-1).copy_(mine)
 
 
 def _device_info(rank: int, device: torch.device) -> report.DeviceInfo:
@@ -430,8 +264,6 @@ def _cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or "cpu"
 
 
@@ -492,7 +324,5 @@ def run(cfg: BenchConfig, comm) -> int:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         report.write_json(cfg.json_path, report.json_payload(info, rows, date))
     if emit.lead and cfg.plot_path:
-        from . import plot
-
         plot.write_plot(cfg.plot_path, info, rows, runner.algos)
     return 1 if report.total_wrong(rows) else 0

@@ -1,31 +1,25 @@
-"""Message sizes: parsing ``-b/-e`` values, the ``-f`` sweep, and per-rank element layouts.
+"""Message sizes: parsing ``-b/-e`` values, the ``-f`` sweep, and how a message splits over ranks.
 
-Byte counts follow nccl-tests: the reported size is the whole output for gathers, the whole
-input for reduce-scatters and the tensor for all-reduce, rounded down so that every rank holds
-whole elements.
+Which split an op uses, and which side of it is the input, is the op's spec's to say
+(collectives.py); this module only knows shapes.
 """
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
-# The NVFP4 gather: quantize + all_gatherv (+ dequantize), compared with an all_gatherv of the
-# unquantized rows. Its size column counts the unquantized bytes, so rows line up with all_gatherv.
-FP4_OP = "all_gatherv_fp4"
-CLI_OPS = (*OPS, FP4_OP)
-UNEVEN_OPS = ("all_gatherv", "reduce_scatterv", FP4_OP)
-# Token rows of the FP4 gather, in elements: a multiple of NVFP4's 16-element block, small
-# enough that 1 KiB of bf16 is one row.
-FP4_ROW = 512
+if TYPE_CHECKING:
+    import torch
+
+_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 # Uneven layouts split the message in rows of this many bytes so every rank's slice starts on
 # a 16-byte boundary, as token rows of a hidden dimension would; unaligned slices would only
 # measure the fallback paths.
 ROW_BYTES = 16
-
-_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
@@ -58,21 +52,14 @@ def uneven_rows(total_rows: int, world: int) -> list[int]:
     return rows
 
 
-def uneven_rule(world: int, op: str = "all_gatherv") -> str:
-    """The uneven split rule as one header line, in the terms uneven_rows() uses."""
-    rows = f"{FP4_ROW}-element" if op == FP4_OP else f"{ROW_BYTES}-byte"
-    return (f"rank r gets floor(R*(r+1)/{world * (world + 1) // 2}) of the R {rows} rows, "
-            f"the last rank the remainder; count = elements over all ranks")
-
-
 @dataclass(frozen=True)
 class Layout:
-    """Element counts of one message size for one op.
+    """Element counts of one message size for one op on one rank.
 
-    ``parts[r]`` is rank r's share of the gathered output / scattered input, in elements;
-    ``row`` is the row width in elements for the uneven ops (1 for the even ones).
+    ``parts[r]`` is rank r's share of the gathered output / scattered input (the whole tensor
+    for all_reduce), in elements; ``row`` is the row width in elements of the uneven splits
+    (1 for the others).
     """
-    op: str
     nbytes: int        # reported size column
     count: int         # reported count column
     in_elems: int      # this rank's input elements
@@ -88,24 +75,57 @@ class Layout:
     def total(self) -> int:
         return sum(self.parts)
 
+    @property
+    def rows(self) -> list[int]:
+        """Every rank's share in rows: the ``sizes`` argument of the v-collectives."""
+        return [p // self.row for p in self.parts]
 
-def layout(op: str, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
-    if op not in CLI_OPS:
-        raise ValueError(f"unknown op {op!r}")
-    count = nbytes // itemsize
-    if op == "all_reduce":
-        return Layout(op, count * itemsize, count, count, count, (count,) * world)
-    if op in ("all_gather", "reduce_scatter"):
+
+class Split(ABC):
+    """How ``count`` elements split into one part per rank."""
+
+    @abstractmethod
+    def parts(self, count: int, world: int, itemsize: int) -> tuple[tuple[int, ...], int, int]:
+        """(parts, row width, the count column)."""
+
+    def shape(self, t: torch.Tensor, row: int) -> torch.Tensor:
+        """The tensor as the collective takes it."""
+        return t
+
+    def rule(self, world: int) -> str | None:
+        """The split as one header line, or None where it needs no explaining."""
+        return None
+
+
+@dataclass(frozen=True)
+class Even(Split):
+    """count // world elements each, rounded down as nccl-tests does; its count column for
+    these ops is the per-rank count."""
+
+    def parts(self, count: int, world: int, itemsize: int) -> tuple[tuple[int, ...], int, int]:
         per_rank = count // world
-        parts = (per_rank,) * world
-        total = per_rank * world
-        in_elems, out_elems = (per_rank, total) if op == "all_gather" else (total, per_rank)
-        # nccl-tests' count column is the per-rank count for these two ops.
-        return Layout(op, total * itemsize, per_rank, in_elems, out_elems, parts)
-    row = FP4_ROW if op == FP4_OP else max(1, ROW_BYTES // itemsize)
-    rows = uneven_rows(count // row, world)
-    parts = tuple(r * row for r in rows)
-    total = sum(parts)
-    mine = parts[rank]
-    in_elems, out_elems = (total, mine) if op == "reduce_scatterv" else (mine, total)
-    return Layout(op, total * itemsize, total, in_elems, out_elems, parts, row)
+        return (per_rank,) * world, 1, per_rank
+
+
+@dataclass(frozen=True)
+class Rows(Split):
+    """uneven_rows() of whole rows ``bytes`` bytes or ``elements`` elements wide; the tensors
+    go to the collective as [rows, width] and the count column is the total."""
+    bytes: int = 0
+    elements: int = 0
+
+    def width(self, itemsize: int) -> int:
+        return self.elements or max(1, self.bytes // itemsize)
+
+    def parts(self, count: int, world: int, itemsize: int) -> tuple[tuple[int, ...], int, int]:
+        row = self.width(itemsize)
+        parts = tuple(r * row for r in uneven_rows(count // row, world))
+        return parts, row, sum(parts)
+
+    def shape(self, t: torch.Tensor, row: int) -> torch.Tensor:
+        return t.view(-1, row)
+
+    def rule(self, world: int) -> str:
+        unit = f"{self.elements}-element" if self.elements else f"{self.bytes}-byte"
+        return (f"rank r gets floor(R*(r+1)/{world * (world + 1) // 2}) of the R {unit} rows, "
+                f"the last rank the remainder; count = elements over all ranks")

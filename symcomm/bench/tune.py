@@ -19,17 +19,21 @@ from typing import Iterable, Sequence
 
 from .. import __version__
 from ..dispatch import TUNING_VERSION, device_name
-from . import report
-from .config import BenchError, TuneConfig, table_redop
+from . import ops, report
+from .config import TUNE_OPS, BenchError, TuneConfig
 from .runner import Runner, bar_enabled, sweep
 
-# Dispatch key -> (op measured, in-place column?). Only all_gather dispatches in place by its
-# own row (Call.table_key); the other ops use their out-of-place times.
+# Dispatch key -> (op measured, in-place column?). In-place calls dispatch by rows of their own
+# (Call.table_key): at world 2, 16 MiB, in-place one-shot took 74.13 us against two-shot's 68.79
+# while out of place one-shot won (bench/results/2026-11-22_session3_4xH200/all_reduce_w2.txt). A row equal to its out-of-place one is left out (the table
+# falls back to the op's row).
 KEYS: dict[str, tuple[str, bool]] = {
     "all_reduce": ("all_reduce", False),
+    "all_reduce:inplace": ("all_reduce", True),
     "all_gather": ("all_gather", False),
     "all_gather:inplace": ("all_gather", True),
     "reduce_scatter": ("reduce_scatter", False),
+    "reduce_scatter:inplace": ("reduce_scatter", True),
 }
 
 Times = dict[str, list[float | None]]  # path -> time in us per size; None where refused or wrong
@@ -68,6 +72,9 @@ def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, 
             bad = {p for p, counts in wrong.get(key, {}).items() if counts[i]}
             prefs.append(ranking({p: t[i] for p, t in per_path.items()}, bad, paths))
         rules[key] = merge(sizes, prefs)
+    for key, (op, inplace) in KEYS.items():
+        if inplace and key in rules and rules.get(op) == rules[key]:
+            del rules[key]
     return rules
 
 
@@ -140,9 +147,7 @@ def describe(rules: dict[str, list[list]]) -> list[str]:
 def run(cfg: TuneConfig, comm) -> int:
     """Measures, prints one nccl-tests block per op and path, writes the table (rank 0).
     Returns 1 if some path returned wrong results (it is left out where it did), else 0."""
-    from .config import TUNE_OPS
-
-    runner = Runner(cfg, comm, ops=TUNE_OPS)
+    runner = Runner(cfg, comm, TUNE_OPS)
     if not runner.algos:
         raise BenchError("tune: this communicator has no path to measure")
     base = runner.run_info()
@@ -156,7 +161,8 @@ def run(cfg: TuneConfig, comm) -> int:
     total = len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos) * cfg.rounds
     with report.Progress(total, bar_enabled(emit.lead, False)) as progress:
         for op in TUNE_OPS:
-            info = dataclasses.replace(base, op=op, redop=table_redop(op, cfg.redop))
+            labels = ops.spec(op).labels(cfg.type_name, cfg.redop)
+            info = dataclasses.replace(base, op=op, **labels._asdict())
             emit([f"# Collective test starting: {report.test_name(op)}", "#"])
             rows = sweep(runner, op, progress)
             report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
