@@ -15,7 +15,7 @@ H = 7168 like a large MoE model's hidden size), on the same rows:
 Splits: ``uneven`` gives rank r a share proportional to UNEVEN_WEIGHTS[r % 8] (a skewed MoE
 batch; small sizes leave some ranks with 0 rows), in ordinary memory, so every gather runs
 NCCL broadcasts; ``equal`` gives every rank the same rows, in symmetric memory, so the
-dispatch may take nccl-symm for both. Timing as in DESIGN.md / symcomm.bench.runner.Timer:
+dispatch may take nccl-symm for both. Timing as in docs/measuring.md / symcomm.bench.timing.Timer:
 ``--iters`` calls captured in one CUDA graph, replayed ``--replays`` times back to back,
 divided; averaged over ranks. Each size is also checked: the bf16 gather against the
 regenerated rows, the fp4 payload and scales bitwise against quantizing those rows locally.

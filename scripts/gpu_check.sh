@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
-#   bash scripts/gpu_check.sh [all|tests|bench|quick|release] [OUT]
+#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|single] [OUT]
 #   tests = GPU tests per world; bench = per world, tune then `--algo all` for each op with
 #   the freshly tuned table (so auto is measured with it), and eager costs; all = both;
 #   quick = tests, then membership and eager costs, no sweeps; release = the published
 #   numbers in one bounded call: the sweeps, FP4 tests and bench, eager, the stall tests,
-#   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere).
+#   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere);
+#   single = what one GPU can show: the README's two commands exactly as written (tests,
+#   benchmark) and scripts/world1_check.py (every op, symmetric memory, graphs, FP4 at world 1).
 #   Every step has its own timeout and re-packs $OUT/partial.tgz, so what finished comes back
 #   even if the call is cut off.
 #   Narrower runs: TESTS (pytest paths, default tests/gpu), BENCH_OPS (default all_reduce
@@ -50,7 +52,8 @@ trap pack EXIT
 note "$(grep -E '^date|torch ' "$OUT/logs/env.txt" | tr '\n' ' ')"
 note "gpus: $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 
-if ! pip install --no-build-isolation --no-deps -e . >"$OUT/logs/build.log" 2>&1; then
+# python3 -m pip: the image's plain `pip` belongs to another Python, whose scripts cannot import torch.
+if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/logs/build.log" 2>&1; then
   note "BUILD FAILED (see logs/build.log)"; tail -20 "$OUT/logs/build.log"; exit 1
 fi
 note "build: ok ($(ls symcomm/_native/))"
@@ -104,6 +107,19 @@ if [[ $MODE == release ]]; then  # most important first: later steps are skipped
   sweep 2
   eager 4
   gpu_tests 2 stall 200 "tests/gpu/test_custom_ar.py -k missing_peer"
+fi
+if [[ $MODE == single ]]; then
+  # The README's test command, exactly as written (its `pip install` half needs a network).
+  step readme_tests "${TEST_TIMEOUT:-480}" python -m pytest tests
+  note "  $(tail -1 "$OUT/results/readme_tests.txt")"
+  step world1 180 torchrun --nproc-per-node=1 scripts/world1_check.py
+  note "  $(tail -1 "$OUT/results/world1.txt")"
+  # The README's main command, as written (-g 2 on one GPU), then on the GPU itself.
+  step readme_bench 180 symcomm-bench all_reduce -g 2 -b 1K -e 1M
+  step readme_bench_g1 180 symcomm-bench all_reduce -g 1 -b 1K -e 1M --algo all
+  note "  $(grep -m1 -i 'device' "$OUT/results/readme_bench.txt")"
+  step graph_mixing_w1 120 torchrun --nproc-per-node=1 bench/graph_mixing.py --json "$OUT/results/graph_mixing_w1.json"
+  sed 's/^/  /' "$OUT/results/graph_mixing_w1.txt" | tee -a "$SUMMARY"
 fi
 if [[ $MODE == all || $MODE == tests || $MODE == quick ]]; then
   for world in ${WORLDS:-2 4}; do gpu_tests "$world" gpu "${TEST_TIMEOUT:-420}" "${TESTS:-tests/gpu}"; done

@@ -1,0 +1,162 @@
+"""Every public op at world 1 on one GPU: eager, inside use_symmetric_memory, under CUDA-graph
+capture (replay bitwise equal to eager), FP4, select() and capabilities(), then a clean close.
+
+    torchrun --nproc-per-node=1 scripts/world1_check.py
+
+At world 1 every collective is a copy (or the identity for a sum), so each result must equal
+its input bit for bit, which makes the check exact. Prints one line per check and
+`world1: N checks passed` last; exits 1 at the first failure.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import symcomm
+from symcomm import fp4
+
+CHECKS: list[str] = []
+
+
+def ok(what: str, cond: bool, detail: object = "") -> None:
+    if not cond:
+        print(f"FAIL {what} {detail}", flush=True)
+        sys.exit(1)
+    CHECKS.append(what)
+    print(f"ok   {what}", flush=True)
+
+
+def rand(shape, dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * 3 + 0.25).to(dtype)
+
+
+def every_op(comm: symcomm.Communicator, x: torch.Tensor, tag: str) -> list[torch.Tensor]:
+    rows = x.shape[0]
+    outs = [comm.all_reduce(x), comm.all_gather(x), comm.all_gatherv(x, [rows]),
+            comm.reduce_scatter(x), comm.reduce_scatterv(x, [rows])]
+    for name, out in zip(("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv"), outs):
+        ok(f"{tag} {name} {tuple(x.shape)} {x.dtype}", torch.equal(out.view(torch.uint8), x.view(torch.uint8)))
+    return outs
+
+
+def main() -> None:
+    torch.cuda.set_device(0)
+    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", 0))
+    comm = symcomm.Communicator(symmetric_capacity=64 << 20)
+    caps = comm.capabilities()
+    print("paths:", {k: v.get("reason", "enabled") for k, v in caps["paths"].items()}, flush=True)
+    ok("device is cuda", comm.device.type == "cuda", comm.device)
+    ok("nccl open", "nccl" in comm.algorithms(), caps["paths"]["nccl"])
+    ok("nccl-symm open", "nccl-symm" in comm.algorithms(), caps["paths"]["nccl-symm"])
+    ok("custom kernels off at world 1 with a reason",
+       "world size 1" in caps["paths"]["custom-oneshot"].get("reason", ""), caps["paths"]["custom-oneshot"])
+
+    # odd sizes, sizes that are not whole 16-byte vectors, and empty tensors
+    for i, (shape, dtype) in enumerate([((7, 3), torch.bfloat16), ((1000, 16), torch.float16),
+                                        ((0, 5), torch.float32), ((33, 129), torch.float32),
+                                        ((4096, 8), torch.bfloat16)]):
+        every_op(comm, rand(shape, dtype, i), "eager plain")
+        with symcomm.use_symmetric_memory(comm):
+            xs = rand(shape, dtype, i)
+            out = torch.empty_like(xs)
+        ok(f"symmetric allocation {shape}", comm.is_symmetric(xs) or xs.numel() == 0)
+        with symcomm.use_symmetric_memory(comm):
+            every_op(comm, xs, "eager symmetric")  # outputs allocated in the pool too
+        for algo in ("nccl", "nccl-symm"):
+            ok(f"forced {algo} all_reduce {shape}", torch.equal(comm.all_reduce(xs, out=out, algo=algo), xs))
+
+    with symcomm.use_symmetric_memory(comm):
+        x = rand((256, 64), torch.bfloat16, 9)
+        out = torch.empty_like(x)
+    choice = comm.select("all_reduce", x, out=out)
+    print("select:", choice, flush=True)
+    ok("select names a path and explains the rest", bool(choice.algo) and bool(choice.rejected))
+
+    # Which communicator each NCCL launch names: wrap both NCCL paths' libraries so every call
+    # is recorded (with whether a capture was under way) and then forwarded unchanged.
+    launches: list[tuple[str, str, int, bool]] = []
+
+    class Recording:
+        def __init__(self, lib, path: str) -> None:
+            self._lib, self._path = lib, path
+
+        def __getattr__(self, name: str):
+            fn = getattr(self._lib, name)
+            if not name.startswith("nccl") or name.startswith("ncclGroup"):
+                return fn
+
+            def call(*args):
+                launches.append((self._path, name, args[-2], torch.cuda.is_current_stream_capturing()))
+                return fn(*args)
+            return call
+
+    nccl_paths = [comm.path(name) for name in ("nccl", "nccl-symm")]
+    for p in nccl_paths:
+        p._lib = Recording(p._lib, p.name)
+
+    # graphs: capture every op twice, replay in mixed order with fresh inputs, bitwise vs eager
+    y = rand((128, 32), torch.float16, 11)
+    static = y.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        every_op(comm, static, "warm-up")
+    torch.cuda.current_stream().wait_stream(side)
+    graphs, results = [], []
+    for _ in range(2):
+        g = torch.cuda.CUDAGraph()
+        with comm.graph_capture(), torch.cuda.graph(g):
+            res = [comm.all_reduce(static), comm.all_gather(static), comm.all_gatherv(static, [128]),
+                   comm.reduce_scatter(static), comm.reduce_scatterv(static, [128])]
+        graphs.append(g)
+        results.append(res)
+    for step, which in enumerate((1, 0, 0, 1)):
+        fresh = rand((128, 32), torch.float16, 100 + step)
+        static.copy_(fresh)
+        graphs[which].replay()
+        torch.cuda.synchronize()
+        eager = [comm.all_reduce(fresh), comm.all_gather(fresh), comm.all_gatherv(fresh, [128]),
+                 comm.reduce_scatter(fresh), comm.reduce_scatterv(fresh, [128])]
+        ok(f"graph {which} replay {step} bitwise equal to eager",
+           all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(results[which], eager)))
+
+    graph_comms = {p.name: (p.comm, p.graph_comm) for p in nccl_paths}
+    print("communicators (eager, graph):", graph_comms, flush=True)
+    ok("graph_capture() opened a graph communicator per NCCL path",
+       all(g and g != e for e, g in graph_comms.values()), graph_comms)
+    wrong = [l for l in launches if l[2] != graph_comms[l[0]][1 if l[3] else 0]]
+    ok(f"{sum(l[3] for l in launches)} captured launches on graph communicators, "
+       f"{sum(not l[3] for l in launches)} eager ones on eager communicators", not wrong and launches, wrong[:5])
+    caps = comm.capabilities()
+    print("graph communicator memory:", caps["nccl_graph_communicator"], caps["nccl-symm_graph_communicator"],
+          flush=True)
+
+    # FP4: the gather at world 1 must equal a local quantization bit for bit
+    h = 64
+    for rows in (0, 1, 37):
+        xf = rand((rows, h), torch.bfloat16, 50 + rows)
+        gs = fp4.global_scale_for(xf if rows else torch.ones(1, h, dtype=torch.bfloat16, device="cuda"), comm)
+        ids = torch.arange(rows * 2, device="cuda", dtype=torch.int32).view(rows, 2)
+        got = comm.all_gatherv_fp4(xf, [rows], gs, extra=[ids], dequantize=True)
+        packed, scales = fp4.quantize(xf, gs)
+        ok(f"fp4 gather {rows} rows bitwise", torch.equal(got.packed, packed)
+           and torch.equal(got.scales.view(torch.uint8), scales.view(torch.uint8))
+           and torch.equal(got.extra[0], ids)
+           and torch.equal(got.values, fp4.dequantize(packed, scales, gs, torch.bfloat16)))
+    with symcomm.use_symmetric_memory(comm):
+        xf = rand((16, h), torch.bfloat16, 77)
+    got = comm.all_gatherv_fp4(xf, [16], fp4.global_scale_for(xf, comm), swizzle=True)
+    ok("fp4 swizzled scales", got.scales.shape == fp4.swizzled_shape(16, h // fp4.BLOCK))
+
+    del x, out, xs, xf, static, y, graphs, results, got
+    comm.close()
+    ok("closed", comm.closed and comm.group is None)
+    dist.destroy_process_group()
+    print(f"world1: {len(CHECKS)} checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
