@@ -92,7 +92,7 @@ class Exchange:
 
 def test_setup_disabled_by_environment_still_votes(monkeypatch):
     monkeypatch.setenv("SYMCOMM_DISABLE_CUSTOM_AR", "1")
-    ex = Exchange([[[0, custom.host_identity(), 5, *SIZES]]])
+    ex = Exchange([[[0, custom.host_identity(), *SIZES]]])
     state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "SYMCOMM_DISABLE_CUSTOM_AR" in reason
     assert ex.sent[0][0] == 1  # the peers learn this rank is out, so they don't wait for it
@@ -100,9 +100,9 @@ def test_setup_disabled_by_environment_still_votes(monkeypatch):
 
 def test_setup_falls_back_when_a_peer_votes_no_or_ranks_span_hosts():
     here = custom.host_identity()
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[1, here, 5, *SIZES]]]), 30.0, None)
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[1, here, *SIZES]]]), 30.0, None)
     assert state is None and "another rank" in reason
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, 5, *SIZES]]]), 30.0, None)
+    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, *SIZES]]]), 30.0, None)
     assert state is None and "span hosts" in reason
 
 
@@ -111,14 +111,14 @@ def test_ranks_with_different_buffer_sizes_turn_the_kernels_off_everywhere():
     would land outside its buffers, so every rank falls back, naming the sizes."""
     here = custom.host_identity()
     other = [custom.DEFAULT_STAGING_BYTES // 2, *SIZES[1:]]
-    ex = Exchange([[[0, here, 5, *other]]])
+    ex = Exchange([[[0, here, *other]]])
     state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "disagree on the buffer sizes" in reason and f"rank 1: {other}" in reason
-    assert ex.sent[0][3:] == SIZES
+    assert ex.sent[0][2:] == SIZES
 
 
 def test_unsupported_world_size_votes_no():
-    ex = Exchange([[[1, 0, 5, *SIZES]] * 2])
+    ex = Exchange([[[1, 0, *SIZES]] * 2])
     state, reason = custom.setup_kernels(0, 3, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "world size 3" in reason and ex.sent[0][0] == 1
 
@@ -147,7 +147,7 @@ def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
 
 def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
     session = custom.CaptureSession()
-    session.slots, session.calls = {1 << 30: 1}, [0]
+    session.slots, session.calls = {1 << 30: 1}, [(0, 2, 2048, -1, -1)]
     problem = custom.register_captured(FakeState(), session, False, Exchange([[[0, 2, 2]]]))
     assert "different numbers" in problem and "rank 0: 1 buffers in 1 calls" in problem
     assert "rank 1: 2 buffers in 2 calls" in problem
@@ -159,11 +159,32 @@ def test_capture_registration_compares_the_pattern_not_just_the_count():
     """Rank 0 captured buffers A, A, B; rank 1 C, D, D: two buffers each, but call 1 would pair
     A with D. The pattern of first-use indices differs, and every rank says where."""
     session = custom.CaptureSession()
-    session.slots, session.calls = {1 << 30: 1, 2 << 30: 2}, [0, 0, 1]
-    ex = Exchange([[[0, 2, 3]], [[0, 1, 1]]])
+    calls = [(0, 2, 2048, -1, -1), (0, 2, 2048, -1, -1), (1, 2, 2048, -1, -1)]
+    session.slots, session.calls = {1 << 30: 1, 2 << 30: 2}, calls
+    peer = [0, 2, 2048, -1, -1, 1, 2, 2048, -1, -1, 1, 2, 2048, -1, -1]
+    ex = Exchange([[[0, 2, 3]], [peer]])
     problem = custom.register_captured(FakeState(), session, False, ex)
-    assert "different custom all-reduce inputs at captured call 1" in problem
-    assert ex.sent[1] == [0, 0, 1]
+    assert "at captured call 1: the input buffer differs (rank 0: 0, rank 1: 1)" in problem
+    assert ex.sent[1] == [v for c in calls for v in c]
+
+
+@pytest.mark.parametrize("field,theirs", [
+    (1, 1),                 # another kernel (one-shot against two-shot)
+    (2, 4096),              # another size
+    (3, 8),                 # another pool region
+    (4, 6 << 20),           # the same region at a rank-dependent offset: (rank + 1) x 2 MiB before it
+])
+def test_captured_calls_are_compared_by_kernel_size_region_and_offset(field, theirs):
+    """The same buffer pattern is not enough: a pool input at another offset on one rank would
+    be read at the wrong place at every replay. Every rank gets the same PeerMismatchError
+    text naming the field."""
+    mine = (custom.IN_REGION, 2, 2048, 7, 4 << 20)
+    session = custom.CaptureSession()
+    session.calls = [mine]
+    other = list(mine)
+    other[field] = theirs
+    problem = custom.register_captured(FakeState(), session, False, Exchange([[[0, 0, 1]], [other]]))
+    assert f"the {custom.CALL_FIELDS[field]} differs (rank 0: {mine[field]}, rank 1: {theirs})" in problem
 
 
 def test_run_records_the_pattern_of_captured_calls(monkeypatch):
@@ -184,7 +205,10 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     one.run(_call(in_ptr=4 << 30, out_ptr=4 << 30))                  # in-place one-shot: staged
     two.run(_call(in_ptr=(granule << GRANULE_SHIFT) + 4096))         # in a mapped pool region
     flag.run(_call(in_ptr=5 << 30))                                  # flag-free reads it directly
-    assert session.calls == [0, 1, 0, custom.STAGED, custom.IN_REGION, custom.DIRECT]
+    nbytes = _call().nbytes
+    assert session.calls == [(0, 2, nbytes, -1, -1), (1, 1, nbytes, -1, -1), (0, 2, nbytes, -1, -1),
+                             (custom.STAGED, 1, nbytes, -1, -1), (custom.IN_REGION, 2, nbytes, 7, 4096),
+                             (custom.DIRECT, 0, nbytes, -1, -1)]
     assert [l[1:] for l in launched] == [(0, 1, 0), (0, 2, 0), (0, 1, 0), (1, 0, 0), (0, 7, 4096), (1, 0, 0)]
     state.capture = None  # outside graph_capture(): nothing is recorded
     two.run(_call(in_ptr=6 << 30))
@@ -218,10 +242,10 @@ def test_check_mode_compares_alignment_and_refusals_keep_the_length():
 def test_a_rank_that_turned_the_kernels_off_still_votes():
     """custom_ar_capacity=0 on one rank only: that rank still joins the vote (saying no), so
     peers with kernels on fall back instead of waiting for it in the exchange."""
-    ex = Exchange([[[0, custom.host_identity(), 5, *SIZES]]])
+    ex = Exchange([[[0, custom.host_identity(), *SIZES]]])
     state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None,
                                          off="turned off (custom_ar_capacity=0)")
     assert state is None and "custom_ar_capacity=0" in reason and ex.sent[0][0] == 1
-    peer = Exchange([[[1, custom.host_identity(), 5, *SIZES]]])
+    peer = Exchange([[[1, custom.host_identity(), *SIZES]]])
     state, reason = custom.setup_kernels(1, 2, torch.device("cuda", 0), peer, 30.0, None)
     assert state is None and "another rank" in reason

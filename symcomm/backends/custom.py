@@ -10,11 +10,9 @@ their memory ordering.
 """
 from __future__ import annotations
 
-import array
 import ctypes
 import hashlib
 import os
-import secrets
 import socket
 import struct
 import warnings
@@ -25,6 +23,7 @@ import torch
 from .. import _native, settings
 from ..base import FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, TWOSHOT, Call, Exchange, Path, Setup, raw_stream
 from ..errors import CudaError
+from ..fd_channel import IDENTITY_INTS, FdChannel, Identity
 from ..pool import GRANULE_SHIFT, Region
 
 _c = ctypes
@@ -103,8 +102,7 @@ class CustomAllReduce:
         # read in place, with no copy and no registration. See map_regions.
         self.region_slots: dict[int, int] = {}
         self.region_problem: str | None = None
-        self.socket: socket.socket | None = None
-        self.socket_names: list[bytes] = []
+        self.channel: FdChannel | None = None  # passes pool-region descriptors to peers
         self.capture: CaptureSession | None = None
         # Only cudaMalloc'd memory has CUDA IPC handles: torch's expandable segments (cuMem) and
         # its cudaMallocAsync backend do not, so captured inputs there are staged instead.
@@ -130,9 +128,9 @@ class CustomAllReduce:
         return self.next_slot - 1
 
     def destroy(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
-            self.socket = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         ctx, self.ctx = self.ctx, 0
         if ctx:
             self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
@@ -153,11 +151,19 @@ class CaptureSession:
     def __init__(self) -> None:
         self.slots: dict[int, int] = {}  # data pointer -> slot
         self.order: dict[int, int] = {}  # data pointer -> its index among the recorded buffers
-        # Per captured call: the index of its recorded buffer, or how it reads its input
-        # instead. Ranks compare this whole pattern, not just the count: rank 0 capturing
-        # buffers A, A, B and rank 1 C, D, D record two each, yet pair A with D at call 2.
-        self.calls: list[int] = []
+        # Per captured call, what peers will rely on at replay (CALL_FIELDS): the index of its
+        # recorded buffer or how it reads its input instead, the kernel, the byte count, and for
+        # a pool input its region's slot and offset. Ranks compare all of it, not just counts:
+        # rank 0 capturing buffers A, A, B and rank 1 C, D, D record two each, yet pair A with D
+        # at call 2; a pool tensor at a rank-dependent offset would be read at the wrong place.
+        self.calls: list[tuple[int, int, int, int, int]] = []
         self.out_of_slots = False
+
+    def record(self, how: int, algo: int, nbytes: int, region_slot: int = -1, offset: int = -1) -> None:
+        self.calls.append((how, algo, nbytes, region_slot, offset))
+
+
+CALL_FIELDS = ("input buffer", "kernel", "message size in bytes", "symmetric pool region", "offset in that region")
 
 
 def setup_kernels(rank: int, world_size: int, device: torch.device, exchange: Exchange, timeout_s: float,
@@ -182,18 +188,17 @@ def setup_kernels(rank: int, world_size: int, device: torch.device, exchange: Ex
     # Peers' staging, scratch, flag-free and slot addresses are computed from these sizes, so
     # ranks that disagree would write outside each other's buffers: they are part of the vote.
     sizes = [staging_bytes, flagfree_bytes, graph_slots]
-    votes = exchange([0 if reason is None else 1, host_identity(), secrets.randbits(62), *sizes])
+    votes = exchange([0 if reason is None else 1, host_identity(), *sizes])
     if reason is not None:
         return None, reason
     if any(row[0] for row in votes):
         return None, "unavailable on another rank: " + ", ".join(str(r) for r, row in enumerate(votes) if row[0])
     if len({row[1] for row in votes}) > 1:
         return None, "the ranks span hosts (CUDA IPC needs one host)"
-    if any(row[3:] != sizes for row in votes):
-        per_rank = ", ".join(f"rank {r}: {row[3:]}" for r, row in enumerate(votes))
+    if any(row[2:] != sizes for row in votes):
+        per_rank = ", ".join(f"rank {r}: {row[2:]}" for r, row in enumerate(votes))
         return None, (f"ranks disagree on the buffer sizes [staging, flag-free, graph slots] ({per_rank}); "
                       f"pass the same custom_ar_capacity on every rank")
-    session = votes[0][2]  # rank 0's random number names this communicator's sockets
 
     ctx = _c.c_void_p()
     code = lib.symcomm_ar_create(rank, world_size, device.index, staging_bytes, flagfree_bytes, graph_slots,
@@ -218,19 +223,26 @@ def setup_kernels(rank: int, world_size: int, device: torch.device, exchange: Ex
     if problem is not None:
         _quiet_destroy(state)
         return None, problem
-    state.socket_names = [f"\0symcomm-{session:x}-{r}".encode() for r in range(world_size)]
-    try:
-        # Bound now, used only after the next exchange: every peer is listening by then.
-        state.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        state.socket.bind(state.socket_names[rank])
-        state.socket.settimeout(timeout_s)
-    except OSError as exc:
-        if state.socket is not None:
-            state.socket.close()
-        state.socket = None
-        state.region_problem = f"no Unix socket to pass memory handles ({exc})"
+    _open_channel(state, timeout_s, exchange)
     map_regions(state, regions, exchange)
     return state, None
+
+
+def _open_channel(state: CustomAllReduce, timeout_s: float, exchange: Exchange) -> None:
+    """Collective: bind this rank's descriptor socket, then announce who it is. The socket is
+    bound before the announcement, so every peer listens before anyone sends. A rank without
+    one announces zeros, and pool inputs are then staged everywhere (region_problem)."""
+    try:
+        state.channel = FdChannel(timeout_s)
+        mine = state.channel.identity.to_ints()
+    except OSError as exc:
+        state.region_problem = f"no Unix socket to pass memory handles ({exc})"
+        mine = [0] * IDENTITY_INTS
+    rows = exchange([0 if state.channel is None else 1, *mine])
+    if not all(row[0] for row in rows):
+        state.region_problem = state.region_problem or "a peer has no Unix socket to pass memory handles"
+        return
+    state.channel.meet({r: Identity.from_ints(row[1:]) for r, row in enumerate(rows) if r != state.rank})
 
 
 def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exchange: Exchange) -> None:
@@ -292,22 +304,19 @@ def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exch
 def _pass_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], fds: list[int],
                   mapped: dict[int, list[int]]) -> int:
     """Send this rank's region fds to every peer, receive and map theirs into ``mapped``
-    (rank -> region pointers). Returns 1 on any failure. Receives are bounded by the
-    socket's timeout; only a message from a peer's own address, once per peer, is taken."""
-    lib, rank, world = state.lib, state.rank, state.world_size
-    payload = struct.pack("<qq", rank, len(fds))
+    (rank -> region pointers). Returns 1 on any failure. The channel takes only messages whose
+    sender address and credentials are those the claimed rank announced (fd_channel.py), and
+    its receive is bounded by the communicator's timeout."""
+    lib, rank, world, channel = state.lib, state.rank, state.world_size, state.channel
+    payload = struct.pack("<q", len(fds))
     for peer in range(world):
         if peer != rank:
-            state.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
-                                 0, state.socket_names[peer])
+            channel.send(rank, peer, payload, fds)
     mapped[rank] = [base for base, _ in regions]
     failure = 0
-    for _ in range(world - 1):
-        msg, received, _, address = socket.recv_fds(state.socket, 16, len(regions))
+    for sender, (msg, received) in channel.receive(max_fds=len(regions)).items():
         try:
-            sender, count = struct.unpack("<qq", msg)
-            if (not 0 <= sender < world or sender in mapped or address != state.socket_names[sender]
-                    or count != len(regions) or len(received) != len(regions)):
+            if struct.unpack("<q", msg[:8])[0] != len(regions) or len(received) != len(regions):
                 failure = 1
                 continue
             ptrs = []
@@ -378,12 +387,15 @@ def register_captured(state: CustomAllReduce, session: CaptureSession, failed: b
                 + ", ".join(f"rank {r}: {n} buffers in {c} calls" for r, (_, n, c) in enumerate(counts))
                 + "); every rank must capture the same calls in the same order")
     if session.calls:
-        patterns = exchange(session.calls)  # equal lengths: checked just above
+        width = len(CALL_FIELDS)
+        patterns = exchange([v for call in session.calls for v in call])  # equal lengths: checked above
         if any(row != patterns[0] for row in patterns):
-            call = next(i for i in range(len(session.calls)) if len({row[i] for row in patterns}) > 1)
-            return (f"ranks captured different custom all-reduce inputs at captured call {call} (a buffer "
-                    f"reused on one rank is a new one on another, or one rank's input is in the symmetric "
-                    f"pool and another's is not); every rank must capture the same calls on the same buffers")
+            at = next(i for i in range(len(patterns[0])) if len({row[i] for row in patterns}) > 1)
+            call, field = divmod(at, width)
+            per_rank = ", ".join(f"rank {r}: {row[at]}" for r, row in enumerate(patterns))
+            return (f"ranks captured different custom all-reduces at captured call {call}: the "
+                    f"{CALL_FIELDS[field]} differs ({per_rank}); every rank must capture the same calls on "
+                    f"the same buffers, and pool tensors at the same offsets")
     lib = state.lib
     mine: list[int] = []
     code = 0
@@ -514,7 +526,7 @@ class CustomPath(Path):
             # an input in a region that could not be mapped (map_regions failed for it).
             if slot is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
                 if capturing:
-                    session.calls.append(IN_REGION)
+                    session.record(IN_REGION, self._algo, call.nbytes, slot, ptr - base)
                 state.run(self._algo, call, 0, slot, ptr - base)
                 return
         stage, slot = 1, 0
@@ -522,7 +534,8 @@ class CustomPath(Path):
             if self._algo:
                 slot = self._record(session, call)
                 stage = 0 if slot else 1
-            session.calls.append(session.order[call.in_ptrs[0]] if slot else STAGED if self._algo else DIRECT)
+            session.record(session.order[call.in_ptrs[0]] if slot else STAGED if self._algo else DIRECT,
+                           self._algo, call.nbytes)
         state.run(self._algo, call, stage, slot)
 
     def _record(self, session: CaptureSession, call: Call) -> int:
