@@ -49,6 +49,9 @@ constexpr int kGridBlocks = 36;
 // calls (which receive buffer is live) and its own record of what to clear, so every block
 // must take part in every call.
 constexpr int kFlagFreeBlocks = 32;
+// Both are the defaults of a context's grid_blocks / flagfree_blocks; only symcomm_ar_sim_link
+// lowers them (simulated ranks share one GPU, so each rank gets fewer SMs). Every rank of one
+// world must use the same caps: block b meets block b, and the flag-free bookkeeping is per block.
 static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeBlocks <= kMaxBlocks, "one barrier slot per block");
 constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size");
@@ -85,6 +88,10 @@ struct Context {
   size_t flagfree_bytes = 0;  // per rank, per receive buffer
   int max_slots = 0;
   uint64_t timeout_ns = 30ull * 1000 * 1000 * 1000;
+  // Grid caps of this context's launches. Real ranks keep the constants above; simulated
+  // ranks (symcomm_ar_sim_link) lower them so every rank's blocks fit on one GPU at once.
+  int grid_blocks = kGridBlocks;
+  int flagfree_blocks = kFlagFreeBlocks;
   char* base = nullptr;  // this rank's allocation
   size_t total_bytes = 0;
   Peers bases{};        // every rank's allocation, mapped here (own = base)
@@ -385,10 +392,10 @@ __global__ void probe_read(Peers signals, int rank, int world, uint32_t* got) {
   }
 }
 
-int blocks_for(size_t work) {
+int blocks_for(const Context* c, size_t work) {
   size_t b = (work + kThreads - 1) / kThreads;
   if (b < 1) b = 1;
-  return int(b < size_t(kGridBlocks) ? b : size_t(kGridBlocks));
+  return int(b < size_t(c->grid_blocks) ? b : size_t(c->grid_blocks));
 }
 
 template <typename T, int W>
@@ -396,15 +403,15 @@ cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t
                          cudaStream_t stream) {
   switch (algo) {
     case kFlagFree:
-      flag_free<T, W><<<kFlagFreeBlocks, kThreads, 0, stream>>>(c->signals, c->flagfree, in, out, nvec,
+      flag_free<T, W><<<c->flagfree_blocks, kThreads, 0, stream>>>(c->signals, c->flagfree, in, out, nvec,
                                                                c->flagfree_bytes / 16, c->rank, c->timeout_ns);
       break;
     case kOneShot:
-      one_shot<T, W><<<blocks_for(nvec), kThreads, 0, stream>>>(
+      one_shot<T, W><<<blocks_for(c, nvec), kThreads, 0, stream>>>(
           c->signals, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
       break;
     case kTwoShot:
-      two_shot<T, W><<<blocks_for((nvec + W - 1) / W), kThreads, 0, stream>>>(
+      two_shot<T, W><<<blocks_for(c, (nvec + W - 1) / W), kThreads, 0, stream>>>(
           c->signals, c->scratch, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
       break;
     default:
@@ -567,15 +574,11 @@ int symcomm_ar_handle(symcomm_ar_t ctx, char* handle_out) {
   return err;
 }
 
-// handles: world x 64 bytes, every rank's symcomm_ar_handle in rank order.
-int symcomm_ar_open(symcomm_ar_t ctx, const char* handles) {
-  Context* c = &ctx->impl;
-  cudaError_t err = use_device(c->device);
-  if (err != cudaSuccess) return err;
+// Points c's peer tables and slot 0 at bases[r], rank r's allocation as addressable here.
+// symcomm_ar_open passes IPC mappings, symcomm_ar_sim_link the other contexts' own pointers.
+cudaError_t set_peer_tables(Context* c, char* const* bases) {
   for (int r = 0; r < c->world; ++r) {
-    char* b = c->base;
-    if (r != c->rank && (err = open_handle(c, handles + r * kHandleBytes, &b)) != cudaSuccess)
-      return err;
+    char* b = bases[r];
     c->bases.ptr[r] = b;
     c->signals.ptr[r] = b;
     c->scratch.ptr[r] = b + kSignalBytes + c->staging_bytes;
@@ -584,6 +587,49 @@ int symcomm_ar_open(symcomm_ar_t ctx, const char* handles) {
   Peers staging{};
   for (int r = 0; r < c->world; ++r) staging.ptr[r] = c->bases.ptr[r] + kSignalBytes;
   return cudaMemcpy(c->slots, &staging, sizeof(Peers), cudaMemcpyHostToDevice);
+}
+
+// handles: world x 64 bytes, every rank's symcomm_ar_handle in rank order.
+int symcomm_ar_open(symcomm_ar_t ctx, const char* handles) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  char* bases[kMaxRanks] = {};
+  for (int r = 0; r < c->world; ++r) {
+    bases[r] = c->base;
+    if (r != c->rank && (err = open_handle(c, handles + r * kHandleBytes, &bases[r])) != cudaSuccess)
+      return err;
+  }
+  return set_peer_tables(c, bases);
+}
+
+// Testing only. In one process every context's cudaMalloc is directly addressable, so the
+// peer tables take the other contexts' own pointers where symcomm_ar_open maps IPC handles.
+// The grid cap is the point of the second half: every block spins on its peers' block of the
+// same index, so all W ranks' blocks must be resident on the one GPU at once, or a spinning
+// rank keeps another's blocks off the SMs until the bounded wait traps.
+int symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks) {
+  if (ctxs == nullptr || world < 2 || world > kMaxRanks || max_blocks < 1) return cudaErrorInvalidValue;
+  char* bases[kMaxRanks] = {};
+  for (int r = 0; r < world; ++r) {
+    const Context* c = &ctxs[r]->impl;
+    // Same world, rank r at index r, same buffer sizes and device: the offsets computed in
+    // set_peer_tables assume every rank's allocation has this context's layout.
+    if (c->world != world || c->rank != r || c->device != ctxs[0]->impl.device ||
+        c->staging_bytes != ctxs[0]->impl.staging_bytes || c->flagfree_bytes != ctxs[0]->impl.flagfree_bytes)
+      return cudaErrorInvalidValue;
+    bases[r] = c->base;
+  }
+  cudaError_t err = use_device(ctxs[0]->impl.device);
+  if (err != cudaSuccess) return err;
+  for (int r = 0; r < world; ++r) {
+    Context* c = &ctxs[r]->impl;
+    // Only ever lowered: the constants are the kernels' barrier-slot limit (kMaxBlocks).
+    c->grid_blocks = max_blocks < kGridBlocks ? max_blocks : kGridBlocks;
+    c->flagfree_blocks = max_blocks < kFlagFreeBlocks ? max_blocks : kFlagFreeBlocks;
+    if ((err = set_peer_tables(c, bases)) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 int symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token) {

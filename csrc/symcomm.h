@@ -133,6 +133,15 @@ symcomm_status_t symcomm_ar_handle(symcomm_ar_t ctx, char* handle_out);
  * not wait for peers. Blocks for a host-to-device copy. */
 symcomm_status_t symcomm_ar_open(symcomm_ar_t ctx, const char* handles);
 
+/* Testing: simulated ranks. Links world contexts of ONE process (ctxs[r] created with rank r,
+ * all on one device, same sizes) as if symcomm_ar_open had mapped each other's buffers: the
+ * peer tables and slot 0 take the other contexts' own device pointers, no IPC. Also caps every
+ * later launch on these contexts at max_blocks blocks (never raised above the real caps): all
+ * ranks' blocks must be resident on the one GPU at once, since each spins waiting for the
+ * others. Call once, before any symcomm_ar_run on them. Proves barrier, sentinel and indexing
+ * logic only; it says nothing about NVLink timing. Blocks for host-to-device copies. */
+symcomm_status_t symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks);
+
 /* Peer-to-peer self test, step 1: writes token into every peer's probe word. Blocks until the
  * device is idle. The caller waits for all ranks before step 2. */
 symcomm_status_t symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token);

@@ -1,0 +1,179 @@
+"""Simulated ranks: W custom all-reduce contexts on ONE GPU, in one process.
+
+Every context's buffer is a cudaMalloc of this process, so symcomm_ar_sim_link wires the peer
+tables straight to the other contexts' pointers (no CUDA IPC) and caps every grid so all W
+ranks' blocks are resident together: each block spins on its peers' block of the same index,
+and a rank whose blocks cannot get an SM would leave the others spinning until the bounded
+wait traps. Each rank launches on its own stream, so the W kernels of one call run
+concurrently. This exercises the kernels' barrier, sentinel and indexing logic; it says
+nothing about NVLink timing (peers here are the same HBM), so never read timings from it.
+
+Run as a script it is the stall case's child process (see stall_main): a timeout traps and
+takes the whole CUDA context down, so that case cannot run inside the pytest process.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+
+import torch
+
+from symcomm import _native
+from symcomm.backends.custom import ALGO_CODES, FLAGFREE, ONESHOT, TWOSHOT
+
+ALGOS = (FLAGFREE, ONESHOT, TWOSHOT)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+STAGING_BYTES = 2 << 20    # one-shot/two-shot capacity
+FLAGFREE_BYTES = 256 << 10  # flag-free capacity (per rank, per receive buffer)
+# 8 ranks x 8 blocks of 512 threads: at most 64 blocks, under an H100's 132 SMs even at one
+# block per SM, so every rank's blocks are resident at once.
+MAX_BLOCKS = 8
+TIMEOUT_S = 5.0
+
+
+def capacity(algo: str) -> int:
+    return FLAGFREE_BYTES if algo == FLAGFREE else STAGING_BYTES
+
+
+class SimWorld:
+    """W linked contexts and one stream per simulated rank; close() destroys the contexts."""
+
+    def __init__(self, world: int, timeout_s: float = TIMEOUT_S, max_blocks: int = MAX_BLOCKS):
+        self.lib = _native.load().lib
+        self.world = world
+        self.device = torch.cuda.current_device()
+        self.ctxs = (ctypes.c_void_p * world)()
+        try:
+            for r in range(world):
+                ctx = ctypes.c_void_p()
+                code = self.lib.symcomm_ar_create(r, world, self.device, STAGING_BYTES, FLAGFREE_BYTES, 1,
+                                                  timeout_s, ctypes.byref(ctx))
+                _native.check(self.lib, "symcomm_ar_create", code)
+                self.ctxs[r] = ctx.value
+            _native.check(self.lib, "symcomm_ar_sim_link", self.lib.symcomm_ar_sim_link(self.ctxs, world, max_blocks))
+        except BaseException:
+            self.close(sync=False)
+            raise
+        self.streams = [torch.cuda.Stream() for _ in range(world)]
+
+    def launch(self, algo: str, dtype: torch.dtype, inputs, outputs, ranks=None) -> None:
+        """Enqueues one all-reduce on every rank in `ranks` (default all) before waiting for any.
+
+        Each rank's stream first waits for the current stream (where the inputs were made);
+        the current stream then waits for every rank, so a synchronize covers the call."""
+        ranks = range(self.world) if ranks is None else ranks
+        nbytes = inputs[0].numel() * inputs[0].element_size()
+        here = torch.cuda.current_stream()
+        for r in ranks:
+            stream = self.streams[r]
+            stream.wait_stream(here)
+            code = self.lib.symcomm_ar_run(self.ctxs[r], ALGO_CODES[algo], _native.DTYPE_CODES[dtype],
+                                           inputs[r].data_ptr(), 0, 0, outputs[r].data_ptr(), nbytes, 1,
+                                           stream.cuda_stream)
+            _native.check(self.lib, f"symcomm_ar_run(rank {r})", code)
+        for r in ranks:
+            here.wait_stream(self.streams[r])
+
+    def close(self, sync: bool = True) -> None:
+        if sync:
+            torch.cuda.synchronize()  # peers read each other's buffers until every rank is done
+        for r in range(self.world):
+            if self.ctxs[r]:
+                self.lib.symcomm_ar_destroy(self.ctxs[r])
+                self.ctxs[r] = None
+
+    def __enter__(self) -> SimWorld:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32 if x.element_size() == 4 else torch.int16)
+
+
+def make_inputs(world: int, nbytes: int, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
+    """Random non-zero inputs holding the awkward bit patterns.
+
+    On every rank: the first 32-bit word is 0xFFFFFFFF (the flag-free receive sentinel: the
+    writer must swap it, or readers wait forever), then -0.0 (a sum of -0.0 only stays -0.0 if
+    the first term seeds it). Per rank, at random places: more sentinel words, 0xFFFF halves
+    (one half of a word: not a sentinel), NaN, -0.0."""
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    per_word = 4 // torch.empty((), dtype=dtype).element_size()
+    k = max(1, n // 512)  # about 1% of each rank specials: most sums stay finite and bit-checkable
+    out = []
+    for _ in range(world):
+        x = torch.randn(n, generator=gen, device="cpu", dtype=torch.float32) * 4
+        x[x == 0] = 1.0
+        x = x.to(dtype)
+        bits = _bits(x)
+        words = x.view(torch.int32)  # every size here is a multiple of 16 bytes
+        words[torch.randint(0, n // per_word, (k,), generator=gen)] = -1  # 0xFFFFFFFF
+        if per_word == 2:
+            bits[torch.randint(0, n, (k,), generator=gen)] = -1  # 0xFFFF halves
+        x[torch.randint(0, n, (k,), generator=gen)] = float("nan")
+        x[torch.randint(0, n, (k,), generator=gen)] = -0.0
+        words[0] = -1
+        x[per_word] = -0.0
+        out.append(x.cuda())
+    return out
+
+
+def reference(inputs: list[torch.Tensor]) -> torch.Tensor:
+    """What the kernels compute (csrc/custom_ar.cu, reduce_at and flag_free): fp32 lanes, the
+    first rank's value seeds the sum, then ranks 1..W-1 added in order, rounded once to dtype."""
+    acc = inputs[0].float()
+    for x in inputs[1:]:
+        acc = acc + x.float()
+    return acc.to(inputs[0].dtype)
+
+
+def check_outputs(outputs: list[torch.Tensor], inputs: list[torch.Tensor], what: str) -> None:
+    """Every rank's bits equal rank 0's (NaN payloads included), and rank 0 equals the
+    reference bit for bit, except that a NaN only has to be a NaN: the kernels' conversion
+    intrinsics and torch's cast may pick different NaN payloads, and IEEE leaves them open."""
+    first = _bits(outputs[0])
+    for r, out in enumerate(outputs[1:], 1):
+        differ = (_bits(out) != first).nonzero()
+        assert differ.numel() == 0, f"{what}: rank {r} differs from rank 0 at {differ[:8].flatten().tolist()}"
+    ref = reference(inputs)
+    nan_ref, nan_out = torch.isnan(ref), torch.isnan(outputs[0])
+    bad = (nan_ref != nan_out) | (~nan_ref & (_bits(ref) != first))
+    idx = bad.nonzero().flatten()
+    if idx.numel():
+        i = idx[:4].tolist()
+        raise AssertionError(f"{what}: {idx.numel()} elements differ from the rank-order fp32 sum, first at {i}: "
+                             f"got {outputs[0][i].tolist()} want {ref[i].tolist()}")
+
+
+def stall_main(world: int, algo: str, timeout_s: float) -> int:
+    """Child process: all ranks but the last launch one call; the last never does. Prints
+    `RESULT error <s>` when the others fail (the bounded wait traps), `RESULT completed <s>`
+    if they somehow finish. Leaves with os._exit: the context is dead after a trap."""
+    torch.cuda.init()
+    sim = SimWorld(world, timeout_s=timeout_s)
+    nbytes = 4096
+    x = [torch.ones(nbytes // 4, device="cuda") for _ in range(world)]
+    y = [torch.empty_like(t) for t in x]
+    sim.launch(algo, torch.float32, x, y)  # one good call first: the stall is not at start-up
+    torch.cuda.synchronize()
+    assert y[0][0].item() == world, y[0][0].item()
+    print("READY", flush=True)  # set-up worked: a failure from here on is the stall's
+    start = time.monotonic()
+    try:
+        sim.launch(algo, torch.float32, x, y, ranks=range(world - 1))
+        torch.cuda.synchronize()
+        print(f"RESULT completed {time.monotonic() - start:.2f}", flush=True)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - any CUDA error is the expected outcome
+        print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
+        print(f"RESULT error {time.monotonic() - start:.2f}", flush=True)
+        return 0
+
+
+if __name__ == "__main__":
+    os._exit(stall_main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3])))

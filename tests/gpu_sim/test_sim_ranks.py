@@ -1,0 +1,105 @@
+"""symcomm's peer kernels with W simulated ranks on ONE GPU (tests/gpu_sim/_sim.py).
+
+What this proves: the barrier, epoch, sentinel and indexing logic of the flag-free, one-shot
+and two-shot kernels, for worlds of 2, 4 and 8, with W real concurrent kernels that write and
+spin on each other's memory exactly as real ranks do. What it does not: anything about NVLink
+(the "peers" are this GPU's own memory) or real timing; its run times are not performance.
+Plain pytest, no torchrun. Skips without CUDA; SYMCOMM_REQUIRE_GPU=1 turns the skip into a
+failure so a GPU run cannot pass by skipping.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from _sim import ALGOS, DTYPES, FLAGFREE, SimWorld, capacity, check_outputs, make_inputs
+
+WORLDS = (2, 4, 8)
+# Bytes: one vector, an odd vector count, two pages and a vector, flag-free's whole capacity,
+# and (one-shot/two-shot only) their whole staging buffer.
+SIZES = (16, 1008, 4096 * 2 + 16, 256 << 10, 2 << 20)
+STALL_TIMEOUT_S = 2.0
+STALL_MARGIN_S = 60.0  # the child imports torch and creates a CUDA context first
+
+
+def _unavailable() -> str | None:
+    if not torch.cuda.is_available():
+        return "CUDA is not available (simulated ranks still need one GPU)"
+    try:
+        from symcomm import _native
+        _native.load()
+    except OSError as exc:
+        return f"symcomm's native library is unavailable: {exc}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _gpu():
+    reason = _unavailable()
+    if reason is not None:
+        if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
+            pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_rank_gets_the_rank_order_sum(world, dtype, algo):
+    gen = torch.Generator().manual_seed(world * 100 + ALGOS.index(algo))
+    with SimWorld(world) as sim:
+        for nbytes in (s for s in SIZES if s <= capacity(algo)):
+            x = make_inputs(world, nbytes, dtype, gen)
+            y = [torch.full_like(t, 7.0) for t in x]
+            sim.launch(algo, dtype, x, y)
+            torch.cuda.synchronize()
+            check_outputs(y, x, f"{algo} {dtype} world {world} {nbytes} B")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_many_calls_in_a_row_alternating_kernels(world):
+    """200 calls enqueued back to back, synchronised once: ranks drift apart by whole calls,
+    epochs climb, and the flag-free kernel rotates its three receive buffers across calls of
+    different sizes (each clears what the call before last left, by that call's size)."""
+    gen = torch.Generator().manual_seed(world)
+    sizes = (16, 1008, 4096 * 2 + 16, 65_552, 256 << 10)  # 5 sizes against 3 kernels: all pairs meet
+    calls = []
+    with SimWorld(world) as sim:
+        for i in range(200):
+            algo, dtype, nbytes = ALGOS[i % 3], DTYPES[(i // 3) % 3], sizes[i % len(sizes)]
+            x = make_inputs(world, nbytes, dtype, gen)
+            y = [torch.full_like(t, 7.0) for t in x]
+            sim.launch(algo, dtype, x, y)
+            calls.append((f"call {i} {algo} {dtype} {nbytes} B", x, y))
+        torch.cuda.synchronize()
+    for what, x, y in calls:
+        check_outputs(y, x, f"world {world} {what}")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_stalled_rank_fails_within_the_timeout(algo):
+    """Rank W-1 never launches; the others must fail once their bounded wait expires, not hang.
+    A timeout traps and kills the process's CUDA context, hence the child process."""
+    world = 4
+    helper = Path(__file__).with_name("_sim.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(helper.parent),
+                                                                    os.environ.get("PYTHONPATH")])))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(helper), str(world), algo, str(STALL_TIMEOUT_S)],
+                          capture_output=True, text=True, env=env, timeout=STALL_TIMEOUT_S + STALL_MARGIN_S)
+    wall = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    print(f"child exit {proc.returncode} after {wall:.1f} s:\n{out}")  # shown by pytest -rP
+    assert "READY" in out, f"the child failed before the stall:\n{out}"
+    assert "RESULT completed" not in out, out
+    assert proc.returncode != 0 or "RESULT error" in out, out
+    assert wall < STALL_TIMEOUT_S + STALL_MARGIN_S, out
+    if "RESULT error" in out:  # the wait really ran to its bound, and not much past it
+        waited = float(out.split("RESULT error ")[1].split()[0])
+        assert STALL_TIMEOUT_S * 0.9 <= waited <= STALL_TIMEOUT_S + 10, out
