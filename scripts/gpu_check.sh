@@ -2,8 +2,9 @@
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
 #   bash scripts/gpu_check.sh [all|tests|bench|quick|release|single] [OUT]
-#   tests = GPU tests per world; bench = per world, tune then `--algo all` for each op with
-#   the freshly tuned table (so auto is measured with it), and eager costs; all = both;
+#   tests = GPU tests per world; bench = per world, tune then, for each op, NCCL alone in its
+#   process (`symcomm-bench baseline`) and `--algo all` with the freshly tuned table (so auto is
+#   measured with it) compared with that baseline, and eager costs; all = both;
 #   quick = tests, then membership and eager costs, no sweeps; release = the published
 #   numbers in one bounded call: the sweeps, FP4 tests and bench, eager, the stall tests,
 #   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere);
@@ -88,14 +89,20 @@ eager() {  # eager WORLD: host cost of a 1 KiB all_reduce against raw ctypes NCC
 # 35% between cells of one sweep (bench/NOTES.md, session 3).
 ROUNDS=${ROUNDS:-3}
 GPU_SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z_')
-sweep() {  # sweep WORLD: tune, then every op with the tuned table (so `auto` is measured with it)
+sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path with the tuned table
   local world=$1 table="$OUT/results/${GPU_SLUG}_w$1.json" tuned=()
+  local flags=(-b 1K -e "${BENCH_MAX:-256M}" -f 4 -n 20 -w 5 -G 10 -R "$ROUNDS")
   if ((world > NGPU)); then note "sweep_w$world: NOT RUN ($NGPU GPUs)"; return; fi
   step "tune_w$world" 240 torchrun --nproc-per-node="$world" -m symcomm.bench tune -n 20 -w 5 -G 10 -R "$ROUNDS" -o "$table"
   [[ -f $table ]] && tuned=(env SYMCOMM_TUNING_FILE="$table")
   for op in ${BENCH_OPS:-all_reduce all_gather reduce_scatter}; do
+    # NCCL at its best, in processes of its own, for the sweep's 'nccl clean' columns; a failed
+    # baseline leaves the sweep without them rather than failing it.
+    local clean="$OUT/results/baseline_${op}_w$world.json" against=()
+    step "baseline_${op}_w$world" 150 symcomm-bench baseline "$op" -g "$world" "${flags[@]}" --json "$clean"
+    [[ -f $clean ]] && against=(--baseline "$clean")
     step "${op}_w$world" 150 "${tuned[@]}" torchrun --nproc-per-node="$world" -m symcomm.bench "$op" \
-      -b 1K -e "${BENCH_MAX:-256M}" -f 4 -n 20 -w 5 -G 10 -R "$ROUNDS" --algo all --json "$OUT/results/${op}_w$world.json"
+      "${flags[@]}" --algo all --json "$OUT/results/${op}_w$world.json" "${against[@]}"
   done
 }
 
@@ -117,6 +124,8 @@ if [[ $MODE == single ]]; then
   # The README's main command, as written (-g 2 on one GPU), then on the GPU itself.
   step readme_bench 180 symcomm-bench all_reduce -g 2 -b 1K -e 1M
   step readme_bench_g1 180 symcomm-bench all_reduce -g 1 -b 1K -e 1M --algo all
+  step baseline_g1 120 symcomm-bench baseline all_reduce -g 1 -b 1K -e 1M -G 5 --json "$OUT/results/baseline_g1.json"
+  step readme_bench_g1_clean 120 symcomm-bench all_reduce -g 1 -b 1K -e 1M -G 5 --algo all --baseline "$OUT/results/baseline_g1.json"
   note "  $(grep -m1 -i 'device' "$OUT/results/readme_bench.txt")"
   step graph_mixing_w1 120 torchrun --nproc-per-node=1 bench/graph_mixing.py --json "$OUT/results/graph_mixing_w1.json"
   sed 's/^/  /' "$OUT/results/graph_mixing_w1.txt" | tee -a "$SUMMARY"

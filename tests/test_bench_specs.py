@@ -18,7 +18,7 @@ from symcomm.bench.spec import Buffers
 BENCH = Path(ops.__file__).resolve().parent
 SPEC_MODULES = ("spec", "collectives", "fp4_spec", "ops")
 # What runs the specs; a spec module importing one of these would put op knowledge back there.
-CONSUMERS = ("runner", "report", "tune", "cli", "plot", "timing", "device")
+CONSUMERS = ("runner", "report", "tune", "baseline", "cli", "plot", "timing", "device")
 
 
 def communicator_collectives() -> set[str]:

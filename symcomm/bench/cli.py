@@ -2,6 +2,8 @@
 
 Flags keep nccl-tests' names and meanings. Under torchrun (RANK/WORLD_SIZE set) every process
 is one rank; otherwise ``-g N`` starts N local ranks as subprocesses and only rank 0 prints.
+Subcommands, launched the same way: ``tune`` writes a dispatch table, ``baseline OP`` times the
+op's own NCCL call alone in its process (baseline.py), which ``OP --baseline FILE`` compares with.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,15 +25,16 @@ import torch.distributed as dist
 import symcomm
 from symcomm import settings
 
+from . import baseline, ops, plot, report, runner, tune
 from . import device as devices
-from . import ops, plot, runner, tune
-from .config import (ALGO_NAME, DATATYPES, FLOAT_TYPES, REDOPS, TUNE_OPS, BenchConfig, BenchError,
-                     TuneConfig)
+from .config import (ALGO_NAME, DATATYPES, FLOAT_TYPES, REDOPS, TUNE_OPS, BaselineConfig, BenchConfig,
+                     BenchError, TuneConfig)
 from .sizes import parse_size, sweep
 
 PROG = "symcomm-bench"
 EXIT_USAGE = 2
 TUNE = "tune"
+BASELINE = "baseline"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +63,8 @@ def _common(p: argparse.ArgumentParser, minbytes: str, maxbytes: str, graph_defa
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Bandwidth and latency of symcomm collectives, printed in "
-                f"nccl-tests' table layout. '{PROG} {TUNE} -h' writes a dispatch table instead.")
+                f"nccl-tests' table layout. '{PROG} {TUNE} -h' writes a dispatch table instead; "
+                f"'{PROG} {BASELINE} -h' times NCCL alone in its process, for --baseline.")
     p.add_argument("collective", metavar="OP", choices=ops.NAMES, help=" | ".join(ops.NAMES))
     _common(p, "32M", "32M", "default 0: eager")
     p.add_argument("-d", "--datatype", default=None,
@@ -75,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write results as JSON")
     p.add_argument("--plot", dest="plot_path", default=None, metavar="PATH.png",
                    help="write latency and busbw against size, one line per path (needs matplotlib)")
+    p.add_argument("--baseline", default=None, metavar="PATH",
+                   help=f"JSON of '{PROG} {BASELINE} OP' at this world size and dtype: the --algo all "
+                        "summary gains NCCL-alone columns")
     return p
 
 
@@ -86,6 +93,20 @@ def build_tune_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--datatype", default="bfloat16", help="default bfloat16")
     p.add_argument("-o", "--output", default=None, metavar="PATH",
                    help="where to write the table (default: <gpu>_w<world>.json here)")
+    return p
+
+
+def build_baseline_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} {BASELINE}", description="Time the op's own NCCL collective on a raw "
+                "NCCL communicator, the only one in each rank's process, with plain buffers (R0) and "
+                f"with symmetric windows (R2), as '{PROG} OP' times its paths; '{PROG} OP --algo all "
+                "--baseline FILE' then compares with it.")
+    p.add_argument("collective", metavar="OP", choices=ops.NAMES, help=" | ".join(ops.BASELINE_NAMES))
+    _common(p, "32M", "32M", "default 0: eager")
+    p.add_argument("-d", "--datatype", default="bfloat16", help="default bfloat16, as the sweep on cuda")
+    p.add_argument("-o", "--op", dest="redop", choices=REDOPS, default="sum", help="reduction (default sum)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                   help="write the times as JSON, the file --baseline reads")
     return p
 
 
@@ -140,12 +161,15 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
     fields = _fields(args, device, args.collective, args.redop, datatype, fallback)
     if not ALGO_NAME.match(args.algo):
         raise BenchError(f"--algo {args.algo!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
+    if args.baseline is not None and args.algo != "all":
+        raise BenchError("--baseline adds columns to the --algo all summary: pass --algo all")
     if args.plot_path is not None:
         plot.check_path(args.plot_path)
         plot.require_matplotlib()
     ops.spec(args.collective).validate(datatype)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
-                       json_path=args.json_path, plot_path=args.plot_path, command=command)
+                       json_path=args.json_path, plot_path=args.plot_path, command=command,
+                       baseline=args.baseline)
 
 
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,
@@ -155,6 +179,29 @@ def build_tune_config(args: argparse.Namespace, device: str, command: str = "", 
     graph = args.cudagraph if args.cudagraph is not None else (10 if device == "cuda" else 0)
     return TuneConfig(**fields, graph=graph, algo="all", with_auto=False, symmetric=None,
                       json_path=None, command=command, output=args.output)
+
+
+def build_baseline_config(args: argparse.Namespace, device: str, command: str = "", *,
+                          fallback: str | None = None) -> BaselineConfig:
+    if ops.spec(args.collective).nccl is None:
+        raise BenchError(f"{BASELINE}: {args.collective} has no NCCL collective of its own; "
+                         f"{BASELINE} times {', '.join(ops.BASELINE_NAMES)}")
+    if device != "cuda":
+        why = (f"--device auto chose cpu: {fallback}" if fallback else
+               "--device cpu" if args.device == "cpu" else "no CUDA device is visible")
+        raise BenchError(f"{BASELINE} times NCCL, which needs CUDA ({why})")
+    fields = _fields(args, device, args.collective, args.redop, args.datatype, fallback)
+    # algo and symmetric mean nothing here: each mode is a column with buffers of its own.
+    return BaselineConfig(**fields, graph=args.cudagraph or 0, algo="nccl", symmetric=None,
+                          json_path=args.json_path, command=command)
+
+
+# First word -> (parser, config builder); any other first word is an OP of the main sweep.
+Builder = Callable[..., BenchConfig]
+SUBCOMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser], Builder]] = {
+    TUNE: (build_tune_parser, build_tune_config),
+    BASELINE: (build_baseline_parser, build_baseline_config),
+}
 
 
 def _check_world(device: str, ngpus: int) -> None:
@@ -225,24 +272,32 @@ def launch_local(world: int, argv: Sequence[str]) -> int:
 
 
 def run_rank(cfg: BenchConfig, launched: settings.Launcher) -> int:
-    """One rank: join the process group, build the communicator, run the sweep."""
+    """One rank: join the process group, build the communicator, run the sweep (or the
+    baseline, which builds no Communicator)."""
     rank, local_rank = launched.rank, launched.local_rank
     cuda = cfg.device == "cuda"
+    raw = isinstance(cfg, BaselineConfig)
     try:
+        clean = _clean(cfg, launched.world_size)
         if cuda:
             if local_rank >= torch.cuda.device_count():
                 raise BenchError(f"rank {rank}: LOCAL_RANK {local_rank}, but only "
                                  f"{torch.cuda.device_count()} GPUs are visible", every_rank=True)
             torch.cuda.set_device(local_rank)
+        if cuda and not raw:
             dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
         else:
+            # The baseline's process holds no NCCL communicator but the one it times.
             dist.init_process_group("gloo")
-        comm = _communicator(cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
-        if isinstance(cfg, TuneConfig):
-            status = tune.run(cfg, comm)
+        if raw:
+            status = baseline.run(cfg)
         else:
-            status = runner.run(cfg, comm)
-        comm.close()
+            comm = _communicator(cfg, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
+            if isinstance(cfg, TuneConfig):
+                status = tune.run(cfg, comm)
+            else:
+                status = runner.run(cfg, comm, clean)
+            comm.close()
         dist.destroy_process_group()
         return status
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit status
@@ -255,6 +310,11 @@ def run_rank(cfg: BenchConfig, launched: settings.Launcher) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()  # gloo tears down locally; callers may init again
         return status
+
+
+def _clean(cfg: BenchConfig, world: int) -> report.Clean | None:
+    """The --baseline file, read and checked against this run; None without --baseline."""
+    return baseline.load(cfg.baseline, cfg, world) if cfg.baseline is not None else None
 
 
 def _communicator(cfg: BenchConfig, device: torch.device) -> symcomm.Communicator:
@@ -293,15 +353,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     launched = settings.launcher()
     try:
         command = shlex.join([PROG, *argv])
-        tuning = argv[:1] == [TUNE]
-        args = build_tune_parser().parse_args(argv[1:]) if tuning else build_parser().parse_args(argv)
+        sub = SUBCOMMANDS.get(argv[0]) if argv else None
+        parser, build = sub or (build_parser, build_config)
+        args = parser().parse_args(argv[1:] if sub else argv)
         # The ranks this machine runs: what the launcher started here, or what -g will start.
         if launched is not None:
             local_ranks = settings.local_world_size()
         else:
             local_ranks = args.ngpus if args.ngpus is not None else 1
         choice = devices.resolve(args.device, local_ranks)
-        build = build_tune_config if tuning else build_config
         cfg = build(args, choice.device, command, fallback=choice.fallback)
         if launched is not None:
             if args.ngpus is not None and args.ngpus != launched.world_size:
@@ -310,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_rank(cfg, launched)
         world = args.ngpus if args.ngpus is not None else 1
         _check_world(choice.device, world)
+        # Read here too, before any rank starts, so that a file for another run is one usage
+        # error rather than one per rank.
+        _clean(cfg, world)
         if world == 1:
             settings.export(_rank_env(0, 1, _free_port()))
             return run_rank(cfg, settings.launcher())

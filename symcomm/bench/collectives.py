@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -26,6 +26,7 @@ Launch = Callable[[Any, torch.Tensor, torch.Tensor, Sequence[int], str, str], Ca
 class AllReduce(OpSpec):
     name: str
     launch: Launch
+    nccl: Optional[str] = None
     reduces = True
 
     def layout(self, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
@@ -63,6 +64,7 @@ class Sharded(OpSpec):
     name: str
     split: Split
     launch: Launch
+    nccl: Optional[str] = None
 
     @abstractmethod
     def sides(self, total: int, mine: int) -> tuple[int, int]:
@@ -160,8 +162,8 @@ def reduce_scatterv_call(comm: Any, x: torch.Tensor, out: torch.Tensor, rows: Se
 
 UNEVEN = Rows(bytes=ROW_BYTES)
 
-ALL_REDUCE = AllReduce("all_reduce", all_reduce_call)
-ALL_GATHER = Gather("all_gather", Even(), all_gather_call)
+ALL_REDUCE = AllReduce("all_reduce", all_reduce_call, nccl="ncclAllReduce")
+ALL_GATHER = Gather("all_gather", Even(), all_gather_call, nccl="ncclAllGather")
 ALL_GATHERV = Gather("all_gatherv", UNEVEN, all_gatherv_call)
-REDUCE_SCATTER = ReduceScatter("reduce_scatter", Even(), reduce_scatter_call)
+REDUCE_SCATTER = ReduceScatter("reduce_scatter", Even(), reduce_scatter_call, nccl="ncclReduceScatter")
 REDUCE_SCATTERV = ReduceScatter("reduce_scatterv", UNEVEN, reduce_scatterv_call)

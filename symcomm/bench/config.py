@@ -69,6 +69,7 @@ class BenchConfig:
     rounds: int = 1          # -R: interleaved passes over the paths; the median time is reported
     with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
     command: str = ""        # the command line, for records (tuning files)
+    baseline: str | None = None  # --baseline: a `symcomm-bench baseline` file to compare with
 
     @property
     def type_name(self) -> str:
@@ -84,3 +85,9 @@ class TuneConfig(BenchConfig):
     """``symcomm-bench tune``: a sweep of every path over TUNE_OPS that ends in a tuning file."""
 
     output: str | None = None  # None: <gpu>_w<world>.json in the working directory
+
+
+@dataclass
+class BaselineConfig(BenchConfig):
+    """``symcomm-bench baseline``: the op's own NCCL collective on a raw communicator, the only
+    NCCL communicator in the process, once per buffer mode."""

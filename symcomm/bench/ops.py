@@ -9,6 +9,8 @@ from .spec import OpSpec
 SPECS: dict[str, OpSpec] = {s.name: s for s in (
     ALL_REDUCE, ALL_GATHER, ALL_GATHERV, REDUCE_SCATTER, REDUCE_SCATTERV, ALL_GATHERV_FP4)}
 NAMES: tuple[str, ...] = tuple(SPECS)
+# The ops `symcomm-bench baseline` can time: those with one NCCL collective of their own.
+BASELINE_NAMES: tuple[str, ...] = tuple(name for name, s in SPECS.items() if s.nccl)
 
 
 def spec(name: str) -> OpSpec:

@@ -183,8 +183,8 @@ def format_block(algo: str, rows: Sequence[SizeRow], info: RunInfo) -> list[str]
     return [*block_header(algo), *(format_row(r, info) for r in rows), *footer_lines(rows, info)]
 
 
-def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str) -> dict:
-    factor = bus_factor(info.op, info.world)
+def flat_rows(rows: Iterable[SizeRow], factor: float) -> list[dict]:
+    """One JSON record per timed column: out of place, then in place, for every row."""
     flat = []
     for row in rows:
         for inplace, timing in ((False, row.out_of_place), (True, row.in_place)):
@@ -194,7 +194,12 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str) -> dict:
                          "time_us": None if refused else timing.time_us, "algbw": algbw,
                          "busbw": None if refused else algbw * factor,
                          "wrong": timing.wrong, "inplace": inplace})
-    return {
+    return flat
+
+
+def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: dict | None = None) -> dict:
+    """The run's record; ``baseline``: Clean.record of the --baseline file it was compared with."""
+    payload = {
         "schema": SCHEMA,
         "op": info.op,
         "dtype": info.type_name,
@@ -209,14 +214,38 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str) -> dict:
         "iters": info.iters,
         "warmup_iters": info.warmup,
         "rounds": info.rounds,
-        "rows": flat,
+        "rows": flat_rows(rows, bus_factor(info.op, info.world)),
     }
+    if baseline is not None:
+        payload["baseline"] = baseline
+    return payload
 
 
 def write_json(path: str, payload: dict) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, indent=1)
         fh.write("\n")
+
+
+@dataclass(frozen=True)
+class Clean:
+    """NCCL at its best, from a `symcomm-bench baseline` file: per size, the out-of-place time
+    of its faster buffer mode, measured in a process holding no other NCCL communicator."""
+    source: str                  # the file, as given on the command line
+    times: dict[int, float]      # bytes -> us
+    note: str = ""               # the preamble's line about it
+    record: dict = field(default_factory=dict)  # what the run's JSON records of it
+
+
+# symcomm's own NCCL paths, whose ratio to the clean baseline shows what symcomm's process costs
+# NCCL (1.00x: nothing), and auto, whose ratio is the claim.
+CLEAN_COMPARED = ("nccl", "nccl-symm", "auto")
+CLEAN_WIDTH = 12  # characters of piped summary per clean column: "1192.59" and its borders
+
+
+def clean_compared(algos: Sequence[str]) -> list[str]:
+    """The paths of this run that get a '<path> vs clean' column."""
+    return [a for a in CLEAN_COMPARED if a in algos]
 
 
 def pick_baseline(algos: Sequence[str]) -> str:
@@ -226,10 +255,11 @@ def pick_baseline(algos: Sequence[str]) -> str:
     return algos[0]
 
 
-def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
+def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None):
     """rich Table: out-of-place time per path, the winner among the concrete paths, each path's
     speed-up over the baseline path (plain nccl on GPU, torch on CPU) and, where auto ran, how
-    close auto came to the winner (best time / auto time: 1.00x means auto picked the best)."""
+    close auto came to the winner (best time / auto time: 1.00x means auto picked the best).
+    With ``clean``: its time per size and the speed-up over it of CLEAN_COMPARED's paths."""
     from rich.table import Table
 
     baseline = pick_baseline(algos)
@@ -245,6 +275,11 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
         table.add_column(f"{algo} vs {baseline}", justify="right")
     if judge_auto:
         table.add_column("auto vs best", justify="right")
+    against_clean = clean_compared(algos) if clean is not None else []
+    if clean is not None:
+        table.add_column("nccl clean", justify="right")
+    for algo in against_clean:
+        table.add_column(f"{algo} vs clean", justify="right")
 
     by_size: dict[int, dict[str, float]] = {}
     for row in rows:
@@ -264,21 +299,35 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str]):
         if judge_auto:
             auto = times.get("auto")
             cells.append(f"{present[winner] / auto:.2f}x" if present and auto else "-")
+        if clean is not None:
+            ref = clean.times.get(nbytes)
+            cells.append(f"{ref:.2f}" if ref is not None else "-")
+            for algo in against_clean:
+                t = times.get(algo)
+                cells.append(f"{ref / t:.2f}x" if ref and t else "-")
         table.add_row(*cells)
     return table
 
 
-def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | None = None) -> None:
+def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | None = None,
+                  clean: Clean | None = None) -> None:
     from rich.console import Console
 
     out = out or sys.stdout
-    # Piped output gets a fixed width so the table is never folded at rich's 80-column default.
-    console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    # Piped output gets a fixed width so the table is never folded at rich's 80-column default;
+    # the clean columns get room of their own rather than squeezing the numbers into ellipses.
+    width = 160 if clean is None else 160 + CLEAN_WIDTH * (1 + len(clean_compared(algos)))
+    console = Console(file=out, width=None if out.isatty() else width, highlight=False)
     baseline = pick_baseline(algos)
     note = "; 'auto vs best' = winner's time / auto's time" if "auto" in algos and len(algos) > 1 else ""
     console.print(f"# Summary: out-of-place time (us) per path; '<path> vs {baseline}' = "
                   f"{baseline} time / path time{note}", markup=False)
-    console.print(summary_table(rows, algos))
+    if clean is not None:
+        # soft_wrap: a folded comment line would leave its tail without the "#".
+        console.print(f"# 'nccl clean' = NCCL alone in its process, its faster buffer mode "
+                      f"({clean.source}); '<path> vs clean' = clean time / path time",
+                      markup=False, soft_wrap=True)
+    console.print(summary_table(rows, algos, clean))
 
 
 class Emitter:
@@ -293,9 +342,9 @@ class Emitter:
             self.out.write("".join(line + "\n" for line in lines))
             self.out.flush()
 
-    def summary(self, rows: Sequence[SizeRow], algos: Sequence[str]) -> None:
+    def summary(self, rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None) -> None:
         if self.lead:
-            print_summary(rows, algos, self.out)
+            print_summary(rows, algos, self.out, clean)
             self.out.flush()
 
 

@@ -43,7 +43,8 @@ def pool_bytes(buffer_bytes: int, buffers: int) -> int:
 class Runner:
     """One communicator's sweep state: the columns to measure (the paths, or the config op's
     variants), buffers big enough for every op in ``op_names`` (the symmetric pool is reserved
-    once: growing it is a collective), the timer."""
+    once: growing it is a collective), the timer. baseline.ModeRunner keeps all of it but the
+    columns and buffers (_columns, _buffers), so NCCL alone is measured by this same code."""
 
     def __init__(self, cfg: BenchConfig, comm, op_names: Sequence[str] | None = None):
         self.cfg = cfg
@@ -160,8 +161,11 @@ class Runner:
             warmup=cfg.warmup, iters=cfg.iters, check=cfg.check, rounds=cfg.rounds,
             graph=cfg.graph if cuda else 0, device=self.device.type,
             device_name=devices[0].name, backend=dist.get_backend(),
-            torch_version=torch.__version__, nccl_version=_nccl_version(self.comm),
+            torch_version=torch.__version__, nccl_version=self.nccl_version(),
             notes=notes, devices=devices, version=symcomm.__version__)
+
+    def nccl_version(self) -> str | None:
+        return _nccl_version(self.comm)
 
     def _gather_devices(self, mine: report.DeviceInfo) -> list[report.DeviceInfo]:
         """Every rank's DeviceInfo, as JSON in fixed-size byte tensors: all_gather_object
@@ -299,9 +303,12 @@ def bar_enabled(lead: bool, streaming_to_terminal: bool) -> bool:
     return lead and sys.stderr.isatty() and not streaming_to_terminal
 
 
-def run(cfg: BenchConfig, comm) -> int:
-    """The whole sweep. Returns the exit status: 1 if any element was wrong, else 0."""
+def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
+    """The whole sweep. Returns the exit status: 1 if any element was wrong, else 0.
+    ``clean``: the --baseline file's times, which the summary compares with."""
     runner = Runner(cfg, comm)
+    if clean is not None:
+        runner.notes.append(clean.note)
     info = runner.run_info()
     emit = report.Emitter(runner.rank == 0)
     streaming = len(runner.algos) == 1
@@ -318,11 +325,12 @@ def run(cfg: BenchConfig, comm) -> int:
         emit([*report.footer_lines(rows, info), *report.conclusion_lines(info)])
     else:
         report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
-        emit.summary(rows, runner.algos)
+        emit.summary(rows, runner.algos, clean)
 
     if emit.lead and cfg.json_path:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        report.write_json(cfg.json_path, report.json_payload(info, rows, date))
+        record = clean.record if clean is not None else None
+        report.write_json(cfg.json_path, report.json_payload(info, rows, date, record))
     if emit.lead and cfg.plot_path:
         plot.write_plot(cfg.plot_path, info, rows, runner.algos)
     return 1 if report.total_wrong(rows) else 0

@@ -73,6 +73,9 @@ class OpSpec(ABC):
     # Fixed columns, named here, in place of one column per path (--algo then picks the path
     # each column runs).
     variants: tuple[str, ...] = ()
+    # The NCCL collective that does exactly what this op does, which `symcomm-bench baseline`
+    # times alone in its process; None where NCCL has no such call (uneven splits, FP4).
+    nccl: Optional[str] = None
 
     # -- what a size means --------------------------------------------------------------
     @abstractmethod
