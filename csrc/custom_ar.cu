@@ -17,8 +17,11 @@
 //
 // Synchronisation: every barrier flag is written with st.release.sys and read with
 // ld.acquire.sys, so the data a rank wrote before arriving is visible to a peer that saw it
-// arrive. Flags carry a per-block epoch that only ever increases (wrap-safe comparisons), so
-// no flag is ever reset and a late reader can never observe a reset. Every wait is bounded
+// arrive. Flags carry a per-block 64-bit epoch that only ever increases, so no flag is ever
+// reset and a late reader can never observe a reset. The epoch is 64-bit because a kernel may
+// leave a flag array untouched for any number of calls (one-shot never writes `mid`, two-shot
+// never writes `end`): a 32-bit wrap-safe comparison would read such a flag, 2^31 to 2^32
+// epochs old, as "arrived" and let a barrier through early. Every wait is bounded
 // by a timeout read from %globaltimer; on expiry the kernel traps, which surfaces on the host
 // as a CUDA error instead of a hang.
 //
@@ -31,6 +34,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -45,8 +49,8 @@ constexpr int kThreads = 512;
 // all of them must be resident at once; 36 measured well and leaves room for other kernels.
 // 64 blocks measured the same for two-shot at 4-16 MiB, world 4 (bench/NOTES.md, session 3).
 constexpr int kGridBlocks = 36;
-// The flag-free kernel always launches this many blocks: each block keeps its own count of
-// calls (which receive buffer is live) and its own record of what to clear, so every block
+// The flag-free kernel always launches this many blocks: each block keeps its own record of
+// which receive buffer is live and its own record of what to clear, so every block
 // must take part in every call.
 constexpr int kFlagFreeBlocks = 32;
 // Both are the defaults of a context's grid_blocks / flagfree_blocks; only symcomm_ar_sim_link
@@ -63,18 +67,26 @@ constexpr uint32_t kNotSentinel = 0x7FFF7FFFu;
 
 constexpr int kFlagFree = SYMCOMM_AR_FLAGFREE, kOneShot = SYMCOMM_AR_ONESHOT, kTwoShot = SYMCOMM_AR_TWOSHOT;
 
+// Barrier flags and epochs are uint64_t (see "Synchronisation" above): a flag holds the epoch
+// of the last barrier of its kind this peer's block reached, 0 if none yet.
 struct Signal {
-  uint32_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
-  uint32_t mid[kMaxBlocks][kMaxRanks];
-  uint32_t end[kMaxBlocks][kMaxRanks];
-  uint32_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
-  uint32_t flagfree_calls[kMaxBlocks];  // flag-free calls seen by block b (local only)
-  uint32_t flagfree_prev[kMaxBlocks];   // vectors per rank in block b's previous call
-  uint32_t probe[kMaxRanks];            // P2P test: written by peer p into probe[p]
+  uint64_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
+  uint64_t mid[kMaxBlocks][kMaxRanks];
+  uint64_t end[kMaxBlocks][kMaxRanks];
+  uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
+  uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
+  uint32_t flagfree_prev[kMaxBlocks];  // vectors per rank in block b's previous call
+  uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
 };
 
 constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+// Staging follows the Signal block, and peers reach it as base + kSignalBytes: page-aligned so
+// staging (and everything after it) keeps the allocation's alignment for 16-byte vector loads.
 constexpr size_t kSignalBytes = align_up(sizeof(Signal), 4096);
+static_assert(kSignalBytes % 4096 == 0 && kSignalBytes >= sizeof(Signal), "Signal block fits, page-aligned");
+static_assert(offsetof(Signal, start) % 8 == 0 && offsetof(Signal, mid) % 8 == 0 && offsetof(Signal, end) % 8 == 0 &&
+                  offsetof(Signal, epoch) % 8 == 0,
+              "64-bit flags must be 8-byte aligned for st.release/ld.acquire .u64");
 
 struct Peers {
   char* ptr[kMaxRanks];
@@ -118,6 +130,18 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   return v;
 }
 
+// The barrier flags' 64-bit twins: one aligned 64-bit access, so a reader never sees half of
+// a new epoch and half of an old one.
+__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ uint4 load_volatile(const uint4* p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -127,10 +151,14 @@ __device__ __forceinline__ uint4 load_volatile(const uint4* p) {
   return v;
 }
 
-// Wrap-safe "flag has reached epoch": epochs only grow, so the signed difference decides.
-__device__ __forceinline__ bool reached(uint32_t flag, uint32_t epoch) { return int32_t(flag - epoch) >= 0; }
+// "Flag has reached epoch" as a plain >=, deliberately not a wrap-safe signed difference: a
+// 64-bit epoch that grows by one per call does not wrap in practice (2^64 calls at one per
+// nanosecond take 584 years), and without wrap-around a flag array that no kernel has written
+// for any number of calls (0, or an old epoch) is always below the current epoch, never
+// mistaken for an arrival. A signed difference would again read a flag 2^63 epochs old as new.
+__device__ __forceinline__ bool reached(uint64_t flag, uint64_t epoch) { return flag >= epoch; }
 
-__device__ void wait_flag(const uint32_t* p, uint32_t epoch, uint64_t timeout_ns) {
+__device__ void wait_flag(const uint64_t* p, uint64_t epoch, uint64_t timeout_ns) {
   if (reached(load_acquire(p), epoch)) return;
   const uint64_t t0 = now_ns();
   while (!reached(load_acquire(p), epoch)) {
@@ -140,7 +168,7 @@ __device__ void wait_flag(const uint32_t* p, uint32_t epoch, uint64_t timeout_ns
 
 enum Phase { kStart = 0, kMid = 1, kEnd = 2 };
 
-__device__ __forceinline__ uint32_t* phase_flags(Signal* s, int phase, int block) {
+__device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block) {
   return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
 }
 
@@ -148,7 +176,7 @@ __device__ __forceinline__ uint32_t* phase_flags(Signal* s, int phase, int block
 // one peer: tell it we arrived, then wait for it. The CTA barrier before makes this block's
 // earlier writes part of what the release publishes; the one after holds the block until
 // every peer has arrived.
-__device__ void barrier(const Peers& signals, int phase, int rank, int world, uint32_t epoch, uint64_t timeout_ns) {
+__device__ void barrier(const Peers& signals, int phase, int rank, int world, uint64_t epoch, uint64_t timeout_ns) {
   __syncthreads();
   const int peer = threadIdx.x;
   if (peer < world) {
@@ -158,8 +186,8 @@ __device__ void barrier(const Peers& signals, int phase, int rank, int world, ui
   __syncthreads();
 }
 
-__device__ __forceinline__ uint32_t next_epoch(Signal* self) {
-  __shared__ uint32_t epoch;
+__device__ __forceinline__ uint64_t next_epoch(Signal* self) {
+  __shared__ uint64_t epoch;
   if (threadIdx.x == 0) {
     epoch = self->epoch[blockIdx.x] + 1;
     self->epoch[blockIdx.x] = epoch;
@@ -247,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) one_shot(Peers signals, const Peers*
                                                      size_t nvec, int rank, uint64_t timeout_ns) {
   constexpr int world = W;
   Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
-  const uint32_t epoch = next_epoch(self);
+  const uint64_t epoch = next_epoch(self);
   const uint4* src[kMaxRanks];
   for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
   barrier(signals, kStart, rank, world, epoch, timeout_ns);
@@ -262,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) two_shot(Peers signals, Peers scratc
                                                      uint4* out, size_t nvec, int rank, uint64_t timeout_ns) {
   constexpr int world = W;
   Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
-  const uint32_t epoch = next_epoch(self);
+  const uint64_t epoch = next_epoch(self);
   const uint4* src[kMaxRanks];
   for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
   const size_t chunk = (nvec + world - 1) / world;
@@ -326,15 +354,19 @@ __global__ void __launch_bounds__(kThreads) flag_free(Peers signals, Peers recv,
                                                       size_t nvec, size_t slot_vecs, int rank, uint64_t timeout_ns) {
   constexpr int world = W;
   Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
-  __shared__ uint32_t call, prev;
+  // The live buffer is kept as an index 0..2, not as a call count taken % 3: a uint32_t count
+  // wraps at 2^32, and since 2^32 % 3 == 1 the calls 2^32-1 and 2^32 would both write buffer
+  // 0, the second one into data nobody cleared (readers would take the old call's words as
+  // this call's). The index has no wrap point.
+  __shared__ uint32_t buf, prev;
   if (threadIdx.x == 0) {
-    call = self->flagfree_calls[blockIdx.x];
+    buf = self->flagfree_buf[blockIdx.x];
     prev = self->flagfree_prev[blockIdx.x];
-    self->flagfree_calls[blockIdx.x] = call + 1;
+    self->flagfree_buf[blockIdx.x] = buf == 2 ? 0 : buf + 1;
     self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
   }
   __syncthreads();
-  const size_t buf = call % 3, old = (call + 2) % 3;
+  const size_t old = (buf + 2) % 3;  // the buffer the previous call wrote
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (size_t i = first; i < nvec; i += stride) {
@@ -630,6 +662,27 @@ int symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks) {
     if ((err = set_peer_tables(c, bases)) != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+// Testing only. Sets every block's barrier epoch (Signal::epoch, local to this rank) to `epoch`,
+// so a test reaches epochs like 2^31 or 2^32 without making that many calls. Block b meets
+// block b of every peer at the same epoch, so every rank of the world must be seeded with the
+// same value, and no kernel may be in flight on any rank (a running kernel would mix old and
+// new epochs). Epochs may only move forward: the flags already written hold earlier epochs,
+// and seeding below them would make those flags read as arrivals of calls not yet made, so a
+// value below any block's current epoch is refused.
+int symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  uint64_t* dev = reinterpret_cast<Signal*>(c->base)->epoch;
+  uint64_t cur[kMaxBlocks];
+  if ((err = cudaMemcpy(cur, dev, sizeof(cur), cudaMemcpyDeviceToHost)) != cudaSuccess) return err;
+  for (int b = 0; b < kMaxBlocks; ++b) {
+    if (epoch < cur[b]) return cudaErrorInvalidValue;
+    cur[b] = epoch;
+  }
+  return cudaMemcpy(dev, cur, sizeof(cur), cudaMemcpyHostToDevice);
 }
 
 int symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token) {

@@ -142,6 +142,13 @@ symcomm_status_t symcomm_ar_open(symcomm_ar_t ctx, const char* handles);
  * logic only; it says nothing about NVLink timing. Blocks for host-to-device copies. */
 symcomm_status_t symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks);
 
+/* Testing only. Sets every block's barrier epoch of this context (the device-side, local epoch
+ * array) to epoch, so tests can place a world just below and across 2^31 and 2^32 without
+ * making that many calls. Call it on every rank of the world with the same value, while no
+ * kernel of this world is in flight on any rank; epochs only move forward, so a value below
+ * any block's current epoch is refused (invalid value). Blocks for device copies. */
+symcomm_status_t symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch);
+
 /* Peer-to-peer self test, step 1: writes token into every peer's probe word. Blocks until the
  * device is idle. The caller waits for all ranks before step 2. */
 symcomm_status_t symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token);

@@ -41,6 +41,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_handle": ([_ar, _bytes], _status),
     "symcomm_ar_open": ([_ar, _bytes], _status),
     "symcomm_ar_sim_link": ([_c.POINTER(_ar), _int, _int], _status),  # testing: simulated ranks
+    "symcomm_ar_debug_seed_epochs": ([_ar, _u64], _status),  # testing: epochs near the old wrap
     "symcomm_ar_probe_write": ([_ar, _u32], _status),
     "symcomm_ar_probe_read": ([_ar, _c.POINTER(_u32)], _status),
     "symcomm_ar_buffer_handle": ([_ar, _ptr, _bytes, _c.POINTER(_u64)], _status),

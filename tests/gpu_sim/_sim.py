@@ -31,6 +31,9 @@ FLAGFREE_BYTES = 256 << 10  # flag-free capacity (per rank, per receive buffer)
 # block per SM, so every rank's blocks are resident at once.
 MAX_BLOCKS = 8
 TIMEOUT_S = 5.0
+# A late rank's head start for its peers: 50M cycles is about 25-30 ms at H100 clocks, long
+# against a call (microseconds) and far inside TIMEOUT_S.
+LATE_CYCLES = 50_000_000
 
 
 def capacity(algo: str) -> int:
@@ -58,23 +61,39 @@ class SimWorld:
             raise
         self.streams = [torch.cuda.Stream() for _ in range(world)]
 
-    def launch(self, algo: str, dtype: torch.dtype, inputs, outputs, ranks=None) -> None:
+    def launch(self, algo: str, dtype: torch.dtype, inputs, outputs, ranks=None, late=None,
+               late_cycles: int = LATE_CYCLES) -> None:
         """Enqueues one all-reduce on every rank in `ranks` (default all) before waiting for any.
 
         Each rank's stream first waits for the current stream (where the inputs were made);
-        the current stream then waits for every rank, so a synchronize covers the call."""
+        the current stream then waits for every rank, so a synchronize covers the call.
+        `late`: a rank whose stream first runs a spin kernel of late_cycles GPU cycles, so its
+        all-reduce starts tens of milliseconds after its peers' (they wait in their barriers,
+        or for its flag-free data)."""
         ranks = range(self.world) if ranks is None else ranks
         nbytes = inputs[0].numel() * inputs[0].element_size()
         here = torch.cuda.current_stream()
         for r in ranks:
             stream = self.streams[r]
             stream.wait_stream(here)
+            if r == late:
+                with torch.cuda.stream(stream):
+                    torch.cuda._sleep(late_cycles)
             code = self.lib.symcomm_ar_run(self.ctxs[r], ALGO_CODES[algo], _native.DTYPE_CODES[dtype],
                                            inputs[r].data_ptr(), 0, 0, outputs[r].data_ptr(), nbytes, 1,
                                            stream.cuda_stream)
             _native.check(self.lib, f"symcomm_ar_run(rank {r})", code)
         for r in ranks:
             here.wait_stream(self.streams[r])
+
+    def seed_epochs(self, epoch: int) -> None:
+        """Puts every block of every rank at barrier epoch `epoch` (symcomm_ar_debug_seed_epochs):
+        the next one-shot/two-shot call uses epoch + 1. Waits for the device first, since no
+        kernel may be in flight while the epochs change."""
+        torch.cuda.synchronize()
+        for r in range(self.world):
+            _native.check(self.lib, f"symcomm_ar_debug_seed_epochs(rank {r})",
+                          self.lib.symcomm_ar_debug_seed_epochs(self.ctxs[r], epoch))
 
     def close(self, sync: bool = True) -> None:
         if sync:
