@@ -60,6 +60,11 @@ class SimWorld:
             self.close(sync=False)
             raise
         self.streams = [torch.cuda.Stream() for _ in range(world)]
+        # Load torch's spin kernel now: with lazy module loading, its first launch blocks the
+        # host until the device is idle, and a rank spinning in a barrier for the late rank is
+        # never idle (seen on H100: the launch returned only when the barrier's timeout trapped).
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
 
     def launch(self, algo: str, dtype: torch.dtype, inputs, outputs, ranks=None, late=None,
                late_cycles: int = LATE_CYCLES) -> None:
