@@ -9,7 +9,6 @@ test_sim_ranks.py (tests/gpu_sim/_sim.py); skips without CUDA unless SYMCOMM_REQ
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -17,22 +16,12 @@ import torch
 from symcomm.errors import CudaError
 
 from _sim import ALGOS, FLAGFREE, ONESHOT, TWOSHOT, SimWorld, capacity, check_outputs, make_inputs
-from test_sim_ranks import _unavailable
 
 WORLDS = (2, 4, 8)
 # 1 MiB: enough vectors that one-shot and two-shot use all of the simulated grid (8 blocks)
 # at every world, so every block's epoch takes part; flag-free at its whole capacity.
 BARRIER_BYTES = 1 << 20
 WRAP_POINTS = (2**31, 2**32)  # where int32(flag - epoch) changed sign: 32-bit wrap-safe compare
-
-
-@pytest.fixture(autouse=True)
-def _gpu():
-    reason = _unavailable()
-    if reason is not None:
-        if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
-            pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but: {reason}")
-        pytest.skip(reason)
 
 
 def _nbytes(algo: str) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _sim import ALGOS, DTYPES, FLAGFREE, SimWorld, capacity, check_outputs, make_inputs
+from _sim import ALGOS, DTYPES, SimWorld, capacity, check_outputs, make_inputs
 
 WORLDS = (2, 4, 8)
 # Bytes: one vector, an odd vector count, two pages and a vector, flag-free's whole capacity,
@@ -26,26 +26,6 @@ WORLDS = (2, 4, 8)
 SIZES = (16, 1008, 4096 * 2 + 16, 256 << 10, 2 << 20)
 STALL_TIMEOUT_S = 2.0
 STALL_MARGIN_S = 60.0  # the child imports torch and creates a CUDA context first
-
-
-def _unavailable() -> str | None:
-    if not torch.cuda.is_available():
-        return "CUDA is not available (simulated ranks still need one GPU)"
-    try:
-        from symcomm import _native
-        _native.load()
-    except OSError as exc:
-        return f"symcomm's native library is unavailable: {exc}"
-    return None
-
-
-@pytest.fixture(autouse=True)
-def _gpu():
-    reason = _unavailable()
-    if reason is not None:
-        if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
-            pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but: {reason}")
-        pytest.skip(reason)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

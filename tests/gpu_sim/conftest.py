@@ -1,0 +1,29 @@
+"""Simulated-ranks tests need one GPU and symcomm's native library: skip without them, with the
+reason, unless SYMCOMM_REQUIRE_GPU=1, which turns the skip into a failure so a GPU run cannot
+pass by skipping."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def _unavailable() -> str | None:
+    if not torch.cuda.is_available():
+        return "CUDA is not available (simulated ranks still need one GPU)"
+    try:
+        from symcomm import _native
+        _native.load()
+    except OSError as exc:
+        return f"symcomm's native library is unavailable: {exc}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _gpu():
+    reason = _unavailable()
+    if reason is not None:
+        if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
+            pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but: {reason}")
+        pytest.skip(reason)
