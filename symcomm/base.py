@@ -152,6 +152,9 @@ class Path:
     def begin_capture(self) -> None:
         pass
 
+    def discard_capture(self) -> None:
+        """Forget a capture session without any collective (graph_capture() was misused)."""
+
     def end_capture(self, failed: bool) -> str | None:
         """After capture ended (collective): None, or a problem that makes the graph unsafe to
         replay (the same on every rank)."""

@@ -16,6 +16,7 @@ import torch
 
 from ._nccl import DTYPES
 from .base import OPS, Call, Peers
+from .errors import PeerMismatchError
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
 # Codes for the signature only: every dtype NCCL knows, then bool; any other shares the next.
@@ -87,6 +88,17 @@ def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequenc
             per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
             return f"ranks disagree on the {name} ({per_rank})"
     return None
+
+
+def verify(peers: Peers, call: Call, path: str, path_names: Sequence[str],
+           locate: Callable[[int], tuple[int, int]] | None) -> None:
+    """Collective: compare this call's signature with every rank's; raise the same
+    PeerMismatchError on every rank when they differ."""
+    values, names = signature(call, path_names.index(path), peers.world_size, locate)
+    problem = first_mismatch(peers.exchange(values), names, path_names)
+    if problem is not None:
+        raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same call, "
+                                f"and symmetric tensors must be allocated in the same order and sizes on every rank")
 
 
 def refuse(peers: Peers) -> None:

@@ -15,7 +15,8 @@ from .backends.custom import DEFAULT_STAGING_BYTES
 from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
 from .bounded import bounded
 from .dispatch import Choice, DispatchTable, choose, load_table
-from .errors import ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError, SymmetricMemoryError
+from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError,
+                     SymmetricMemoryError)
 from .fp4_gather import Fp4Gathered, all_gatherv_fp4 as _all_gatherv_fp4
 from .pool import SymmetricPool
 
@@ -148,19 +149,14 @@ class Communicator:
             path.run(call)
 
     def _checking(self) -> bool:
-        # Check mode's exchange is a host-synchronising collective: not inside graph capture.
-        return self.check and not (self.peers.device.type == "cuda" and _capturing())
+        # Check mode's exchange synchronises with the host: never inside a capture, nor once
+        # closed (every rank then raises CommClosedError on its own; close is collective).
+        return self.check and not self.closed and not (self.peers.device.type == "cuda" and _capturing())
 
     def _verify(self, call: Call, path: Path) -> None:
-        if not self._checking():
-            return
-        locate = self._pool.locate if self._pool is not None and path.needs_equal_offsets else None
-        values, names = checks.signature(call, self._names.index(path.name), self.world_size, locate)
-        problem = checks.first_mismatch(self.peers.exchange(values), names, self._names)
-        if problem is not None:
-            raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same "
-                                    f"call, and symmetric tensors must be allocated in the same order "
-                                    f"and sizes on every rank")
+        if self._checking():
+            locate = self._pool.locate if self._pool is not None and path.needs_equal_offsets else None
+            checks.verify(self.peers, call, path.name, self._names, locate)
 
     def refused(self) -> None:
         """Check mode: this rank rejected a call before communicating. It still joins the
@@ -240,18 +236,29 @@ class Communicator:
             with comm.graph_capture(), torch.cuda.graph(g):
                 y = comm.all_reduce(x)
 
-        On exit (after the capture has ended) every path that takes part registers what it
-        recorded, with its peers; all ranks must have captured the same calls
-        (PeerMismatchError otherwise, on every rank). Capturing without it is also correct,
-        with one device copy per custom all-reduce. Eager calls inside are unaffected.
+        The first one opens the NCCL paths' graph communicators. On exit every path registers
+        what it recorded, with its peers; all ranks must have captured the same calls
+        (PeerMismatchError otherwise, on every rank). Capturing without it is correct too, with
+        one copy per custom all-reduce and NCCL's graph-mixing cost.
         """
         self._require_open()
         if self._capturing:
             raise ArgumentError("graph_capture() is already active on this communicator (it does not nest)")
-        self._capturing = True
+        # Every rank raises alike: setup steps inside a capture would end up in the graph.
+        misplaced = ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit "
+                                  "inside it: buffers can be registered only outside a capture")
+        if self.device.type == "cuda" and _capturing():
+            raise misplaced
         paths = list(self._paths.values())
-        for path in paths:
-            path.begin_capture()
+        self._capturing = True
+        try:
+            for path in paths:
+                path.begin_capture()
+        except BaseException:
+            self._capturing = False
+            for path in paths:
+                path.discard_capture()
+            raise
         failed = True
         try:
             yield
@@ -259,10 +266,9 @@ class Communicator:
         finally:
             self._capturing = False
             if self.device.type == "cuda" and _capturing():
-                # Every rank runs this same code, so all raise here; registering now would put
-                # the exchange itself into the graph.
-                raise ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit "
-                                    "inside it: buffers can be registered only after capture ends")
+                for path in paths:
+                    path.discard_capture()
+                raise misplaced
             problems = [p for p in (path.end_capture(failed) for path in paths) if p is not None]
             if problems and not failed:
                 raise PeerMismatchError(f"graph_capture(): {'; '.join(problems)}. The captured graph reads "
@@ -289,10 +295,10 @@ class Communicator:
         """Close every path in reverse order (deregistering windows, freeing the pool, destroying
         the NCCL communicators) and let go of the process group. Idempotent.
 
-        Collective, like construction. If tensors from the symmetric pool are still alive, their
-        memory stays mapped until the process exits (with a ResourceWarning) rather than being
-        freed under them. Bounded by the communicator's timeout; on timeout the paths are
-        aborted instead (NCCL communicators aborted, peer mappings left alone).
+        Collective, like construction. Pool memory that live tensors still use stays mapped until
+        the process exits (with a ResourceWarning). Bounded by the timeout; on timeout the paths
+        are aborted instead (NCCL communicators aborted, peer mappings left alone). A graph that
+        captured this communicator's calls must not be replayed after it.
         """
         if self.closed:
             return
@@ -303,16 +309,16 @@ class Communicator:
         abandoned = threading.Event()  # set when close() gave up: the thread must stop touching things
 
         def teardown() -> None:
-            failure: BaseException | None = None
+            failures = []
             for path in opened:
                 if abandoned.is_set():
                     return
                 try:
                     path.close()
                 except Exception as exc:  # noqa: BLE001 - finish the other (collective) closes first
-                    failure = failure or exc
-            if failure is not None:
-                raise failure
+                    failures.append(exc)
+            if failures:
+                raise failures[0]
 
         try:
             bounded("close", teardown, self.timeout_s, self.device)

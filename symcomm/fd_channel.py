@@ -37,8 +37,11 @@ class Identity:
         self.name, self.pid, self.uid = name, pid, uid
 
     def to_ints(self) -> list[int]:
+        """Four ints that fit int64 (the process group exchanges int64 tensors): the token's
+        halves are sent as signed 64-bit values and masked back by from_ints."""
         token = int(self.name[len(_PREFIX):], 16)
-        return [token >> 64, token & ((1 << 64) - 1), self.pid, self.uid]
+        halves = [token >> 64, token & ((1 << 64) - 1)]
+        return [h - (1 << 64) if h >= 1 << 63 else h for h in halves] + [self.pid, self.uid]
 
     @classmethod
     def from_ints(cls, values: list[int]) -> "Identity":

@@ -115,6 +115,8 @@ def all_gatherv_fp4(comm, x: torch.Tensor, sizes: Sequence[int], global_scale: f
     except SymcommError:
         if checking:
             _agree_on_scale(comm, None)
+        else:
+            comm.refused()  # during capture the Communicator may still check over a gloo group
         raise
     if checking:
         _agree_on_scale(comm, args.gs)

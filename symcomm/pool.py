@@ -161,10 +161,18 @@ class SymmetricPool:
     def add_comm(self, comm: int) -> None:
         """Collective: register every region, in registration order, on one more NCCL
         communicator (the symmetric path's graph communicator); later regions go on both."""
+        added: list[tuple[Region, int]] = []
         with torch.cuda.device(self._device):
-            for region in sorted(self.regions.values(), key=lambda r: r.number):
-                window = self._nccl.window_register(comm, region.base, region.nbytes)
-                self.regions[region.base] = dataclasses.replace(region, windows=(*region.windows, window))
+            try:
+                for region in sorted(self.regions.values(), key=lambda r: r.number):
+                    added.append((region, self._nccl.window_register(comm, region.base, region.nbytes)))
+            except Exception:
+                # All or nothing: close() deregisters only what a communicator in _comms holds.
+                for _, window in added:
+                    self._nccl.window_deregister(comm, window)
+                raise
+        for region, window in added:
+            self.regions[region.base] = dataclasses.replace(region, windows=(*region.windows, window))
         self._comms.append(comm)
 
     def locate(self, ptr: int) -> tuple[int, int]:

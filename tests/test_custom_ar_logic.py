@@ -22,6 +22,7 @@ class FakeState:
         self.graph_slots = graph_slots
         self.next_slot = 1
         self.region_slots = {}
+        self.region_numbers = {}
         self.capture = None
 
     next_free_slot = custom.CustomAllReduce.next_free_slot
@@ -192,7 +193,8 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     input instead (staged, symmetric region, flag-free's direct read)."""
     granule = 9
     state = FakeState(granules={granule: granule << GRANULE_SHIFT})
-    state.region_slots = {granule << GRANULE_SHIFT: 7}
+    state.region_slots = {granule << GRANULE_SHIFT: 7}  # a local slot number...
+    state.region_numbers = {granule << GRANULE_SHIFT: 0}  # ...and the order every rank agrees on
     launched = []
     state.run = lambda algo, call, stage, slot, offset=0: launched.append((algo, stage, slot, offset))
     state.capture = session = custom.CaptureSession()
@@ -207,7 +209,7 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     flag.run(_call(in_ptr=5 << 30))                                  # flag-free reads it directly
     nbytes = _call().nbytes
     assert session.calls == [(0, 2, nbytes, -1, -1), (1, 1, nbytes, -1, -1), (0, 2, nbytes, -1, -1),
-                             (custom.STAGED, 1, nbytes, -1, -1), (custom.IN_REGION, 2, nbytes, 7, 4096),
+                             (custom.STAGED, 1, nbytes, -1, -1), (custom.IN_REGION, 2, nbytes, 0, 4096),
                              (custom.DIRECT, 0, nbytes, -1, -1)]
     assert [l[1:] for l in launched] == [(0, 1, 0), (0, 2, 0), (0, 1, 0), (1, 0, 0), (0, 7, 4096), (1, 0, 0)]
     state.capture = None  # outside graph_capture(): nothing is recorded

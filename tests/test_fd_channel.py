@@ -14,6 +14,7 @@ import sys
 import tempfile
 
 import pytest
+import torch
 
 from symcomm.fd_channel import FdChannel, Identity
 
@@ -53,12 +54,14 @@ def test_descriptors_reach_the_announced_peer(pair):
 
 
 def test_identities_survive_the_int64_exchange():
-    ch = FdChannel(timeout_s=1.0)
-    ints = ch.identity.to_ints()
-    as_int64 = [v - (1 << 64) if v >= 1 << 63 else v for v in ints]  # what a torch int64 gives back
-    back = Identity.from_ints(as_int64)
-    assert (back.name, back.pid, back.uid) == (ch.identity.name, os.getpid(), os.getuid())
-    ch.close()
+    """The identity travels as a torch int64 tensor (Peers.exchange): every value must fit, for
+    any random token (half of them have a high bit set in some half)."""
+    for _ in range(64):
+        ch = FdChannel(timeout_s=1.0)
+        sent = torch.tensor(ch.identity.to_ints(), dtype=torch.int64).tolist()
+        back = Identity.from_ints(sent)
+        assert (back.name, back.pid, back.uid) == (ch.identity.name, os.getpid(), os.getuid())
+        ch.close()
 
 
 def test_a_sender_whose_credentials_differ_from_the_announcement_is_refused(pair):

@@ -89,3 +89,61 @@ def test_a_new_path_is_one_module_and_one_table_row(tmp_path):
     for world in (2,):
         table.write_text(json.dumps({"version": 1, "gpu": "cpu", "world_size": world, "rules": rules}))
         run_world(_world, world, str(table))
+
+
+class CapturePath(Int16Path):
+    """Records the capture hooks; begin_capture fails once when asked to."""
+
+    name = "test-capture"
+    fail_begin = False
+
+    def begin_capture(self) -> None:
+        self.events.append("begin")
+        if self.fail_begin:
+            self.fail_begin = False
+            raise RuntimeError("graph communicator could not open")
+
+    def discard_capture(self) -> None:
+        self.events.append("discard")
+
+    def end_capture(self, failed: bool) -> str | None:
+        self.events.append("end")
+        return None
+
+
+def _capture_hooks(rank, world):
+    import pytest
+
+    from symcomm import communicator
+    made: list[CapturePath] = []
+    comm = symcomm.Communicator(paths=(*PATHS, lambda: made.append(CapturePath()) or made[-1]))
+    path = made[0]
+    with comm.graph_capture():
+        pass
+    assert path.events == ["open", "begin", "end"]
+    # a setup step that fails leaves no half-open session, and the next capture works
+    path.fail_begin = True
+    with pytest.raises(RuntimeError, match="could not open"):
+        with comm.graph_capture():
+            pass
+    assert path.events[-2:] == ["begin", "discard"]
+    with comm.graph_capture():
+        pass
+    assert path.events[-2:] == ["begin", "end"]
+    # graph_capture() inside a capture: refused before any setup step, on every rank alike
+    comm.device = torch.device("cuda", 0)  # the check only applies to CUDA communicators
+    capturing = communicator._capturing
+    communicator._capturing = lambda: True
+    try:
+        with pytest.raises(symcomm.ArgumentError, match="must enclose"):
+            with comm.graph_capture():
+                pass
+    finally:
+        communicator._capturing = capturing
+        comm.device = torch.device("cpu")
+    assert path.events[-1] == "end"  # nothing began
+    comm.close()
+
+
+def test_capture_hooks_begin_end_and_discard_on_failure():
+    run_world(_capture_hooks, 2)

@@ -101,6 +101,9 @@ class CustomAllReduce:
         # Symmetric-pool regions mapped from every peer (region base -> slot): inputs there are
         # read in place, with no copy and no registration. See map_regions.
         self.region_slots: dict[int, int] = {}
+        # The same regions by the order they were mapped in, equal on every rank (slot numbers
+        # are local and may differ): what captured calls are compared by.
+        self.region_numbers: dict[int, int] = {}
         self.region_problem: str | None = None
         self.channel: FdChannel | None = None  # passes pool-region descriptors to peers
         self.capture: CaptureSession | None = None
@@ -294,6 +297,8 @@ def map_regions(state: CustomAllReduce, regions: Sequence[tuple[int, int]], exch
             problem = "no device slot left for pool regions on some rank"
             return
         state.region_slots.update({base: slot for (base, _), slot in zip(regions, slots)})
+        for base, _ in regions:
+            state.region_numbers[base] = len(state.region_numbers)
     finally:
         for fd in fds:
             os.close(fd)
@@ -436,6 +441,9 @@ class CustomPath(Path):
         self._algo = ALGO_CODES[name]
         self._shared: Kernels | None = None
         self._state: CustomAllReduce | None = None
+        # Kept after close(): a timed-out teardown's abort() must still reach the shared state
+        # that the last close() may be tearing down.
+        self._owner: Kernels | None = None
         self.capacity = 0
         if kernels is not None:
             self._attach(kernels)
@@ -451,7 +459,7 @@ class CustomPath(Path):
 
     def _attach(self, kernels: Kernels) -> None:
         kernels.users += 1
-        self._shared, self._state = kernels, kernels.state
+        self._shared, self._state, self._owner = kernels, kernels.state, kernels
         self.capacity = kernels.state.flagfree_bytes if self.name == FLAGFREE else kernels.state.staging_bytes
 
     def add_region(self, region: Region) -> None:
@@ -460,6 +468,9 @@ class CustomPath(Path):
     def begin_capture(self) -> None:
         if self._state.capture is None:  # the first of the three starts the session
             self._state.capture = CaptureSession()
+
+    def discard_capture(self) -> None:
+        self._state.capture = None
 
     def end_capture(self, failed: bool) -> str | None:
         state = self._state
@@ -494,8 +505,8 @@ class CustomPath(Path):
     def abort(self) -> None:
         # After a timed-out close the peers may still read these buffers: leave them mapped
         # rather than free memory under a peer's kernel.
-        if self._shared is not None:
-            self._shared.abandoned = True
+        if self._owner is not None:
+            self._owner.abandoned = True
         self._shared, self._state = None, None
 
     def why_not(self, call: Call) -> str | None:
@@ -526,7 +537,7 @@ class CustomPath(Path):
             # an input in a region that could not be mapped (map_regions failed for it).
             if slot is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
                 if capturing:
-                    session.record(IN_REGION, self._algo, call.nbytes, slot, ptr - base)
+                    session.record(IN_REGION, self._algo, call.nbytes, state.region_numbers[base], ptr - base)
                 state.run(self._algo, call, 0, slot, ptr - base)
                 return
         stage, slot = 1, 0

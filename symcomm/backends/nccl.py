@@ -125,7 +125,13 @@ class NcclPath(Path):
         # Collective (graph_capture() is), and outside the capture, which cannot create one.
         free_before = torch.cuda.mem_get_info(self._device)[0]
         self.graph_comm = _new_comm(self.nccl, self._peers, self._timeout_s, self._device)
-        self._graph_comm_opened()
+        try:
+            self._graph_comm_opened()
+        except BaseException:
+            # No half-ready graph communicator: a later graph_capture() tries again from scratch.
+            comm, self.graph_comm = self.graph_comm, 0
+            self.nccl.comm_destroy(comm)
+            raise
         torch.cuda.synchronize(self._device)
         self.graph_comm_bytes = max(free_before - torch.cuda.mem_get_info(self._device)[0], 0)
 
@@ -151,13 +157,17 @@ class NcclPath(Path):
         torch.cuda.synchronize(self._device)
 
     def close(self) -> None:
-        comms, self.comm, self.graph_comm, self._peers = (self.comm, self.graph_comm), 0, 0, None
-        for comm in comms:
+        # Each handle is cleared only once destroyed: if a destroy hangs on a missing peer, the
+        # Communicator's abort() must still find it to abort.
+        self._peers = None
+        for attr in ("graph_comm", "comm"):
+            comm = getattr(self, attr)
             if comm:
                 self.nccl.comm_destroy(comm)
+                setattr(self, attr, 0)
 
     def abort(self) -> None:
-        comms, self.comm, self.graph_comm, self._peers = (self.comm, self.graph_comm), 0, 0, None
+        comms, self.comm, self.graph_comm, self._peers = (self.graph_comm, self.comm), 0, 0, None
         for comm in comms:
             if comm:
                 self.nccl.comm_abort(comm)
