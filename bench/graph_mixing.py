@@ -26,17 +26,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from symcomm import _nccl
+from symcomm import _nccl, settings
+from symcomm.backends.nccl import new_comm
+from symcomm.base import Peers
 
 ITERS, REPLAYS = 20, 10
-
-
-def _comm(nccl: _nccl.Library, rank: int, world: int) -> int:
-    """A fresh NCCL communicator; the id travels over the gloo group."""
-    raw = bytearray(nccl.get_unique_id().to_bytes()) if rank == 0 else bytearray(_nccl.UNIQUE_ID_BYTES)
-    buf = torch.frombuffer(raw, dtype=torch.uint8).clone()
-    dist.broadcast(buf, src=0)
-    return nccl.comm_init_rank(world, _nccl.UniqueId.from_bytes(bytes(buf.tolist())), rank)
 
 
 def _launcher(nccl: _nccl.Library, comm: int, x: torch.Tensor, y: torch.Tensor):
@@ -79,7 +73,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     nccl = _nccl.load()
-    timed, other1, other2, clean = (_comm(nccl, rank, world) for _ in range(4))
+    # Fresh communicators made as symcomm's paths make theirs; the id travels over the gloo group.
+    peers, device = Peers(dist.group.WORLD, torch.device("cuda", local)), torch.device("cuda", local)
+    timed, other1, other2, clean = (new_comm(nccl, peers, settings.timeout_s(), device) for _ in range(4))
     rows = []
     for text in args.sizes.split(","):
         nbytes = int(text[:-1]) << {"K": 10, "M": 20}[text[-1]] if text[-1] in "KM" else int(text)

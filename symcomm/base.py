@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
 SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
-GATHERING_OPS = frozenset({"all_gather", "all_gatherv"})
 
 # The paths symcomm ships, in the order a Communicator opens them (symcomm.backends.PATHS).
 NCCL, NCCL_SYMM, TORCH = "nccl", "nccl-symm", "torch"

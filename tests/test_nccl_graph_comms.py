@@ -92,7 +92,7 @@ class _Peers:
 def test_graph_communicator_opens_once_and_closes_with_the_path(monkeypatch):
     path, lib = _path(monkeypatch, capturing=False, graph_comm=0)
     made = []
-    monkeypatch.setattr(nccl_backend, "_new_comm", lambda nccl, peers, timeout_s, device: made.append(1) or GRAPH)
+    monkeypatch.setattr(nccl_backend, "new_comm", lambda nccl, peers, timeout_s, device: made.append(1) or GRAPH)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 2000))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     path._peers = _Peers()
@@ -117,7 +117,7 @@ def test_the_symmetric_path_registers_its_windows_on_the_graph_communicator(monk
 
     path.pool = Pool()
     path._peers = _Peers()
-    monkeypatch.setattr(nccl_backend, "_new_comm", lambda nccl, peers, timeout_s, device: GRAPH)
+    monkeypatch.setattr(nccl_backend, "new_comm", lambda nccl, peers, timeout_s, device: GRAPH)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 2000))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     path.begin_capture()

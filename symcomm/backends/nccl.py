@@ -51,7 +51,7 @@ def unique_id(nccl: Library, peers: Peers) -> _nccl.UniqueId:
     return _nccl.UniqueId.from_bytes(raw[1:])
 
 
-def _new_comm(nccl: Library, peers: Peers, timeout_s: float, device: torch.device) -> int:
+def new_comm(nccl: Library, peers: Peers, timeout_s: float, device: torch.device) -> int:
     """Collective: one NCCL communicator over ``peers``, its init bounded by ``timeout_s``."""
     uid = unique_id(nccl, peers)
     return bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(peers.world_size, uid, peers.rank),
@@ -95,7 +95,7 @@ class NcclPath(Path):
         if reason is not None:
             return reason
         self._peers, self._timeout_s = setup.peers, setup.timeout_s
-        self.attach(nccl, _new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
+        self.attach(nccl, new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
         return None
 
     def _local_blocker(self, setup: Setup) -> tuple[str | None, Library | None]:
@@ -124,7 +124,7 @@ class NcclPath(Path):
             return
         # Collective (graph_capture() is), and outside the capture, which cannot create one.
         free_before = torch.cuda.mem_get_info(self._device)[0]
-        self.graph_comm = _new_comm(self.nccl, self._peers, self._timeout_s, self._device)
+        self.graph_comm = new_comm(self.nccl, self._peers, self._timeout_s, self._device)
         try:
             self._graph_comm_opened()
         except BaseException:
@@ -348,7 +348,7 @@ class NcclSymmPath(NcclPath):
             return reason
         nccl = plain.nccl
         self._peers, self._timeout_s = setup.peers, setup.timeout_s
-        self.attach(nccl, _new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
+        self.attach(nccl, new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
         self.pool = SymmetricPool(nccl, _native.load(), self.comm, setup.device, setup.peers.exchange)
         self._granules = self.pool.index.granules
         capacity = setup.options["symmetric_capacity"]

@@ -28,7 +28,9 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _nccl
+from .. import _nccl, settings
+from ..backends.nccl import new_comm
+from ..base import Peers
 from ..errors import DtypeError
 from . import ops, report
 from .config import BaselineConfig, BenchConfig, BenchError
@@ -81,12 +83,8 @@ class RawNccl:
     @classmethod
     def open(cls, nccl: _nccl.Library, device: torch.device) -> "RawNccl":
         """Collective over torch's (gloo) group, which carries rank 0's unique id to the others."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        raw = bytearray(nccl.get_unique_id().to_bytes() if rank == 0 else _nccl.UNIQUE_ID_BYTES)
-        uid = torch.frombuffer(raw, dtype=torch.uint8).clone()
-        dist.broadcast(uid, src=0)
-        handle = nccl.comm_init_rank(world, _nccl.UniqueId.from_bytes(bytes(uid.tolist())), rank)
-        return cls(nccl, handle, device)
+        peers = Peers(dist.group.WORLD, device)
+        return cls(nccl, new_comm(nccl, peers, settings.timeout_s(), device), device)
 
     def all_reduce(self, x: torch.Tensor, *, out: torch.Tensor, op: str, algo: str) -> None:
         self._call("ncclAllReduce", x, out, x.numel(), _nccl.REDUCE_OPS[op])
