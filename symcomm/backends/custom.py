@@ -439,11 +439,10 @@ class CustomPath(Path):
         """``kernels`` attaches already-built state (tests); open() builds or finds it."""
         self.name = name
         self._algo = ALGO_CODES[name]
-        self._shared: Kernels | None = None
-        self._state: CustomAllReduce | None = None
         # Kept after close(): a timed-out teardown's abort() must still reach the shared state
-        # that the last close() may be tearing down.
-        self._owner: Kernels | None = None
+        # that the last close() may be tearing down. _state is what calls use, None once closed.
+        self._kernels: Kernels | None = None
+        self._state: CustomAllReduce | None = None
         self.capacity = 0
         if kernels is not None:
             self._attach(kernels)
@@ -459,11 +458,11 @@ class CustomPath(Path):
 
     def _attach(self, kernels: Kernels) -> None:
         kernels.users += 1
-        self._shared, self._state, self._owner = kernels, kernels.state, kernels
+        self._kernels, self._state = kernels, kernels.state
         self.capacity = kernels.state.flagfree_bytes if self.name == FLAGFREE else kernels.state.staging_bytes
 
     def add_region(self, region: Region) -> None:
-        self._shared.add_region(region)
+        self._kernels.add_region(region)
 
     def begin_capture(self) -> None:
         if self._state.capture is None:  # the first of the three starts the session
@@ -477,7 +476,7 @@ class CustomPath(Path):
         session, state.capture = state.capture, None
         if session is None:  # a sibling already registered this session
             return None
-        problem = register_captured(state, session, failed, self._shared.exchange)
+        problem = register_captured(state, session, failed, self._kernels.exchange)
         if session.out_of_slots:
             warnings.warn(f"graph_capture(): all {state.graph_slots - 1} buffer slots are in use; later "
                           f"captured custom all-reduces copy their input to the staging buffer instead",
@@ -498,16 +497,16 @@ class CustomPath(Path):
         }}
 
     def close(self) -> None:
-        shared, self._shared, self._state = self._shared, None, None
-        if shared is not None:
-            shared.release()
+        if self._state is not None:
+            self._state = None
+            self._kernels.release()
 
     def abort(self) -> None:
         # After a timed-out close the peers may still read these buffers: leave them mapped
         # rather than free memory under a peer's kernel.
-        if self._owner is not None:
-            self._owner.abandoned = True
-        self._shared, self._state = None, None
+        if self._kernels is not None:
+            self._kernels.abandoned = True
+        self._state = None
 
     def why_not(self, call: Call) -> str | None:
         if call.op != "all_reduce":
