@@ -21,9 +21,17 @@
 // reset and a late reader can never observe a reset. The epoch is 64-bit because a kernel may
 // leave a flag array untouched for any number of calls (one-shot never writes `mid`, two-shot
 // never writes `end`): a 32-bit wrap-safe comparison would read such a flag, 2^31 to 2^32
-// epochs old, as "arrived" and let a barrier through early. Every wait is bounded
-// by a timeout read from %globaltimer; on expiry the kernel traps, which surfaces on the host
-// as a CUDA error instead of a hang.
+// epochs old, as "arrived" and let a barrier through early.
+//
+// Every wait is bounded by a timeout read from %globaltimer. On expiry the kernel gives up
+// instead of trapping: a trap leaves the CUDA context of every waiting rank unusable, so one
+// rank that compiles or checkpoints for longer than the bound would end the job. Giving up
+// means: record why in the context's `aborted` word (device memory, first writer wins) and in
+// its alarm word (mapped host memory, which the host reads before every call without any
+// synchronisation), then return without waiting on peers again. Every later kernel of the
+// context sees `aborted` in its prologue and returns at once, so graphs replayed after the
+// failure finish too; their outputs are left unwritten. The host turns the alarm into
+// CommTimeoutError on the next call and refuses every call after it.
 //
 // Plain C ABI, no libtorch: every entry point takes raw pointers and a cudaStream_t and
 // returns a cudaError_t (csrc/symcomm.h declares them).
@@ -36,9 +44,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -74,6 +86,7 @@ struct Signal {
   uint64_t mid[kMaxBlocks][kMaxRanks];
   uint64_t end[kMaxBlocks][kMaxRanks];
   uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
+  uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
   uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
   uint32_t flagfree_prev[kMaxBlocks];  // vectors per rank in block b's previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
@@ -92,6 +105,43 @@ struct Peers {
   char* ptr[kMaxRanks];
 };
 
+// What every kernel needs to meet its peers, and to give up on them.
+struct Sync {
+  Peers signals;    // every rank's Signal block
+  uint64_t* alarm;  // device address of this context's mapped host word
+  uint64_t timeout_ns;
+  int rank;
+};
+
+// symcomm.h's SYMCOMM_AR_ABORT_* layout: kind, the barrier phase, the peer that never came.
+__host__ __device__ constexpr uint64_t abort_code(int kind, int phase, int peer) {
+  return (uint64_t(kind) << 32) | (uint64_t(phase) << 16) | uint64_t(peer);
+}
+
+// Graphs whose CUDA user object was destroyed (the graph and every instance of it are gone),
+// by capture token. CUDA runs the destructor on a thread of its own, where no CUDA call is
+// allowed: it only records the token, and symcomm_ar_take_released hands it to the host,
+// which frees the graph's slots. Shared with every pending destructor, so it outlives a
+// context destroyed while graphs are still alive.
+struct Released {
+  std::mutex mutex;
+  std::vector<uint64_t> tokens;
+};
+
+struct Guard {
+  std::shared_ptr<Released> released;
+  uint64_t token;
+};
+
+void CUDART_CB graph_gone(void* p) {
+  Guard* g = static_cast<Guard*>(p);
+  {
+    std::lock_guard<std::mutex> lock(g->released->mutex);
+    g->released->tokens.push_back(g->token);
+  }
+  delete g;
+}
+
 struct Context {
   int rank = 0;
   int world = 0;
@@ -109,7 +159,20 @@ struct Context {
   Peers bases{};        // every rank's allocation, mapped here (own = base)
   Peers signals{}, scratch{}, flagfree{};
   Peers* slots = nullptr;  // device array of max_slots
-  std::map<std::string, char*> opened;  // IPC handle bytes -> mapped base, opened once each
+  uint64_t* alarm_host = nullptr;  // mapped pinned word: the kernels' abort_code, 0 while healthy
+  uint64_t* alarm_dev = nullptr;   // the same word as the kernels address it
+  cudaEvent_t order = nullptr;     // symcomm_ar_order_streams' event
+  // IPC handle bytes -> mapped base, opened once and counted per user (symcomm_ar_open's peer
+  // buffers, and each graph slot filled by symcomm_ar_set_slot), so that releasing a slot
+  // unmaps exactly what nothing else still uses.
+  struct Mapping {
+    char* base;
+    int users;
+  };
+  std::map<std::string, Mapping> opened;
+  std::vector<std::vector<std::string>> slot_handles;  // per slot: the `opened` keys it holds
+  std::shared_ptr<Released> released = std::make_shared<Released>();
+  uint64_t next_token = 1;
   std::map<char*, size_t> imported;     // peers' cuMem regions mapped here -> their size
 };
 
@@ -158,15 +221,40 @@ __device__ __forceinline__ uint4 load_volatile(const uint4* p) {
 // mistaken for an arrival. A signed difference would again read a flag 2^63 epochs old as new.
 __device__ __forceinline__ bool reached(uint64_t flag, uint64_t epoch) { return flag >= epoch; }
 
-__device__ void wait_flag(const uint64_t* p, uint64_t epoch, uint64_t timeout_ns) {
-  if (reached(load_acquire(p), epoch)) return;
-  const uint64_t t0 = now_ns();
-  while (!reached(load_acquire(p), epoch)) {
-    if (now_ns() - t0 > timeout_ns) __trap();  // a peer never arrived: fail, don't hang
+__device__ __forceinline__ Signal* own_signal(const Sync& s) { return reinterpret_cast<Signal*>(s.signals.ptr[s.rank]); }
+
+__device__ __forceinline__ bool has_given_up(const Sync& s) {
+  return *reinterpret_cast<volatile uint64_t*>(&own_signal(s)->aborted) != 0;
+}
+
+// Records why this rank stops; the first reason wins (the CAS is on device memory: atomics on
+// mapped host memory are not available over every interconnect). The system fence makes the
+// alarm visible to the host before the kernel ends.
+__device__ void give_up(const Sync& s, uint64_t code) {
+  unsigned long long* word = reinterpret_cast<unsigned long long*>(&own_signal(s)->aborted);
+  if (atomicCAS(word, 0ull, static_cast<unsigned long long>(code)) == 0ull) {
+    *reinterpret_cast<volatile uint64_t*>(s.alarm) = code;
+    __threadfence_system();
   }
 }
 
-enum Phase { kStart = 0, kMid = 1, kEnd = 2 };
+// False when this rank gave up: on this wait's expiry, or because another block or thread
+// of the context did (then without waiting the whole bound again).
+__device__ bool wait_flag(const Sync& s, const uint64_t* p, uint64_t epoch, int phase, int peer) {
+  if (reached(load_acquire(p), epoch)) return true;
+  const uint64_t t0 = now_ns();
+  while (!reached(load_acquire(p), epoch)) {
+    if (has_given_up(s)) return false;
+    if (now_ns() - t0 > s.timeout_ns) {
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, phase, peer));
+      return false;
+    }
+  }
+  return true;
+}
+
+// Where a rank gave up (SYMCOMM_AR_ABORT_* phase): a barrier, or the flag-free kernel's data.
+enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3 };
 
 __device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block) {
   return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
@@ -175,25 +263,47 @@ __device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block
 // Block b of every rank meets block b of every other rank. Threads 0..world-1 each pair with
 // one peer: tell it we arrived, then wait for it. The CTA barrier before makes this block's
 // earlier writes part of what the release publishes; the one after holds the block until
-// every peer has arrived.
-__device__ void barrier(const Peers& signals, int phase, int rank, int world, uint64_t epoch, uint64_t timeout_ns) {
+// every peer has arrived. Returns false, in every thread of the block, when this rank gave up.
+__device__ bool barrier(const Sync& s, int phase, int world, uint64_t epoch) {
   __syncthreads();
   const int peer = threadIdx.x;
+  bool ok = true;
   if (peer < world) {
-    store_release(&phase_flags(reinterpret_cast<Signal*>(signals.ptr[peer]), phase, blockIdx.x)[rank], epoch);
-    wait_flag(&phase_flags(reinterpret_cast<Signal*>(signals.ptr[rank]), phase, blockIdx.x)[peer], epoch, timeout_ns);
+    store_release(&phase_flags(reinterpret_cast<Signal*>(s.signals.ptr[peer]), phase, blockIdx.x)[s.rank], epoch);
+    ok = wait_flag(s, &phase_flags(own_signal(s), phase, blockIdx.x)[peer], epoch, phase, peer);
   }
-  __syncthreads();
+  return __syncthreads_and(ok);
 }
 
-__device__ __forceinline__ uint64_t next_epoch(Signal* self) {
+// This block's epoch for the call, or 0 (never an epoch) once the rank has given up: then the
+// kernel returns before touching a peer. Both words are read by one thread back to back, so
+// the check adds no round trip to the prologue.
+__device__ __forceinline__ uint64_t next_epoch(const Sync& s) {
   __shared__ uint64_t epoch;
   if (threadIdx.x == 0) {
-    epoch = self->epoch[blockIdx.x] + 1;
-    self->epoch[blockIdx.x] = epoch;
+    Signal* self = own_signal(s);
+    const uint64_t e = self->epoch[blockIdx.x] + 1;
+    if (has_given_up(s)) {
+      epoch = 0;
+    } else {
+      epoch = e;
+      self->epoch[blockIdx.x] = e;
+    }
   }
   __syncthreads();
   return epoch;
+}
+
+// One-shot and two-shot read inputs through a slot. A slot whose pointers were never filled
+// in (a graph replayed although its registration failed) is refused, never dereferenced.
+__device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int world) {
+  for (int r = 0; r < world; ++r) {
+    if (in->ptr[r] == nullptr) {
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_UNREGISTERED, 0, r));
+      return false;
+    }
+  }
+  return true;
 }
 
 // 16 bytes of T as fp32 lanes, and back.
@@ -271,32 +381,33 @@ __device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
 
 // ------------------------------------------------------------------ kernels
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) one_shot(Peers signals, const Peers* in, size_t in_offset, uint4* out,
-                                                     size_t nvec, int rank, uint64_t timeout_ns) {
+__global__ void __launch_bounds__(kThreads) one_shot(Sync s, const Peers* in, size_t in_offset, uint4* out,
+                                                     size_t nvec) {
   constexpr int world = W;
-  Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
-  const uint64_t epoch = next_epoch(self);
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0 || !slot_ready(s, in, world)) return;
   const uint4* src[kMaxRanks];
   for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
-  barrier(signals, kStart, rank, world, epoch, timeout_ns);
+  if (!barrier(s, kStart, world, epoch)) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) out[i] = reduce_at<T, W>(src, i);
   // Peers read this rank's input until they pass here; it must not be reused before then.
-  barrier(signals, kEnd, rank, world, epoch, timeout_ns);
+  barrier(s, kEnd, world, epoch);
 }
 
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) two_shot(Peers signals, Peers scratch, const Peers* in, size_t in_offset,
-                                                     uint4* out, size_t nvec, int rank, uint64_t timeout_ns) {
+__global__ void __launch_bounds__(kThreads) two_shot(Sync s, Peers scratch, const Peers* in, size_t in_offset,
+                                                     uint4* out, size_t nvec) {
   constexpr int world = W;
-  Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
-  const uint64_t epoch = next_epoch(self);
+  const int rank = s.rank;
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0 || !slot_ready(s, in, world)) return;
   const uint4* src[kMaxRanks];
   for (int r = 0; r < world; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
   const size_t chunk = (nvec + world - 1) / world;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  barrier(signals, kStart, rank, world, epoch, timeout_ns);
+  if (!barrier(s, kStart, world, epoch)) return;
   // Reduce-scatter: this rank owns chunk `rank`. Both phases give block b the same offsets
   // within a chunk, so block b's barrier is the only one its data depends on.
   uint4* mine = reinterpret_cast<uint4*>(scratch.ptr[rank]);
@@ -305,7 +416,7 @@ __global__ void __launch_bounds__(kThreads) two_shot(Peers signals, Peers scratc
   for (size_t i = lo + first; i < hi; i += stride) mine[i] = reduce_at<T, W>(src, i);
   // After this barrier every peer has finished reading our input (so `out` may alias it) and
   // every owner's chunk is in its scratch.
-  barrier(signals, kMid, rank, world, epoch, timeout_ns);
+  if (!barrier(s, kMid, world, epoch)) return;
   // All-gather. Each thread loads the same offset of every owner's chunk before storing any:
   // W loads in flight per thread, where a load-then-store loop per owner kept one (the
   // compiler cannot move a load above a store to `out`, which may alias). Measured at world 4:
@@ -350,22 +461,26 @@ __device__ __forceinline__ bool has_sentinel(const uint4& v) {
 // since we consumed all of call k-1 before returning from it. Two buffers would not do: a
 // peer that finished call k could start writing call k+1 into the buffer being cleared.
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) flag_free(Peers signals, Peers recv, const uint4* in, uint4* out,
-                                                      size_t nvec, size_t slot_vecs, int rank, uint64_t timeout_ns) {
+__global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const uint4* in, uint4* out, size_t nvec,
+                                                      size_t slot_vecs) {
   constexpr int world = W;
-  Signal* self = reinterpret_cast<Signal*>(signals.ptr[rank]);
+  const int rank = s.rank;
+  Signal* self = own_signal(s);
   // The live buffer is kept as an index 0..2, not as a call count taken % 3: a uint32_t count
   // wraps at 2^32, and since 2^32 % 3 == 1 the calls 2^32-1 and 2^32 would both write buffer
   // 0, the second one into data nobody cleared (readers would take the old call's words as
   // this call's). The index has no wrap point.
   __shared__ uint32_t buf, prev;
+  __shared__ bool stopped;
   if (threadIdx.x == 0) {
+    stopped = has_given_up(s);
     buf = self->flagfree_buf[blockIdx.x];
     prev = self->flagfree_prev[blockIdx.x];
     self->flagfree_buf[blockIdx.x] = buf == 2 ? 0 : buf + 1;
     self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
   }
   __syncthreads();
+  if (stopped) return;
   const size_t old = (buf + 2) % 3;  // the buffer the previous call wrote
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -390,7 +505,11 @@ __global__ void __launch_bounds__(kThreads) flag_free(Peers signals, Peers recv,
         const uint4* p = mine + (buf * world + r) * slot_vecs + i;
         const uint64_t t0 = now_ns();
         do {
-          if (now_ns() - t0 > timeout_ns) __trap();  // a peer never sent: fail, don't hang
+          if (has_given_up(s)) return;
+          if (now_ns() - t0 > s.timeout_ns) {  // a peer never sent: give up, don't hang
+            give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kFlagFreePhase, r));
+            return;
+          }
           v[r] = load_volatile(p);
         } while (has_sentinel(v[r]));
       }
@@ -433,18 +552,17 @@ int blocks_for(const Context* c, size_t work) {
 template <typename T, int W>
 cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
                          cudaStream_t stream) {
+  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
   switch (algo) {
     case kFlagFree:
-      flag_free<T, W><<<c->flagfree_blocks, kThreads, 0, stream>>>(c->signals, c->flagfree, in, out, nvec,
-                                                               c->flagfree_bytes / 16, c->rank, c->timeout_ns);
+      flag_free<T, W><<<c->flagfree_blocks, kThreads, 0, stream>>>(s, c->flagfree, in, out, nvec, c->flagfree_bytes / 16);
       break;
     case kOneShot:
-      one_shot<T, W><<<blocks_for(c, nvec), kThreads, 0, stream>>>(
-          c->signals, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
+      one_shot<T, W><<<blocks_for(c, nvec), kThreads, 0, stream>>>(s, c->slots + slot, in_offset, out, nvec);
       break;
     case kTwoShot:
-      two_shot<T, W><<<blocks_for(c, (nvec + W - 1) / W), kThreads, 0, stream>>>(
-          c->signals, c->scratch, c->slots + slot, in_offset, out, nvec, c->rank, c->timeout_ns);
+      two_shot<T, W><<<blocks_for(c, (nvec + W - 1) / W), kThreads, 0, stream>>>(s, c->scratch, c->slots + slot,
+                                                                                  in_offset, out, nvec);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -464,21 +582,49 @@ cudaError_t launch(Context* c, int algo, const uint4* in, int slot, size_t in_of
   }
 }
 
-cudaError_t open_handle(Context* c, const char* handle, char** mapped) {
-  std::string key(handle, kHandleBytes);
+// Maps the allocation behind an IPC handle, or takes one more use of an existing mapping
+// (CUDA refuses to open one handle twice in a process). Every successful call is paired with
+// a drop_handle, or with symcomm_ar_destroy.
+cudaError_t open_handle(Context* c, const std::string& key, char** mapped) {
   auto it = c->opened.find(key);
   if (it != c->opened.end()) {
-    *mapped = it->second;
+    it->second.users += 1;
+    *mapped = it->second.base;
     return cudaSuccess;
   }
   cudaIpcMemHandle_t h;
-  std::memcpy(&h, handle, kHandleBytes);
+  std::memcpy(&h, key.data(), kHandleBytes);
   void* p = nullptr;
   cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) return err;
-  c->opened[key] = static_cast<char*>(p);
+  c->opened[key] = {static_cast<char*>(p), 1};
   *mapped = static_cast<char*>(p);
   return cudaSuccess;
+}
+
+// Unmapping the last use matters beyond memory: a peer's allocator may free that buffer and
+// hand the address to a new allocation, whose handle differs, so a mapping kept "just in
+// case" only pins memory the peer no longer uses.
+cudaError_t drop_handle(Context* c, const std::string& key) {
+  auto it = c->opened.find(key);
+  if (it == c->opened.end()) return cudaErrorInvalidValue;
+  if (--it->second.users > 0) return cudaSuccess;
+  cudaError_t err = cudaIpcCloseMemHandle(it->second.base);
+  c->opened.erase(it);
+  return err;
+}
+
+// Empties slot `slot`: drops its mappings and zeroes its device entry, so that a kernel that
+// still reads it (a graph whose registration failed) finds null pointers and refuses them.
+cudaError_t clear_slot(Context* c, int slot) {
+  cudaError_t first = cudaSuccess;
+  for (const std::string& key : c->slot_handles[slot]) {
+    cudaError_t err = drop_handle(c, key);
+    if (first == cudaSuccess) first = err;
+  }
+  c->slot_handles[slot].clear();
+  cudaError_t err = cudaMemset(c->slots + slot, 0, sizeof(Peers));
+  return first != cudaSuccess ? first : err;
 }
 
 // Driver entry points, looked up at run time so the library does not link libcuda (CI builds
@@ -578,6 +724,7 @@ int symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, siz
   c->rank = rank, c->world = world, c->device = device;
   c->staging_bytes = staging_bytes, c->flagfree_bytes = flagfree_bytes, c->max_slots = max_slots;
   c->timeout_ns = uint64_t(timeout_s * 1e9);
+  c->slot_handles.resize(size_t(max_slots));
   const size_t flagfree_total = 3 * size_t(world) * flagfree_bytes;
   c->total_bytes = kSignalBytes + 2 * staging_bytes + flagfree_total;
   void* p = nullptr;
@@ -588,12 +735,20 @@ int symcomm_ar_create(int rank, int world, int device, size_t staging_bytes, siz
   if ((err = cudaMalloc(&p, sizeof(Peers) * size_t(max_slots))) != cudaSuccess) goto fail;
   c->slots = static_cast<Peers*>(p);
   if ((err = cudaMemset(c->slots, 0, sizeof(Peers) * size_t(max_slots))) != cudaSuccess) goto fail;
+  if ((err = cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocMapped)) != cudaSuccess) goto fail;
+  c->alarm_host = static_cast<uint64_t*>(p);
+  *c->alarm_host = 0;
+  if ((err = cudaHostGetDevicePointer(&p, c->alarm_host, 0)) != cudaSuccess) goto fail;
+  c->alarm_dev = static_cast<uint64_t*>(p);
+  if ((err = cudaEventCreateWithFlags(&c->order, cudaEventDisableTiming)) != cudaSuccess) goto fail;
   if ((err = cudaDeviceSynchronize()) != cudaSuccess) goto fail;
   *out = handle;
   return cudaSuccess;
 fail:
   if (c->base) cudaFree(c->base);
   if (c->slots) cudaFree(c->slots);
+  if (c->alarm_host) cudaFreeHost(c->alarm_host);
+  if (c->order) cudaEventDestroy(c->order);
   delete handle;
   return err;
 }
@@ -629,7 +784,7 @@ int symcomm_ar_open(symcomm_ar_t ctx, const char* handles) {
   char* bases[kMaxRanks] = {};
   for (int r = 0; r < c->world; ++r) {
     bases[r] = c->base;
-    if (r != c->rank && (err = open_handle(c, handles + r * kHandleBytes, &bases[r])) != cudaSuccess)
+    if (r != c->rank && (err = open_handle(c, std::string(handles + r * kHandleBytes, kHandleBytes), &bases[r])) != cudaSuccess)
       return err;
   }
   return set_peer_tables(c, bases);
@@ -729,20 +884,93 @@ int symcomm_ar_set_slot(symcomm_ar_t ctx, int slot, const char* handles, const u
                         const void* own) {
   Context* c = &ctx->impl;
   if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
-  cudaError_t dev_err = use_device(c->device);  // IPC handles open on the current device
-  if (dev_err != cudaSuccess) return dev_err;
+  cudaError_t err = use_device(c->device);  // IPC handles open on the current device
+  if (err != cudaSuccess || (err = clear_slot(c, slot)) != cudaSuccess) return err;
   Peers p{};
   for (int r = 0; r < c->world; ++r) {
     if (r == c->rank) {
       p.ptr[r] = static_cast<char*>(const_cast<void*>(own));
       continue;
     }
+    std::string key(handles + r * kHandleBytes, kHandleBytes);
     char* b = nullptr;
-    cudaError_t err = open_handle(c, handles + r * kHandleBytes, &b);
-    if (err != cudaSuccess) return err;
+    if ((err = open_handle(c, key, &b)) != cudaSuccess) break;
+    c->slot_handles[slot].push_back(key);
     p.ptr[r] = b + offsets[r];
   }
-  return cudaMemcpy(c->slots + slot, &p, sizeof(Peers), cudaMemcpyHostToDevice);
+  // All or nothing: a slot half filled would send a replay to the peers it does name.
+  if (err != cudaSuccess || (err = cudaMemcpy(c->slots + slot, &p, sizeof(Peers), cudaMemcpyHostToDevice)) != cudaSuccess) {
+    clear_slot(c, slot);
+    return err;
+  }
+  return cudaSuccess;
+}
+
+int symcomm_ar_release_slot(symcomm_ar_t ctx, int slot) {
+  Context* c = &ctx->impl;
+  if (slot < 1 || slot >= c->max_slots) return cudaErrorInvalidValue;
+  cudaError_t err = use_device(c->device);
+  return err != cudaSuccess ? err : clear_slot(c, slot);
+}
+
+int symcomm_ar_guard_capture(symcomm_ar_t ctx, symcomm_stream_t stream, uint64_t* token_out) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  cudaStreamCaptureStatus status;
+  cudaGraph_t graph = nullptr;
+  if ((err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph)) != cudaSuccess) return err;
+  if (status != cudaStreamCaptureStatusActive || graph == nullptr) return cudaErrorStreamCaptureInvalidated;
+  Guard* guard = new Guard{c->released, c->next_token};
+  cudaUserObject_t object;
+  if ((err = cudaUserObjectCreate(&object, guard, graph_gone, 1, cudaUserObjectNoDestructorSync)) != cudaSuccess) {
+    delete guard;
+    return err;
+  }
+  // Moves our one reference into the graph: from here on the graph (and every instance of
+  // it) owns the guard, and CUDA calls graph_gone once the last of them is destroyed.
+  if ((err = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove)) != cudaSuccess) {
+    cudaUserObjectRelease(object, 1);  // runs graph_gone, which frees the guard
+    return err;
+  }
+  *token_out = c->next_token++;
+  return cudaSuccess;
+}
+
+int symcomm_ar_take_released(symcomm_ar_t ctx, uint64_t* tokens, int capacity, int* count_out) {
+  Context* c = &ctx->impl;
+  if (capacity < 0) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(c->released->mutex);
+  std::vector<uint64_t>& gone = c->released->tokens;
+  const size_t n = gone.size() < size_t(capacity) ? gone.size() : size_t(capacity);
+  std::copy(gone.begin(), gone.begin() + n, tokens);
+  gone.erase(gone.begin(), gone.begin() + n);
+  *count_out = int(n);
+  return cudaSuccess;
+}
+
+int symcomm_ar_order_streams(symcomm_ar_t ctx, symcomm_stream_t before, symcomm_stream_t after) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess || (err = cudaEventRecord(c->order, before)) != cudaSuccess) return err;
+  return cudaStreamWaitEvent(after, c->order, 0);
+}
+
+int symcomm_ar_alarm(symcomm_ar_t ctx, const uint64_t** word_out) {
+  *word_out = ctx->impl.alarm_host;
+  return cudaSuccess;
+}
+
+int symcomm_ar_retire(symcomm_ar_t ctx) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  const uint64_t closed = abort_code(SYMCOMM_AR_ABORT_CLOSED, 0, 0);
+  if ((err = cudaMemcpy(&reinterpret_cast<Signal*>(c->base)->aborted, &closed, sizeof(closed),
+                        cudaMemcpyHostToDevice)) != cudaSuccess)
+    return err;
+  delete ctx;  // host bookkeeping only: the device memory and mappings stay, on purpose
+  return cudaSuccess;
 }
 
 // A POSIX file descriptor for the cuMem allocation at base (symmetric-pool regions come from
@@ -839,7 +1067,7 @@ int symcomm_ar_destroy(symcomm_ar_t ctx) {
   Context* c = &ctx->impl;
   cudaError_t first = use_device(c->device);
   for (auto& kv : c->opened) {
-    cudaError_t err = cudaIpcCloseMemHandle(kv.second);
+    cudaError_t err = cudaIpcCloseMemHandle(kv.second.base);
     if (first == cudaSuccess) first = err;
   }
   Driver* d = nullptr;
@@ -852,6 +1080,8 @@ int symcomm_ar_destroy(symcomm_ar_t ctx) {
     }
   }
   if (c->slots) cudaFree(c->slots);
+  if (c->alarm_host) cudaFreeHost(c->alarm_host);
+  if (c->order) cudaEventDestroy(c->order);
   if (c->base) {
     cudaError_t err = cudaFree(c->base);
     if (first == cudaSuccess) first = err;

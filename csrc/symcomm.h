@@ -74,6 +74,18 @@ typedef struct symcomm_ar_ctx* symcomm_ar_t;
 /* Bytes of one IPC handle as written by symcomm_ar_handle / symcomm_ar_buffer_handle. */
 #define SYMCOMM_AR_HANDLE_BYTES 64
 
+/*
+ * Why a context's kernels stopped: the word symcomm_ar_alarm points at holds 0 while the
+ * context is healthy, else (kind << 32) | (phase << 16) | peer. phase: 0, 1, 2 for the start,
+ * middle and end barrier, 3 for the flag-free kernel's data. Once set it stays set, and every
+ * later kernel of the context returns at once without writing its output.
+ */
+enum {
+  SYMCOMM_AR_ABORT_TIMEOUT = 1,      /* peer `peer` did not arrive within timeout_s */
+  SYMCOMM_AR_ABORT_UNREGISTERED = 2, /* a graph read a slot whose pointer for `peer` was never set */
+  SYMCOMM_AR_ABORT_CLOSED = 3        /* symcomm_ar_retire: the context was closed */
+};
+
 /* ------------------------------------------------------------------------------------------
  * Symmetric pool (pool_alloc.cc). Pools are small integer ids. Every call is thread-safe,
  * touches no GPU and never blocks beyond an internal mutex. Placement is deterministic: the
@@ -165,9 +177,31 @@ symcomm_status_t symcomm_ar_buffer_handle(symcomm_ar_t ctx, const void* ptr, cha
 
 /* Fills slot `slot` (1 <= slot < max_slots) with every rank's address of one buffer: peers'
  * from handles (world x SYMCOMM_AR_HANDLE_BYTES) plus offsets (world entries), this rank's as
- * own. Blocks for a host-to-device copy. */
+ * own. Releases what the slot held before. On failure the slot is left empty (null pointers,
+ * which the kernels refuse). Blocks for a host-to-device copy. */
 symcomm_status_t symcomm_ar_set_slot(symcomm_ar_t ctx, int slot, const char* handles, const uint64_t* offsets,
                                      const void* own);
+
+/* Empties slot `slot`: unmaps the peer buffers no other slot uses and zeroes the slot. Call it
+ * once no graph that reads the slot can be replayed. Blocks for a device memset. */
+symcomm_status_t symcomm_ar_release_slot(symcomm_ar_t ctx, int slot);
+
+/* Ties a token to the graph being captured on stream (a CUDA user object), so that
+ * symcomm_ar_take_released reports the token once the graph and every instance of it are
+ * destroyed. Writes the token (> 0) to *token_out. Host only; stream must be capturing. */
+symcomm_status_t symcomm_ar_guard_capture(symcomm_ar_t ctx, symcomm_stream_t stream, uint64_t* token_out);
+
+/* Moves up to `capacity` tokens of destroyed graphs into tokens and their number into
+ * *count_out. Host only; safe while CUDA destroys graphs on other threads. */
+symcomm_status_t symcomm_ar_take_released(symcomm_ar_t ctx, uint64_t* tokens, int capacity, int* count_out);
+
+/* Makes `after` wait for everything enqueued on `before` so far (an event), so kernels of one
+ * context run in call order when the caller switches streams. Host only. */
+symcomm_status_t symcomm_ar_order_streams(symcomm_ar_t ctx, symcomm_stream_t before, symcomm_stream_t after);
+
+/* Writes to *word_out the host address of the context's alarm word (SYMCOMM_AR_ABORT_*
+ * layout above), which the kernels set when they give up. Reading it needs no CUDA call. */
+symcomm_status_t symcomm_ar_alarm(symcomm_ar_t ctx, const uint64_t** word_out);
 
 /* A POSIX file descriptor for the cuMem allocation starting at base (NCCL's symmetric
  * regions have no CUDA IPC handle). The caller sends it to peers and closes it. Host only. */
@@ -187,7 +221,8 @@ symcomm_status_t symcomm_ar_set_slot_ptrs(symcomm_ar_t ctx, int slot, const uint
  * in to the staging buffer and reads slot 0; otherwise one-shot/two-shot read slot `slot` at
  * in_offset, and flag-free reads in directly. Collective: every rank enqueues the same algo,
  * dtype and nbytes, and the kernel waits on its peers; a peer missing past timeout_s makes
- * the kernel trap, which the stream reports as a CUDA error. */
+ * the kernel give up and set the alarm word (SYMCOMM_AR_ABORT_TIMEOUT), never trap: the CUDA
+ * context stays usable, the output of that call and of every later one is not written. */
 symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* in,
                                 int slot, uint64_t in_offset, void* out, uint64_t nbytes, int stage,
                                 symcomm_stream_t stream);
@@ -195,6 +230,12 @@ symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcom
 /* Unmaps peers and frees this rank's memory; ctx is invalid afterwards. The caller ensures no
  * kernel still uses it on any rank (peers read this rank's buffer). May block in cudaFree. */
 symcomm_status_t symcomm_ar_destroy(symcomm_ar_t ctx);
+
+/* Closes ctx while graphs that launch its kernels may still be replayed: marks it closed
+ * (SYMCOMM_AR_ABORT_CLOSED), so such a replay returns at once, and frees only host state. Its
+ * device memory and peer mappings stay until the process exits; ctx is invalid afterwards.
+ * Blocks for a host-to-device copy. */
+symcomm_status_t symcomm_ar_retire(symcomm_ar_t ctx);
 
 /* Static text for any status code of this library (never NULL). */
 const char* symcomm_cuda_error_string(symcomm_status_t code);

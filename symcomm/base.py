@@ -10,6 +10,7 @@ symcomm's kernels, torch.distributed). Each is one object with its whole life:
     why_not(call)      per call: None if it can serve the call, else the reason, for people
     run(call)          per call: enqueue on the current stream (CUDA) or run (CPU)
     close() / abort()  teardown, bounded by the Communicator; abort() after a timeout
+    alarm              None, or an Alarm the path's kernels set when they gave up on a peer
 
 Every collective step of a path's life runs on every rank in the same order, so a path that
 must give up votes first (Peers.exchange) and gives up everywhere.
@@ -34,6 +35,20 @@ FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twosho
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 Exchange = Callable[[list[int]], list[list[int]]]
+
+
+class Alarm:
+    """A word in host memory that a path's kernels set, instead of trapping, when they give up
+    waiting for a peer. The Communicator reads ``word.value`` before every call (no CUDA call,
+    no synchronisation) and, once it is set, raises CommTimeoutError with ``reason()``."""
+
+    def __init__(self, word: Any, describe: Callable[[int], str]) -> None:
+        self.word = word  # anything with an int .value, e.g. a ctypes.c_uint64 over mapped memory
+        self._describe = describe
+
+    def reason(self) -> str | None:
+        code = self.word.value
+        return self._describe(code) if code else None
 
 
 class Call:
@@ -141,6 +156,7 @@ class Path:
     # The symmetric kernels (NCCL's and symcomm's) read peers' tensors at this rank's window
     # offset: check mode compares the offsets across ranks only for paths that say so.
     needs_equal_offsets: bool = False
+    alarm: Alarm | None = None
 
     def open(self, setup: Setup) -> str | None:
         return None

@@ -3,20 +3,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import checks, ops, registry, settings, validate
+from . import capture, checks, ops, registry, settings, validate
 from .backends import PATHS
 from .backends.custom import DEFAULT_STAGING_BYTES
 from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
 from .bounded import bounded
 from .dispatch import Choice, DispatchTable, choose, load_table
-from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError,
-                     SymmetricMemoryError)
+from .errors import ArgumentError, CommClosedError, CommTimeoutError, SymcommError, SymmetricMemoryError
 from .fp4_gather import Fp4Gathered, all_gatherv_fp4 as _all_gatherv_fp4
 from .pool import SymmetricPool
 
@@ -36,7 +35,7 @@ class Communicator:
     registered as NCCL symmetric windows up front; ``reserve_symmetric`` adds more, also
     collectively. ``custom_ar_capacity`` bounds the messages symcomm's own all-reduce kernels
     take (0 turns them off, as does SYMCOMM_DISABLE_CUSTOM_AR=1). ``check`` overrides
-    SYMCOMM_CHECK, ``timeout_s`` SYMCOMM_TIMEOUT_S. ``paths`` replaces the shipped list of
+    SYMCOMM_CHECK, ``timeout_s`` SYMCOMM_TIMEOUT_S (default: the group's own timeout). ``paths`` replaces the shipped list of
     paths (symcomm.backends.PATHS), for extensions and tests.
     """
 
@@ -55,7 +54,8 @@ class Communicator:
                    "custom_ar_capacity": validate.capacity("custom_ar_capacity", custom_ar_capacity, 16)}
         self.group: dist.ProcessGroup | None = group
         self.device = validate.resolve_device(device, group)
-        self.timeout_s = float(timeout_s) if timeout_s is not None else settings.timeout_s()
+        self.timeout_s = (float(timeout_s) if timeout_s is not None
+                          else settings.timeout_s(default=validate.group_timeout_s(group)))
         self.check = settings.check_mode() if check is None else bool(check)
         self.peers = Peers(group, self.device)
         self.rank: int = self.peers.rank
@@ -68,6 +68,7 @@ class Communicator:
         self._pool: SymmetricPool | None = None
         self._find = None
         self._capturing = False
+        self._alarm = None
         # Before any NCCL setup, so a bad tuning file fails without leaving communicators behind.
         self.table: DispatchTable = load_table(self.world_size, self.device)
         setup = Setup(self.peers, self.device, self.timeout_s, options)
@@ -86,6 +87,7 @@ class Communicator:
         self._names = [path.name for path in self._opened]  # check mode's path codes
         self._pool = getattr(self._paths.get(NCCL_SYMM), "pool", None)
         self._find = None if self._pool is None else self._pool.index.find
+        self._alarm = next((path.alarm for path in self._paths.values() if path.alarm is not None), None)
         self.key = registry.register(self)
 
     # ------------------------------------------------------------ symmetric memory
@@ -126,6 +128,15 @@ class Communicator:
     def _require_open(self) -> None:
         if self.closed:
             raise CommClosedError("this Communicator is closed")
+        self.check_health()
+
+    def check_health(self) -> None:
+        """Raise CommTimeoutError if symcomm's kernels gave up waiting for a peer. Every call
+        checks this first (a host read, no synchronisation); graph replays cannot, so check
+        after replaying where a rank may be late. Once raised, it raises for good."""
+        reason = None if self.closed or self._alarm is None else self._alarm.reason()
+        if reason is not None:
+            raise CommTimeoutError(reason)
 
     def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
                sizes: Sequence[int] | None = None, reduce_op: str = "sum") -> Choice:
@@ -140,6 +151,8 @@ class Communicator:
         try:
             if self.closed:  # inline: this is every eager call's path, a frame costs ~0.1 us
                 raise CommClosedError("this Communicator is closed")
+            if self._alarm is not None and self._alarm.word.value:
+                self.check_health()
             path = choose(self.table, self._paths, self._off, call, algo)[0]
         except SymcommError:
             self.refused()
@@ -229,8 +242,7 @@ class Communicator:
         return _all_gatherv_fp4(self, x, sizes, global_scale, extra, dequantize, algo, swizzle=swizzle, out=out)
 
     # ------------------------------------------------------------ CUDA graphs
-    @contextlib.contextmanager
-    def graph_capture(self) -> Iterator[None]:
+    def graph_capture(self) -> contextlib.AbstractContextManager[None]:
         """Collective: wrap ``torch.cuda.graph(...)`` in this so that captured custom all-reduces
         read their inputs in place at replay instead of copying them to the staging buffer.
 
@@ -240,40 +252,11 @@ class Communicator:
         The first one opens the NCCL paths' graph communicators. On exit every path registers
         what it recorded, with its peers; all ranks must have captured the same calls
         (PeerMismatchError otherwise, on every rank). Capturing without it is correct too, with
-        one copy per custom all-reduce and NCCL's graph-mixing cost.
+        one copy per custom all-reduce and NCCL's graph-mixing cost. Capture every symcomm call
+        of one graph on one stream, and replay graphs on the stream of the eager calls (or order
+        them yourself): a rank's custom all-reduces must run in the order they were issued.
         """
-        self._require_open()
-        if self._capturing:
-            raise ArgumentError("graph_capture() is already active on this communicator (it does not nest)")
-        # Every rank raises alike: setup steps inside a capture would end up in the graph.
-        misplaced = ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit "
-                                  "inside it: buffers can be registered only outside a capture")
-        if self.device.type == "cuda" and _capturing():
-            raise misplaced
-        paths = list(self._paths.values())
-        self._capturing = True
-        try:
-            for path in paths:
-                path.begin_capture()
-        except BaseException:
-            self._capturing = False
-            for path in paths:
-                path.discard_capture()
-            raise
-        failed = True
-        try:
-            yield
-            failed = False
-        finally:
-            self._capturing = False
-            if self.device.type == "cuda" and _capturing():
-                for path in paths:
-                    path.discard_capture()
-                raise misplaced
-            problems = [p for p in (path.end_capture(failed) for path in paths) if p is not None]
-            if problems and not failed:
-                raise PeerMismatchError(f"graph_capture(): {'; '.join(problems)}. The captured graph reads "
-                                        f"unregistered memory: do not replay it")
+        return capture.session(self, list(self._paths.values()))
 
     # ------------------------------------------------------------ introspection
     def capabilities(self) -> dict[str, Any]:

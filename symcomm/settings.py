@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-# One bound for every wait on peers (NCCL init and teardown, the custom kernels' barriers):
-# generous against a healthy peer (NCCL init takes seconds), short enough that a dead one is
-# reported while someone is still watching.
+# The bound on waits on peers where no process group says otherwise (the benchmarks' own NCCL
+# communicators): generous against a healthy peer (NCCL init takes seconds), short enough that
+# a dead one is reported while someone is still watching. A Communicator defaults to its
+# group's own timeout instead (validate.group_timeout_s).
 DEFAULT_TIMEOUT_S = 30.0
 
 VARIABLES: dict[str, str] = {
     "SYMCOMM_CHECK": "1 turns check mode on: every call is compared across ranks before it runs",
-    "SYMCOMM_TIMEOUT_S": "bound in seconds on every wait on peers (NCCL init/teardown, custom kernels), default 30",
+    "SYMCOMM_TIMEOUT_S": "bound in seconds on every wait on peers (NCCL init/teardown, custom kernels); default: the process group's timeout",
     "SYMCOMM_DISABLE_CUSTOM_AR": "1 turns symcomm's own all-reduce kernels off",
     "SYMCOMM_TUNING_FILE": "dispatch table to load (written by `symcomm-bench tune`)",
     "SYMCOMM_NCCL_LIBRARY": "libnccl to load; otherwise the one torch loaded, then the `nvidia-nccl` wheel, then the system's",
@@ -44,12 +45,12 @@ def check_mode() -> bool:
     return _flag("SYMCOMM_CHECK")
 
 
-def timeout_s() -> float:
-    """SYMCOMM_TIMEOUT_S, or the default; a value that is not a positive number is an error,
+def timeout_s(default: float = DEFAULT_TIMEOUT_S) -> float:
+    """SYMCOMM_TIMEOUT_S, or ``default``; a value that is not a positive number is an error,
     not silently replaced."""
     raw = _get("SYMCOMM_TIMEOUT_S")
     if raw is None:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:

@@ -41,6 +41,20 @@ def resolve_device(device: torch.device | str | int | None, group: dist.ProcessG
     return device
 
 
+def group_timeout_s(group: dist.ProcessGroup) -> float:
+    """How long torch.distributed itself waits on this group (init_process_group's or
+    new_group's ``timeout``; 10 minutes for NCCL, 30 for gloo by default). symcomm waits on
+    peers as long: a rank that compiles or checkpoints for a minute is not a failure to NCCL,
+    so it must not be one to symcomm's kernels either. The group keeps the value only in its
+    backends' options, a private attribute; without it, torch's documented default applies."""
+    for device_type in ("cuda", "cpu"):
+        try:
+            return group._get_backend(torch.device(device_type)).options._timeout.total_seconds()
+        except (AttributeError, RuntimeError):
+            continue
+    return dist.default_pg_timeout.total_seconds()
+
+
 def capacity(name: str, value: object, multiple: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % multiple:
         raise ArgumentError(f"{name} must be a non-negative multiple of {multiple} bytes, got {value!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import symcomm
 from symcomm import _native, dispatch
 from symcomm.backends import custom
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT, Call
@@ -24,8 +25,16 @@ class FakeState:
         self.region_slots = {}
         self.region_numbers = {}
         self.capture = None
+        self.free_slots = []
+        self.graph_slots_of = {}
+        self.alarm = None
 
     next_free_slot = custom.CustomAllReduce.next_free_slot
+
+    def guard(self, session):
+        session.token = 1
+        self.graph_slots_of.setdefault(1, [])
+        return 1
 
 
 def _call(numel=1024, dtype=torch.bfloat16, op="all_reduce", redop="sum", in_ptr=1 << 30, out_ptr=2 << 30):
@@ -196,7 +205,7 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     state.region_slots = {granule << GRANULE_SHIFT: 7}  # a local slot number...
     state.region_numbers = {granule << GRANULE_SHIFT: 0}  # ...and the order every rank agrees on
     launched = []
-    state.run = lambda algo, call, stage, slot, offset=0: launched.append((algo, stage, slot, offset))
+    state.run = lambda algo, call, stage, slot, offset=0, session=None: launched.append((algo, stage, slot, offset))
     state.capture = session = custom.CaptureSession()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     one, two = custom.CustomPath(ONESHOT, custom.Kernels(state)), custom.CustomPath(TWOSHOT, custom.Kernels(state))
@@ -251,3 +260,101 @@ def test_a_rank_that_turned_the_kernels_off_still_votes():
     peer = Exchange([[[1, custom.host_identity(), *SIZES]]])
     state, reason = custom.setup_kernels(1, 2, torch.device("cuda", 0), peer, 30.0, None)
     assert state is None and "another rank" in reason
+
+
+class FakeLib:
+    """The native entry points CustomAllReduce's bookkeeping calls, recorded, no CUDA."""
+
+    def __init__(self, released=()):
+        self.calls = []
+        self.released = list(released)
+
+    def symcomm_ar_order_streams(self, ctx, before, after):
+        self.calls.append(("order", before, after))
+        return 0
+
+    def symcomm_ar_take_released(self, ctx, tokens, capacity, count):
+        n = min(capacity, len(self.released))
+        for i in range(n):
+            tokens[i] = self.released.pop(0)
+        count._obj.value = n
+        return 0
+
+    def symcomm_ar_release_slot(self, ctx, slot):
+        self.calls.append(("release", slot))
+        return 0
+
+    def symcomm_ar_destroy(self, ctx):
+        self.calls.append(("destroy",))
+        return 0
+
+    def symcomm_ar_retire(self, ctx):
+        self.calls.append(("retire",))
+        return 0
+
+
+def _state(lib, graph_slots=8):
+    return custom.CustomAllReduce(lib, 1, 0, 2, torch.device("cuda", 0), 1 << 20, 1 << 16, graph_slots, None, 3.0)
+
+
+def test_launches_follow_the_previous_stream_once_per_switch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    lib = FakeLib()
+    state = _state(lib)
+    state.follow(100, None)
+    assert lib.calls == [] and state.stream == 100  # the first launch has nothing to wait for
+    state.follow(200, None)
+    assert lib.calls == [("order", 100, 200)] and state.stream == 200
+
+
+def test_a_capture_keeps_its_own_stream_and_refuses_a_second(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    lib = FakeLib()
+    state = _state(lib)
+    state.stream = 100
+    session = custom.CaptureSession()
+    state.follow(300, session)
+    state.follow(300, session)
+    assert session.stream == 300 and state.stream == 100 and lib.calls == []
+    with pytest.raises(symcomm.ArgumentError, match="second stream"):
+        state.follow(400, session)
+    state.follow(500, None)  # captured outside graph_capture(): nothing to order, nothing kept
+    assert state.stream == 100 and lib.calls == []
+
+
+def test_slots_of_destroyed_graphs_are_released_and_reused():
+    lib = FakeLib(released=[7])
+    state = _state(lib, graph_slots=4)
+    state.graph_slots_of = {7: [1, 2], 8: [3]}
+    state.next_slot = 4
+    assert state.next_free_slot() == 0  # all three in use, none reported yet
+    state.collect_released()
+    assert ("release", 1) in lib.calls and ("release", 2) in lib.calls and state.graph_slots_of == {8: [3]}
+    assert {state.next_free_slot(), state.next_free_slot()} == {1, 2}
+    assert state.next_free_slot() == 0
+
+
+def test_closing_with_graphs_alive_retires_instead_of_freeing():
+    lib = FakeLib()
+    state = _state(lib)
+    state.graph_slots_of = {3: [1]}
+    with pytest.warns(ResourceWarning, match="1 CUDA graph"):
+        state.destroy()
+    assert lib.calls[-1] == ("retire",) and state.ctx == 0
+    lib = FakeLib(released=[3])
+    state = _state(lib)
+    state.graph_slots_of = {3: [1]}
+    state.destroy()
+    assert lib.calls[-1] == ("destroy",)
+
+
+@pytest.mark.parametrize("code,words", [
+    ((1 << 32) | (0 << 16) | 3, ("waited 3 s for rank 3", "start barrier", "broken")),
+    ((1 << 32) | (3 << 16) | 1, ("for rank 1", "wait for its data")),
+    ((2 << 32) | 1, ("never registered", "rank 1")),
+])
+def test_abort_codes_name_the_peer_and_the_way_out(code, words):
+    text = _state(FakeLib()).describe_abort(code)
+    for word in words:
+        assert word in text, text
+    assert "close() it" in text

@@ -114,7 +114,7 @@ class CapturePath(Int16Path):
 def _capture_hooks(rank, world):
     import pytest
 
-    from symcomm import communicator
+    from symcomm import capture
     made: list[CapturePath] = []
     comm = symcomm.Communicator(paths=(*PATHS, lambda: made.append(CapturePath()) or made[-1]))
     path = made[0]
@@ -132,14 +132,14 @@ def _capture_hooks(rank, world):
     assert path.events[-2:] == ["begin", "end"]
     # graph_capture() inside a capture: refused before any setup step, on every rank alike
     comm.device = torch.device("cuda", 0)  # the check only applies to CUDA communicators
-    capturing = communicator._capturing
-    communicator._capturing = lambda: True
+    capturing = capture._stream_capturing
+    capture._stream_capturing = lambda: True
     try:
         with pytest.raises(symcomm.ArgumentError, match="must enclose"):
             with comm.graph_capture():
                 pass
     finally:
-        communicator._capturing = capturing
+        capture._stream_capturing = capturing
         comm.device = torch.device("cpu")
     assert path.events[-1] == "end"  # nothing began
     comm.close()

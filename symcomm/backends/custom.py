@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import _native, settings
-from ..base import FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, TWOSHOT, Call, Exchange, Path, Setup, raw_stream
-from ..errors import CudaError
+from ..base import FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, TWOSHOT, Alarm, Call, Exchange, Path, Setup, raw_stream
+from ..errors import ArgumentError, CudaError
 from ..fd_channel import IDENTITY_INTS, FdChannel, Identity
 from ..pool import GRANULE_SHIFT, Region
 
@@ -40,6 +40,9 @@ DEFAULT_STAGING_BYTES = 16 << 20
 DEFAULT_FLAGFREE_BYTES = 512 << 10
 # Device-side pointer tables for buffers recorded during graph capture (64 bytes each).
 DEFAULT_GRAPH_SLOTS = 4096
+# symcomm.h's SYMCOMM_AR_ABORT_* kinds and phases, for the alarm's message.
+ABORT_TIMEOUT, ABORT_UNREGISTERED, ABORT_CLOSED = 1, 2, 3
+ABORT_PHASES = ("start barrier", "middle barrier", "end barrier", "wait for its data")
 
 def load_library() -> ctypes.CDLL:
     """The native library with the custom all-reduce entry points bound (OSError if absent)."""
@@ -84,7 +87,7 @@ class CustomAllReduce:
 
     def __init__(self, lib: ctypes.CDLL, ctx: int, rank: int, world_size: int, device: torch.device,
                  staging_bytes: int, flagfree_bytes: int, graph_slots: int,
-                 granules: dict[int, int] | None) -> None:
+                 granules: dict[int, int] | None, timeout_s: float = 0.0) -> None:
         self.lib = lib
         self.ctx = ctx
         self.rank = rank
@@ -93,7 +96,14 @@ class CustomAllReduce:
         self.staging_bytes = staging_bytes
         self.flagfree_bytes = flagfree_bytes
         self.graph_slots = graph_slots
+        self.timeout_s = timeout_s
         self.next_slot = 1  # slot 0 is the staging buffer
+        self.free_slots: list[int] = []  # slots of destroyed graphs, ready for reuse
+        # Capture token -> the slots that graph reads, until CUDA reports the graph destroyed
+        # (symcomm_ar_guard_capture); then collect_released frees them.
+        self.graph_slots_of: dict[int, list[int]] = {}
+        self.stream: int | None = None  # the stream of the latest eager launch (follow)
+        self.alarm: Alarm | None = None  # set once the context exists (watch)
         # The pool's granule map, to recognise symmetric inputs. Pool memory is cuMem (from
         # ncclMemAlloc), which has no CUDA IPC handle: such inputs are read through
         # region_slots when their region is mapped, and staged otherwise, never recorded.
@@ -116,26 +126,113 @@ class CustomAllReduce:
         if code:
             raise CudaError(what, code, self.lib.symcomm_cuda_error_string(code).decode())
 
-    def run(self, algo: int, call: Call, stage: int, slot: int, offset: int = 0) -> None:
+    def watch(self) -> None:
+        """Read the kernels' alarm word from here on (see Alarm)."""
+        word = _c.POINTER(_c.c_uint64)()
+        self.check("symcomm_ar_alarm", self.lib.symcomm_ar_alarm(self.ctx, _c.byref(word)))
+        self.alarm = Alarm(word.contents, self.describe_abort)
+
+    def describe_abort(self, code: int) -> str:
+        kind, phase, peer = code >> 32, (code >> 16) & 0xFFFF, code & 0xFFFF
+        if kind == ABORT_TIMEOUT:
+            what = (f"rank {self.rank}'s custom all-reduce waited {self.timeout_s:g} s for rank {peer} at its "
+                    f"{ABORT_PHASES[min(phase, 3)]} and gave up (raise the timeout where a rank may be that late)")
+        elif kind == ABORT_UNREGISTERED:
+            what = (f"rank {self.rank} replayed a captured custom all-reduce whose buffers were never registered "
+                    f"(its slot has no address for rank {peer}): a graph from a graph_capture() that raised")
+        else:
+            what = f"rank {self.rank}'s custom all-reduce stopped (code {code:#x})"
+        return (f"{what}. That call's output and every later one's were not written; this communicator is "
+                f"broken and every call raises: close() it and build a new one (the CUDA context is intact)")
+
+    def run(self, algo: int, call: Call, stage: int, slot: int, offset: int = 0,
+            session: CaptureSession | None = None) -> None:
         x = call.inputs[0]
+        stream = raw_stream(self.device_index)
+        if stream != self.stream:
+            self.follow(stream, session)
         code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, offset,
-                                       call.out_ptrs[0], call.nbytes, stage, raw_stream(self.device_index))
+                                       call.out_ptrs[0], call.nbytes, stage, stream)
         if code:
             self.check("custom all-reduce launch", code)
 
+    def follow(self, stream: int, session: CaptureSession | None) -> None:
+        """Keep this rank's launches in call order across streams. Each rank's n-th launch meets
+        its peers' n-th, and the three kernels share staging, epochs and receive buffers, so a
+        launch must not overtake an earlier one from another stream: that pairs the wrong
+        inputs and returns a wrong sum with no error. Eager, the new stream waits for the old
+        one, once per switch (nothing is added per call on one stream). A capture cannot wait
+        for an eager stream, so the calls captured inside graph_capture() must share one stream."""
+        if session is not None:
+            if session.stream is None:
+                session.stream = stream
+            elif session.stream != stream:
+                raise ArgumentError("a custom all-reduce was captured on a second stream inside one "
+                                    "graph_capture(); capture every collective of a graph on one stream "
+                                    "(their order across streams would be undefined at replay)")
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return  # captured outside graph_capture(): its order at replay is the graph's
+        if self.stream is not None:
+            self.check("ordering custom all-reduces across streams",
+                       self.lib.symcomm_ar_order_streams(self.ctx, self.stream, stream))
+        self.stream = stream
+
     def next_free_slot(self) -> int:
-        """A device slot that stays assigned for the communicator's life, or 0 when none is left."""
+        """A device slot for a captured buffer or a pool region, or 0 when none is left. Slots of
+        destroyed graphs come back through collect_released, which runs before each capture
+        (not here: releasing touches device memory, which a capture in progress forbids)."""
+        if self.free_slots:
+            return self.free_slots.pop()
         if self.next_slot >= self.graph_slots:
             return 0
         self.next_slot += 1
         return self.next_slot - 1
 
+    def guard(self, session: CaptureSession) -> int:
+        """The token that ties this capture's slots to the graph being captured (0 if CUDA
+        refused one; the caller then stages instead of taking slots)."""
+        if session.token is None:
+            token = _c.c_uint64()
+            code = self.lib.symcomm_ar_guard_capture(self.ctx, raw_stream(self.device_index), _c.byref(token))
+            session.token = 0 if code else token.value
+            if session.token:
+                self.graph_slots_of[session.token] = []
+        return session.token
+
+    def collect_released(self) -> None:
+        """Free the slots, and unmap the peer buffers, of graphs CUDA reports destroyed."""
+        tokens, count = (_c.c_uint64 * 64)(), _c.c_int()
+        while True:
+            self.check("symcomm_ar_take_released", self.lib.symcomm_ar_take_released(self.ctx, tokens, 64,
+                                                                                      _c.byref(count)))
+            for token in tokens[:count.value]:
+                for slot in self.graph_slots_of.pop(token, ()):
+                    self.check("symcomm_ar_release_slot", self.lib.symcomm_ar_release_slot(self.ctx, slot))
+                    self.free_slots.append(slot)
+            if count.value < 64:
+                return
+
+    def graphs_alive(self) -> int:
+        self.collect_released()
+        return len(self.graph_slots_of)
+
     def destroy(self) -> None:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        ctx, self.ctx = self.ctx, 0
-        if ctx:
+        if not self.ctx:
+            return
+        alive = self.graphs_alive()
+        ctx, self.ctx, self.alarm = self.ctx, 0, None
+        if alive:
+            # Their replays would read this memory: keep it, marked closed, so they return at once.
+            warnings.warn(f"Communicator closed while {alive} CUDA graph(s) captured in graph_capture() still "
+                          f"exist: symcomm keeps its kernels' buffers until the process exits, and replays of "
+                          f"those graphs return without writing their outputs. Destroy graphs before close().",
+                          ResourceWarning, stacklevel=2)
+            self.check("symcomm_ar_retire", self.lib.symcomm_ar_retire(ctx))
+        else:
             self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
 
 
@@ -152,6 +249,8 @@ class CaptureSession:
     """
 
     def __init__(self) -> None:
+        self.stream: int | None = None  # the one stream its calls are captured on (follow)
+        self.token: int | None = None  # the graph's guard (CustomAllReduce.guard), once a slot is taken
         self.slots: dict[int, int] = {}  # data pointer -> slot
         self.order: dict[int, int] = {}  # data pointer -> its index among the recorded buffers
         # Per captured call, what peers will rely on at replay (CALL_FIELDS): the index of its
@@ -211,7 +310,7 @@ def setup_kernels(rank: int, world_size: int, device: torch.device, exchange: Ex
         code = lib.symcomm_ar_handle(ctx, handle)
     rows = exchange([code, *_to_ints(handle.raw)])
     state = CustomAllReduce(lib, ctx.value or 0, rank, world_size, device, staging_bytes, flagfree_bytes,
-                            graph_slots, granules)
+                            graph_slots, granules, timeout_s)
     failed = [r for r, row in enumerate(rows) if row[0]]
     if failed:
         _quiet_destroy(state)
@@ -226,6 +325,7 @@ def setup_kernels(rank: int, world_size: int, device: torch.device, exchange: Ex
     if problem is not None:
         _quiet_destroy(state)
         return None, problem
+    state.watch()
     _open_channel(state, timeout_s, exchange)
     map_regions(state, regions, exchange)
     return state, None
@@ -424,6 +524,8 @@ def register_captured(state: CustomAllReduce, session: CaptureSession, failed: b
             break
     failed_ranks = [r for r, (c,) in enumerate(exchange([code])) if c]
     if failed_ranks:
+        for _, slot in recorded:  # empty on every rank: a replay is then refused, never misdirected
+            lib.symcomm_ar_release_slot(state.ctx, slot)
         return f"mapping peers' captured buffers failed on rank(s) {failed_ranks}" + _cuda_reason(lib, code)
     return None
 
@@ -459,14 +561,17 @@ class CustomPath(Path):
     def _attach(self, kernels: Kernels) -> None:
         kernels.users += 1
         self._kernels, self._state = kernels, kernels.state
+        self.alarm = kernels.state.alarm
         self.capacity = kernels.state.flagfree_bytes if self.name == FLAGFREE else kernels.state.staging_bytes
 
     def add_region(self, region: Region) -> None:
         self._kernels.add_region(region)
 
     def begin_capture(self) -> None:
-        if self._state.capture is None:  # the first of the three starts the session
-            self._state.capture = CaptureSession()
+        state = self._state
+        if state.capture is None:  # the first of the three starts the session
+            state.collect_released()
+            state.capture = CaptureSession()
 
     def discard_capture(self) -> None:
         self._state.capture = None
@@ -490,7 +595,8 @@ class CustomPath(Path):
         return {"custom_all_reduce": {
             "staging_bytes": state.staging_bytes,
             "flagfree_bytes": state.flagfree_bytes,
-            "graph_slots_used": state.next_slot - 1,
+            "graph_slots_used": state.next_slot - 1 - len(state.free_slots),
+            "graphs_alive": len(state.graph_slots_of),
             # pool regions whose inputs the kernels read in place (else: staged, and why)
             "symmetric_regions_mapped": len(state.region_slots),
             "symmetric_regions_problem": state.region_problem,
@@ -537,7 +643,7 @@ class CustomPath(Path):
             if slot is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
                 if capturing:
                     session.record(IN_REGION, self._algo, call.nbytes, state.region_numbers[base], ptr - base)
-                state.run(self._algo, call, 0, slot, ptr - base)
+                state.run(self._algo, call, 0, slot, ptr - base, session if capturing else None)
                 return
         stage, slot = 1, 0
         if capturing:
@@ -546,6 +652,8 @@ class CustomPath(Path):
                 stage = 0 if slot else 1
             session.record(session.order[call.in_ptrs[0]] if slot else STAGED if self._algo else DIRECT,
                            self._algo, call.nbytes)
+            state.run(self._algo, call, stage, slot, 0, session)
+            return
         state.run(self._algo, call, stage, slot)
 
     def _record(self, session: CaptureSession, call: Call) -> int:
@@ -560,10 +668,14 @@ class CustomPath(Path):
             return 0
         slot = session.slots.get(ptr)
         if slot is None:
+            token = state.guard(session)
+            if not token:
+                return 0
             slot = state.next_free_slot()
             if not slot:
                 session.out_of_slots = True
                 return 0
+            state.graph_slots_of[token].append(slot)
             session.order[ptr] = len(session.slots)
             session.slots[ptr] = slot
         return slot

@@ -300,8 +300,9 @@ def _free_port() -> int:
 @pytest.mark.parametrize("mode", ("stall", "kill"))
 def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
     """Two fresh processes on GPUs 0 and 1 (rank 0 of this suite runs them): rank 1 stalls or
-    dies before an all-reduce; rank 0's kernel must fail within SYMCOMM_TIMEOUT_S (6 s here,
-    which also bounds their NCCL init) and surface as a Python exception, not hang."""
+    dies before an all-reduce; rank 0's kernel must give up within SYMCOMM_TIMEOUT_S (6 s
+    here, which also bounds their NCCL init), the next call must raise CommTimeoutError naming
+    rank 1, and rank 0's CUDA context must still work afterwards."""
     if dist.get_rank() == 0:
         port = _free_port()
         procs, logs = [], []
@@ -328,7 +329,9 @@ def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
         line = next((l for l in out.splitlines() if l.startswith("RESULT")), "RESULT none (no result within 45 s)")
         _, raised, seconds = line.split()[:3]
         assert raised == "raised", line
-        # A stalled peer: the kernel waits out its 6 s bound, then fails. A dead one may also
-        # fail sooner, on a store into its freed memory; either way well before any hang.
+        # A stalled peer: the kernel waits out its 6 s bound, then gives up, and the context
+        # lives on. A dead peer's memory may vanish under rank 0's stores (a fault CUDA reports
+        # on its own), so for it only the bound is checked: an error well before any hang.
         assert float(seconds) < 20 and (mode == "kill" or float(seconds) >= 5.5), line
+        assert mode == "kill" or "CONTEXT ok" in out, out
     dist.barrier()

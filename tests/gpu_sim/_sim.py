@@ -4,24 +4,18 @@ Every context's buffer is a cudaMalloc of this process, so symcomm_ar_sim_link w
 tables straight to the other contexts' pointers (no CUDA IPC) and caps every grid so all W
 ranks' blocks are resident together: each block spins on its peers' block of the same index,
 and a rank whose blocks cannot get an SM would leave the others spinning until the bounded
-wait traps. Each rank launches on its own stream, so the W kernels of one call run
+wait gives up. Each rank launches on its own stream, so the W kernels of one call run
 concurrently. This exercises the kernels' barrier, sentinel and indexing logic; it says
 nothing about NVLink timing (peers here are the same HBM), so never read timings from it.
-
-Run as a script it is the stall case's child process (see stall_main): a timeout traps and
-takes the whole CUDA context down, so that case cannot run inside the pytest process.
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import sys
-import time
 
 import torch
 
 from symcomm import _native
-from symcomm.backends.custom import ALGO_CODES, FLAGFREE, ONESHOT, TWOSHOT
+from symcomm.backends.custom import ALGO_CODES, FLAGFREE, ONESHOT, TWOSHOT, CustomAllReduce
 
 ALGOS = (FLAGFREE, ONESHOT, TWOSHOT)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -43,15 +37,19 @@ def capacity(algo: str) -> int:
 class SimWorld:
     """W linked contexts and one stream per simulated rank; close() destroys the contexts."""
 
-    def __init__(self, world: int, timeout_s: float = TIMEOUT_S, max_blocks: int = MAX_BLOCKS):
+    def __init__(self, world: int, timeout_s: float = TIMEOUT_S, max_blocks: int = MAX_BLOCKS,
+                 graph_slots: int = 1):
         self.lib = _native.load().lib
         self.world = world
+        self.timeout_s = timeout_s
+        self.graph_slots = graph_slots
         self.device = torch.cuda.current_device()
         self.ctxs = (ctypes.c_void_p * world)()
+        self._states: dict[int, CustomAllReduce] = {}
         try:
             for r in range(world):
                 ctx = ctypes.c_void_p()
-                code = self.lib.symcomm_ar_create(r, world, self.device, STAGING_BYTES, FLAGFREE_BYTES, 1,
+                code = self.lib.symcomm_ar_create(r, world, self.device, STAGING_BYTES, FLAGFREE_BYTES, graph_slots,
                                                   timeout_s, ctypes.byref(ctx))
                 _native.check(self.lib, "symcomm_ar_create", code)
                 self.ctxs[r] = ctx.value
@@ -62,7 +60,7 @@ class SimWorld:
         self.streams = [torch.cuda.Stream() for _ in range(world)]
         # Load torch's spin kernel now: with lazy module loading, its first launch blocks the
         # host until the device is idle, and a rank spinning in a barrier for the late rank is
-        # never idle (seen on H100: the launch returned only when the barrier's timeout trapped).
+        # never idle (seen on H100: the launch returned only when the barrier's timeout expired).
         torch.cuda._sleep(1)
         torch.cuda.synchronize()
 
@@ -90,6 +88,24 @@ class SimWorld:
             _native.check(self.lib, f"symcomm_ar_run(rank {r})", code)
         for r in ranks:
             here.wait_stream(self.streams[r])
+
+    def alarm(self, rank: int) -> int:
+        """Rank ``rank``'s alarm word (symcomm.h's SYMCOMM_AR_ABORT_* layout), 0 while healthy."""
+        word = ctypes.POINTER(ctypes.c_uint64)()
+        _native.check(self.lib, "symcomm_ar_alarm", self.lib.symcomm_ar_alarm(self.ctxs[rank], ctypes.byref(word)))
+        return word.contents.value
+
+    def state(self, rank: int) -> CustomAllReduce:
+        """Rank ``rank``'s context wrapped the way a Communicator holds it, so tests drive the
+        production launch path (stream ordering, capture slots, alarm). One wrapper per rank,
+        as in a Communicator: slot numbers are its bookkeeping. It does not own the context:
+        close() still destroys it, unless a test retired it through the wrapper."""
+        if rank not in self._states:
+            state = CustomAllReduce(self.lib, self.ctxs[rank], rank, self.world, torch.device("cuda", self.device),
+                                    STAGING_BYTES, FLAGFREE_BYTES, self.graph_slots, None, self.timeout_s)
+            state.watch()
+            self._states[rank] = state
+        return self._states[rank]
 
     def seed_epochs(self, epoch: int) -> None:
         """Puts every block of every rank at barrier epoch `epoch` (symcomm_ar_debug_seed_epochs):
@@ -172,32 +188,3 @@ def check_outputs(outputs: list[torch.Tensor], inputs: list[torch.Tensor], what:
         i = idx[:4].tolist()
         raise AssertionError(f"{what}: {idx.numel()} elements differ from the rank-order fp32 sum, first at {i}: "
                              f"got {outputs[0][i].tolist()} want {ref[i].tolist()}")
-
-
-def stall_main(world: int, algo: str, timeout_s: float) -> int:
-    """Child process: all ranks but the last launch one call; the last never does. Prints
-    `RESULT error <s>` when the others fail (the bounded wait traps), `RESULT completed <s>`
-    if they somehow finish. Leaves with os._exit: the context is dead after a trap."""
-    torch.cuda.init()
-    sim = SimWorld(world, timeout_s=timeout_s)
-    nbytes = 4096
-    x = [torch.ones(nbytes // 4, device="cuda") for _ in range(world)]
-    y = [torch.empty_like(t) for t in x]
-    sim.launch(algo, torch.float32, x, y)  # one good call first: the stall is not at start-up
-    torch.cuda.synchronize()
-    assert y[0][0].item() == world, y[0][0].item()
-    print("READY", flush=True)  # set-up worked: a failure from here on is the stall's
-    start = time.monotonic()
-    try:
-        sim.launch(algo, torch.float32, x, y, ranks=range(world - 1))
-        torch.cuda.synchronize()
-        print(f"RESULT completed {time.monotonic() - start:.2f}", flush=True)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - any CUDA error is the expected outcome
-        print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
-        print(f"RESULT error {time.monotonic() - start:.2f}", flush=True)
-        return 0
-
-
-if __name__ == "__main__":
-    os._exit(stall_main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3])))

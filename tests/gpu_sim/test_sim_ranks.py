@@ -9,12 +9,6 @@ failure so a GPU run cannot pass by skipping.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -24,8 +18,6 @@ WORLDS = (2, 4, 8)
 # Bytes: one vector, an odd vector count, two pages and a vector, flag-free's whole capacity,
 # and (one-shot/two-shot only) their whole staging buffer.
 SIZES = (16, 1008, 4096 * 2 + 16, 256 << 10, 2 << 20)
-STALL_TIMEOUT_S = 2.0
-STALL_MARGIN_S = 60.0  # the child imports torch and creates a CUDA context first
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -60,26 +52,3 @@ def test_many_calls_in_a_row_alternating_kernels(world):
         torch.cuda.synchronize()
     for what, x, y in calls:
         check_outputs(y, x, f"world {world} {what}")
-
-
-@pytest.mark.parametrize("algo", ALGOS)
-def test_stalled_rank_fails_within_the_timeout(algo):
-    """Rank W-1 never launches; the others must fail once their bounded wait expires, not hang.
-    A timeout traps and kills the process's CUDA context, hence the child process."""
-    world = 4
-    helper = Path(__file__).with_name("_sim.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(helper.parent),
-                                                                    os.environ.get("PYTHONPATH")])))
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(helper), str(world), algo, str(STALL_TIMEOUT_S)],
-                          capture_output=True, text=True, env=env, timeout=STALL_TIMEOUT_S + STALL_MARGIN_S)
-    wall = time.monotonic() - start
-    out = proc.stdout + proc.stderr
-    print(f"child exit {proc.returncode} after {wall:.1f} s:\n{out}")  # shown by pytest -rP
-    assert "READY" in out, f"the child failed before the stall:\n{out}"
-    assert "RESULT completed" not in out, out
-    assert proc.returncode != 0 or "RESULT error" in out, out
-    assert wall < STALL_TIMEOUT_S + STALL_MARGIN_S, out
-    if "RESULT error" in out:  # the wait really ran to its bound, and not much past it
-        waited = float(out.split("RESULT error ")[1].split()[0])
-        assert STALL_TIMEOUT_S * 0.9 <= waited <= STALL_TIMEOUT_S + 10, out
