@@ -48,6 +48,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <type_traits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -103,6 +104,17 @@ static_assert(offsetof(Signal, start) % 8 == 0 && offsetof(Signal, mid) % 8 == 0
 
 struct Peers {
   char* ptr[kMaxRanks];
+};
+
+// The tensors one gather_push launch writes: this rank's rows of each (src, nvec vectors) go to
+// byte dst_offset of slot `slot` on every rank.
+constexpr int kMaxPieces = SYMCOMM_AR_MAX_PIECES;
+struct Pieces {
+  const uint4* src[kMaxPieces];
+  uint64_t dst_offset[kMaxPieces];
+  uint64_t nvec[kMaxPieces];
+  int slot[kMaxPieces];
+  int count;
 };
 
 // What every kernel needs to meet its peers, and to give up on them.
@@ -528,6 +540,36 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
   }
 }
 
+// Uneven all-gather by push. Every rank's output sits at the same offset of a symmetric region
+// mapped by all (a slot), so each rank writes its own rows straight into every peer's output,
+// several tensors (pieces) in one launch, then meets the peers. Start barrier: a peer may
+// still be reading its output from the previous use, and nothing else tells us it finished.
+// End barrier: after it, every peer's rows have landed here (their writes precede their
+// release of our flag). Peers are visited from rank+1 on, so ranks do not all write one peer
+// at once.
+template <int W>
+__global__ void __launch_bounds__(kThreads) gather_push(Sync s, const Peers* slots, Pieces pieces) {
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0) return;
+  for (int k = 0; k < pieces.count; ++k)
+    if (!slot_ready(s, slots + pieces.slot[k], W)) return;
+  if (!barrier(s, kStart, W, epoch)) return;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int k = 0; k < pieces.count; ++k) {
+    uint4* dst[W];
+#pragma unroll
+    for (int q = 0; q < W; ++q) dst[q] = reinterpret_cast<uint4*>(slots[pieces.slot[k]].ptr[(s.rank + q) % W] + pieces.dst_offset[k]);
+    const uint4* src = pieces.src[k];
+    for (size_t i = first; i < pieces.nvec[k]; i += stride) {
+      const uint4 v = src[i];
+#pragma unroll
+      for (int q = 0; q < W; ++q) dst[q][i] = v;
+    }
+  }
+  barrier(s, kEnd, W, epoch);
+}
+
 // P2P test: every rank writes a token into every rank's probe[rank] ...
 __global__ void probe_write(Peers signals, int rank, int world, uint32_t token) {
   const int peer = threadIdx.x;
@@ -570,15 +612,32 @@ cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
-                   cudaStream_t stream) {
-  switch (c->world) {
-    case 2: return launch_world<T, 2>(c, algo, in, slot, in_offset, out, nvec, stream);
-    case 4: return launch_world<T, 4>(c, algo, in, slot, in_offset, out, nvec, stream);
-    case 6: return launch_world<T, 6>(c, algo, in, slot, in_offset, out, nvec, stream);
-    case 8: return launch_world<T, 8>(c, algo, in, slot, in_offset, out, nvec, stream);
+// Runs f(std::integral_constant<int, W>{}) for the world size: the kernels take W as a template
+// parameter, so their loops over peers unroll and all W loads issue together.
+template <typename F>
+cudaError_t for_world(int world, F&& f) {
+  switch (world) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 8: return f(std::integral_constant<int, 8>{});
     default: return cudaErrorInvalidValue;  // symcomm_ar_create accepts only these (custom.py)
+  }
+}
+
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+// Runs f(Type<T>{}) for the element type the kernels sum in.
+template <typename F>
+cudaError_t for_dtype(symcomm_dtype_t dtype, F&& f) {
+  switch (dtype) {
+    case SYMCOMM_FLOAT32: return f(Type<float>{});
+    case SYMCOMM_FLOAT16: return f(Type<__half>{});
+    case SYMCOMM_BFLOAT16: return f(Type<__nv_bfloat16>{});
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -1053,12 +1112,68 @@ int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dty
   const uint4* src = static_cast<const uint4*>(in);
   uint4* dst = static_cast<uint4*>(out);
   const size_t nvec = nbytes / 16;
-  switch (dtype) {
-    case SYMCOMM_FLOAT32: return launch<float>(c, algo, src, slot, in_offset, dst, nvec, stream);
-    case SYMCOMM_FLOAT16: return launch<__half>(c, algo, src, slot, in_offset, dst, nvec, stream);
-    case SYMCOMM_BFLOAT16: return launch<__nv_bfloat16>(c, algo, src, slot, in_offset, dst, nvec, stream);
-    default: return cudaErrorInvalidValue;
+  return for_dtype(dtype, [&](auto t) {
+    return for_world(c->world, [&](auto w) {
+      return launch_world<typename decltype(t)::type, decltype(w)::value>(c, algo, src, slot, in_offset, dst, nvec,
+                                                                          stream);
+    });
+  });
+}
+
+int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, const int* slots,
+                       const uint64_t* dst_offsets, const uint64_t* nbytes, uint64_t total_bytes,
+                       cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  if (npieces < 0 || npieces > kMaxPieces) return cudaErrorInvalidValue;
+  Pieces pieces{};
+  pieces.count = npieces;
+  for (int k = 0; k < npieces; ++k) {
+    if ((srcs[k] | dst_offsets[k] | nbytes[k]) % 16 || slots[k] < 1 || slots[k] >= c->max_slots)
+      return cudaErrorInvalidValue;
+    pieces.src[k] = reinterpret_cast<const uint4*>(srcs[k]);
+    pieces.slot[k] = slots[k];
+    pieces.dst_offset[k] = dst_offsets[k];
+    pieces.nvec[k] = nbytes[k] / 16;
   }
+  // The grid must be the same on every rank (block b meets block b), so it follows the total,
+  // which every rank knows, not this rank's share.
+  const int blocks = blocks_for(c, total_bytes / 16 / size_t(c->world));
+  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  return for_world(c->world, [&](auto w) {
+    gather_push<decltype(w)::value><<<blocks, kThreads, 0, stream>>>(s, c->slots, pieces);
+    return cudaGetLastError();
+  });
+}
+
+int symcomm_ar_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, int slot, uint64_t in_offset,
+                               uint64_t total_bytes, uint64_t row_offset, void* out, uint64_t nbytes, int stage,
+                               cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  if ((total_bytes | row_offset | nbytes) % 16 || row_offset + nbytes > total_bytes || slot < 0 ||
+      slot >= c->max_slots || (stage && total_bytes > c->staging_bytes))
+    return cudaErrorInvalidValue;
+  if (stage) {
+    if ((err = cudaMemcpyAsync(c->base + kSignalBytes, in, total_bytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
+      return err;
+    slot = 0, in_offset = 0;
+  }
+  // One-shot over this rank's rows: every peer's input holds them at the same offset. A rank
+  // with no rows still launches (nvec 0) and meets its peers at both barriers. The grid follows
+  // the total, equal on every rank, never this rank's share.
+  const int blocks = blocks_for(c, total_bytes / 16 / size_t(c->world));
+  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  uint4* dst = static_cast<uint4*>(out);
+  return for_dtype(dtype, [&](auto t) {
+    return for_world(c->world, [&](auto w) {
+      one_shot<typename decltype(t)::type, decltype(w)::value><<<blocks, kThreads, 0, stream>>>(
+          s, c->slots + slot, in_offset + row_offset, dst, nbytes / 16);
+      return cudaGetLastError();
+    });
+  });
 }
 
 // Unmaps peers and frees this rank's memory. The caller makes sure no kernel still runs

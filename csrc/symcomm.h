@@ -227,6 +227,30 @@ symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcom
                                 int slot, uint64_t in_offset, void* out, uint64_t nbytes, int stage,
                                 symcomm_stream_t stream);
 
+/* Most tensors one symcomm_ar_gatherv call moves. */
+#define SYMCOMM_AR_MAX_PIECES 8
+
+/* Uneven all-gather by push, for outputs in mapped symmetric regions: for each of npieces
+ * tensors, this rank's nbytes[k] bytes at srcs[k] (device addresses, any memory of this rank)
+ * are written to byte dst_offsets[k] of slot slots[k] on every rank, itself included, then
+ * the ranks meet. Every rank calls it with the same npieces and slots and the same total_bytes
+ * (the whole gathered output, which sizes the grid); a rank with no rows passes nbytes 0 and
+ * still takes part. Addresses, offsets and sizes are multiples of 16. Enqueued on stream;
+ * waits are bounded as in symcomm_ar_run. */
+symcomm_status_t symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, const int* slots,
+                                    const uint64_t* dst_offsets, const uint64_t* nbytes, uint64_t total_bytes,
+                                    symcomm_stream_t stream);
+
+/* Uneven reduce-scatter (sum): every rank's input holds total_bytes; this rank sums the
+ * nbytes at row_offset of every rank's input, in rank order in fp32 (the one-shot kernel), into
+ * out. The input is read through slot `slot` at in_offset, or, with stage != 0, first copied
+ * whole into the staging buffer (total_bytes at most the staging size). Every rank passes the
+ * same total_bytes; a rank with no rows passes nbytes 0 and still takes part. Sizes and
+ * offsets are multiples of 16. Enqueued on stream; waits bounded as in symcomm_ar_run. */
+symcomm_status_t symcomm_ar_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, int slot,
+                                            uint64_t in_offset, uint64_t total_bytes, uint64_t row_offset, void* out,
+                                            uint64_t nbytes, int stage, symcomm_stream_t stream);
+
 /* Unmaps peers and frees this rank's memory; ctx is invalid afterwards. The caller ensures no
  * kernel still uses it on any rank (peers read this rank's buffer). May block in cudaFree. */
 symcomm_status_t symcomm_ar_destroy(symcomm_ar_t ctx);

@@ -29,6 +29,7 @@ SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 # The paths symcomm ships, in the order a Communicator opens them (symcomm.backends.PATHS).
 NCCL, NCCL_SYMM, TORCH = "nccl", "nccl-symm", "torch"
 FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twoshot"
+PUSH = "custom-push"
 
 # The current cudaStream_t as an int, without building a torch.cuda.Stream (about 1 us saved per
 # eager call). Absent from CPU builds, where nothing that launches GPU work is opened.
@@ -156,6 +157,7 @@ class Path:
     # The symmetric kernels (NCCL's and symcomm's) read peers' tensors at this rank's window
     # offset: check mode compares the offsets across ranks only for paths that say so.
     needs_equal_offsets: bool = False
+    equal_offsets: tuple[str, ...] = ("x", "out")  # which of them: inputs ("x"), outputs ("out")
     alarm: Alarm | None = None
 
     def open(self, setup: Setup) -> str | None:

@@ -10,7 +10,7 @@ would need the GPU.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -27,11 +27,13 @@ _DTYPES = {d: i for i, d in enumerate(_DTYPE_LIST)}
 REFUSED = -1  # first entry of a rank that rejected the call before communicating
 
 
-def signature(call: Call, path: int, world_size: int,
-              locate: Callable[[int], tuple[int, int]] | None) -> tuple[list[int], list[str]]:
+def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tuple[int, int]] | None,
+              compared: Collection[str] = ("x", "out")) -> tuple[list[int], list[str]]:
     """A fixed-length vector (same length on every rank) and the name of each entry. ``path``
     is the chosen path's index among the communicator's paths (the same list on every rank);
-    ``locate`` maps an address to (window region, offset) for paths that need equal offsets.
+    ``locate`` maps an address to (window region, offset) for paths that need equal offsets,
+    applied to the tensors named in ``compared`` ("x" inputs, "out" outputs): a path that
+    reads inputs only locally (custom-push) leaves per-rank inputs free to sit anywhere.
 
     Window offsets are compared where the symmetric kernels need them equal. An in-place
     gather's input is this rank's slice of the output, at an offset that differs by rank by
@@ -63,9 +65,10 @@ def signature(call: Call, path: int, world_size: int,
             x_ptr = out_ptr
         elif pair and not gathers and x_ptr <= out_ptr < x_ptr + call.inputs[i].nbytes:
             out_ptr = x_ptr
-        for kind, ptr in (("tensors" if gathers and call.op == "all_gatherv" else "x", x_ptr), ("out", out_ptr)):
+        for key, kind, ptr in (("x", "tensors" if gathers and call.op == "all_gatherv" else "x", x_ptr),
+                               ("out", "out", out_ptr)):
             name = f"{kind}[{i}]" if many else kind
-            values += locate(ptr) if locate is not None and pair else [-1, -1]
+            values += locate(ptr) if locate is not None and pair and key in compared else [-1, -1]
             names += [f"window region of '{name}'", f"window offset of '{name}'"]
     return values, names
 
@@ -91,10 +94,10 @@ def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequenc
 
 
 def verify(peers: Peers, call: Call, path: str, path_names: Sequence[str],
-           locate: Callable[[int], tuple[int, int]] | None) -> None:
+           locate: Callable[[int], tuple[int, int]] | None, compared: Collection[str] = ("x", "out")) -> None:
     """Collective: compare this call's signature with every rank's; raise the same
     PeerMismatchError on every rank when they differ."""
-    values, names = signature(call, path_names.index(path), peers.world_size, locate)
+    values, names = signature(call, path_names.index(path), peers.world_size, locate, compared)
     problem = first_mismatch(peers.exchange(values), names, path_names)
     if problem is not None:
         raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same call, "

@@ -170,7 +170,7 @@ class Communicator:
     def _verify(self, call: Call, path: Path) -> None:
         if self._checking():
             locate = self._pool.locate if self._pool is not None and path.needs_equal_offsets else None
-            checks.verify(self.peers, call, path.name, self._names, locate)
+            checks.verify(self.peers, call, path.name, self._names, locate, path.equal_offsets)
 
     def refused(self) -> None:
         """Check mode: this rank rejected a call before communicating. It still joins the

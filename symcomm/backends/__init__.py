@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..base import FLAGFREE, ONESHOT, TWOSHOT, PathFactory
 from .custom import CustomPath
 from .nccl import NcclPath, NcclSymmPath
+from .peer_gather import PushPath
 from .torch_dist import TorchPath
 
 PATHS: tuple[PathFactory, ...] = (
@@ -18,5 +19,6 @@ PATHS: tuple[PathFactory, ...] = (
     lambda: CustomPath(FLAGFREE),
     lambda: CustomPath(ONESHOT),
     lambda: CustomPath(TWOSHOT),
+    PushPath,
     TorchPath,
 )

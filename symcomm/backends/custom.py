@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import _native, settings
-from ..base import FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, TWOSHOT, Alarm, Call, Exchange, Path, Setup, raw_stream
+from ..base import (FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, SCATTERING_OPS as SCATTERS, TWOSHOT, Alarm, Call, Exchange,
+                    Path, Setup, raw_stream)
 from ..errors import ArgumentError, CudaError
 from ..fd_channel import IDENTITY_INTS, FdChannel, Identity
 from ..pool import GRANULE_SHIFT, Region
@@ -148,13 +149,25 @@ class CustomAllReduce:
     def run(self, algo: int, call: Call, stage: int, slot: int, offset: int = 0,
             session: CaptureSession | None = None) -> None:
         x = call.inputs[0]
+        code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, offset,
+                                       call.out_ptrs[0], call.nbytes, stage, self.launch_stream(session))
+        if code:
+            self.check("custom all-reduce launch", code)
+
+    def launch_stream(self, session: CaptureSession | None) -> int:
+        """The current stream, once this launch is ordered after the previous one (follow)."""
         stream = raw_stream(self.device_index)
         if stream != self.stream:
             self.follow(stream, session)
-        code = self.lib.symcomm_ar_run(self.ctx, algo, DTYPE_CODES[x.dtype], call.in_ptrs[0], slot, offset,
-                                       call.out_ptrs[0], call.nbytes, stage, stream)
-        if code:
-            self.check("custom all-reduce launch", code)
+        return stream
+
+    def region_of(self, ptr: int) -> tuple[int, int] | None:
+        """(region base, slot) of the mapped symmetric region holding ptr, or None."""
+        if not self.region_slots:
+            return None
+        base = self.granules.get(ptr >> GRANULE_SHIFT)
+        slot = self.region_slots.get(base) if base is not None else None
+        return None if slot is None else (base, slot)
 
     def follow(self, stream: int, session: CaptureSession | None) -> None:
         """Keep this rank's launches in call order across streams. Each rank's n-th launch meets
@@ -540,7 +553,7 @@ class CustomPath(Path):
     def __init__(self, name: str, kernels: Kernels | None = None) -> None:
         """``kernels`` attaches already-built state (tests); open() builds or finds it."""
         self.name = name
-        self._algo = ALGO_CODES[name]
+        self._algo = ALGO_CODES.get(name)  # None: not one of the all-reduce kernels (custom-push)
         # Kept after close(): a timed-out teardown's abort() must still reach the shared state
         # that the last close() may be tearing down. _state is what calls use, None once closed.
         self._kernels: Kernels | None = None
@@ -615,8 +628,11 @@ class CustomPath(Path):
         self._state = None
 
     def why_not(self, call: Call) -> str | None:
+        if call.op in SCATTERS and self.name == ONESHOT:
+            return self._why_not_scatter(call)
         if call.op != "all_reduce":
-            return "custom kernels serve all_reduce only"
+            return ("custom-oneshot serves reduce_scatter(v) and all_reduce only" if self.name == ONESHOT
+                    else "custom kernels serve all_reduce only")
         if call.redop != "sum":
             return f"custom kernels only sum (op={call.redop!r})"
         if call.dtype not in DTYPE_CODES:
@@ -629,15 +645,57 @@ class CustomPath(Path):
         if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
             return "input or output is not 16-byte aligned"
         return None
+    def _why_not_scatter(self, call: Call) -> str | None:
+        if call.redop != "sum":
+            return f"custom kernels only sum (op={call.redop!r})"
+        if call.dtype not in DTYPE_CODES:
+            return f"dtype {call.dtype} is unsupported (float32, float16, bfloat16)"
+        x = call.inputs[0]
+        row_bytes = x.nbytes // x.shape[0] if x.shape[0] else 0
+        if row_bytes % 16:
+            return f"a row of {row_bytes} bytes is not whole 16-byte vectors"
+        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
+            return "input or output is not 16-byte aligned"
+        if call.nbytes > self.capacity and self._state.region_of(call.in_ptrs[0]) is None:
+            return (f"{call.nbytes} bytes exceeds the staging capacity of {self.capacity} bytes "
+                    f"(an input in the symmetric pool is read in place, with no limit)")
+        return None
+
+    def _run_scatter(self, call: Call) -> None:
+        """Uneven reduce-scatter as one-shot over this rank's rows: peers' inputs hold them at
+        the same offset. A pool input is read in place, any other is staged whole; in place is
+        safe here (this rank writes only its own rows, which no peer reads)."""
+        state = self._state
+        session = state.capture
+        capturing = session is not None and torch.cuda.is_current_stream_capturing()
+        x = call.inputs[0]
+        sizes = call.sizes or [x.shape[0] // state.world_size] * state.world_size
+        row_bytes = call.nbytes // sum(sizes)
+        region = state.region_of(call.in_ptrs[0])
+        slot, offset = (region[1], call.in_ptrs[0] - region[0]) if region else (0, 0)
+        if capturing:
+            if region:
+                session.record(IN_REGION, self._algo, call.nbytes, state.region_numbers[region[0]], offset)
+            else:
+                session.record(STAGED, self._algo, call.nbytes)
+        code = state.lib.symcomm_ar_reduce_scatterv(
+            state.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot, offset, call.nbytes,
+            sum(sizes[:state.rank]) * row_bytes, call.out_ptrs[0], sizes[state.rank] * row_bytes,
+            0 if region else 1, state.launch_stream(session if capturing else None))
+        if code:
+            state.check("custom reduce_scatterv launch", code)
+
     def run(self, call: Call) -> None:
+        if call.op in SCATTERS:
+            self._run_scatter(call)
+            return
         state = self._state
         session = state.capture
         # Only inside graph_capture() is there a capture to record for: one flag test otherwise.
         capturing = session is not None and torch.cuda.is_current_stream_capturing()
         if self._algo and state.region_slots:
             ptr = call.in_ptrs[0]
-            base = state.granules.get(ptr >> GRANULE_SHIFT)
-            slot = state.region_slots.get(base) if base is not None else None
+            base, slot = state.region_of(ptr) or (None, None)
             # In place one-shot writes what peers may still be reading: stage that one. So is
             # an input in a region that could not be mapped (map_regions failed for it).
             if slot is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):

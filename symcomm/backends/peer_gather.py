@@ -1,0 +1,71 @@
+"""``custom-push``: all_gather and uneven all_gatherv by writing into every peer's output.
+
+When the output lies in the symmetric pool, it sits at the same offset of a region that every
+rank has mapped (custom.map_regions), so each rank can write its own rows straight into every
+peer's copy, all tensors of the call (payload, scales, top-k ids, weights) in one launch, and
+meet the peers at two bounded barriers (csrc/custom_ar.cu, gather_push). NCCL's symmetric
+kernels cannot serve uneven counts, and its send/receive schedule pays a latency per peer; a
+push pays one launch. Inputs may be anywhere (the push reads local memory); outputs outside
+the pool are NCCL's.
+
+It shares the custom kernels' state (buffers, epochs, mapped regions, stream order, alarm)
+with the three all-reduce paths, so it opens, captures and closes through CustomPath.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..base import PUSH, Call
+from .custom import IN_REGION, CustomPath, Kernels
+
+_c = ctypes
+MAX_TENSORS = 8  # symcomm.h's SYMCOMM_AR_MAX_PIECES
+CAPTURE_CODE = 3  # the kernel field of a captured call (0-2 are the all-reduce kernels)
+
+
+class PushPath(CustomPath):
+    needs_equal_offsets = True  # peers write at this rank's output offset...
+    equal_offsets = ("out",)  # ...while inputs are read locally and may sit anywhere
+
+    def __init__(self, kernels: Kernels | None = None) -> None:
+        super().__init__(PUSH, kernels)
+
+    def why_not(self, call: Call) -> str | None:
+        if call.op not in ("all_gather", "all_gatherv"):
+            return "custom-push serves all_gather and all_gatherv only"
+        if len(call.outputs) > MAX_TENSORS:
+            return f"{len(call.outputs)} tensors exceed the {MAX_TENSORS} one launch moves"
+        state = self._state
+        for i, (out, ptr) in enumerate(zip(call.outputs, call.out_ptrs)):
+            if state.region_of(ptr) is None:
+                problem = state.region_problem or "allocate it inside use_symmetric_memory"
+                return (f"output {i} is not in a mapped symmetric pool region (the push writes every peer's "
+                        f"output in place): {problem}")
+            row_bytes = out.nbytes // out.shape[0]
+            if row_bytes % 16 or ptr & 15 or call.in_ptrs[i] & 15:
+                return f"tensor {i}: rows of {row_bytes} bytes or its addresses are not whole 16-byte vectors"
+        return None
+
+    def run(self, call: Call) -> None:
+        state = self._state
+        session = state.capture
+        capturing = session is not None and torch.cuda.is_current_stream_capturing()
+        world, rank = state.world_size, state.rank
+        sizes = call.sizes or [call.inputs[0].shape[0]] * world
+        total_rows, before = sum(sizes), sum(sizes[:rank])
+        n = len(call.outputs)
+        srcs, slots = (_c.c_uint64 * n)(), (_c.c_int * n)()
+        offsets, nbytes = (_c.c_uint64 * n)(), (_c.c_uint64 * n)()
+        for i, (out, src, dst) in enumerate(zip(call.outputs, call.in_ptrs, call.out_ptrs)):
+            base, slot = state.region_of(dst)
+            row_bytes = out.nbytes // total_rows
+            srcs[i], slots[i] = src, slot
+            offsets[i], nbytes[i] = dst - base + before * row_bytes, sizes[rank] * row_bytes
+            if capturing:
+                session.record(IN_REGION, CAPTURE_CODE, out.nbytes, state.region_numbers[base], dst - base)
+        code = state.lib.symcomm_ar_gatherv(state.ctx, n, srcs, slots, offsets, nbytes, call.nbytes,
+                                            state.launch_stream(session if capturing else None))
+        if code:
+            state.check("custom all_gatherv launch", code)
