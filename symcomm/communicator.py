@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checks, ops, registry, settings, validate
+from . import checks, fused_norm, ops, registry, settings, validate
 from .backends import PATHS
 from .backends.custom import DEFAULT_STAGING_BYTES
 from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
@@ -43,8 +43,7 @@ class Communicator:
     def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | int | None = None,
                  *, symmetric: bool = True, symmetric_capacity: int = DEFAULT_SYMMETRIC_CAPACITY,
                  check: bool | None = None, timeout_s: float | None = None,
-                 custom_ar_capacity: int = DEFAULT_STAGING_BYTES,
-                 paths: Sequence[PathFactory] | None = None) -> None:
+                 custom_ar_capacity: int = DEFAULT_STAGING_BYTES, paths: Sequence[PathFactory] | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("torch.distributed is not initialized: call init_process_group first")
         group = group if group is not None else dist.group.WORLD
@@ -128,9 +127,11 @@ class Communicator:
             raise CommClosedError("this Communicator is closed")
 
     def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
-               sizes: Sequence[int] | None = None, reduce_op: str = "sum") -> Choice:
+               sizes: Sequence[int] | None = None, reduce_op: str = "sum", **norm_args: Any) -> Choice:
         """The path ``algo='auto'`` would take for this call, and why the others were passed over."""
         self._require_open()
+        if op == fused_norm.OP:
+            return fused_norm.select(self, x, out=out, **norm_args)
         if op not in validate.BUILDERS:
             raise ArgumentError(f"op must be one of {', '.join(validate.BUILDERS)}; got {op!r}")
         call = validate.BUILDERS[op](self, x, out, sizes, reduce_op)
@@ -219,14 +220,17 @@ class Communicator:
     def all_gatherv_fp4(self, x: torch.Tensor, sizes: Sequence[int], global_scale: float | torch.Tensor,
                         extra: Sequence[torch.Tensor] = (), dequantize: bool = False, algo: str = "auto", *,
                         swizzle: bool = False, out: Fp4Gathered | None = None) -> Fp4Gathered:
-        """NVFP4-quantize this rank's rows ``x`` [sizes[rank], H] and gather every rank's payload,
-        scales and ``extra`` tensors (dim 0 = this rank's rows) in one NCCL group, in rank order.
-
-        ``global_scale`` must be the same on every rank (``symcomm.fp4.global_scale_for(x, comm)``).
-        ``dequantize=True`` adds the decoded rows; ``swizzle=True`` returns the scales in the 128x4
-        GEMM layout; ``out`` (an Fp4Gathered) supplies preallocated gathered buffers.
-        """
+        """NVFP4-quantize this rank's rows and gather every rank's payload, scales and ``extra``
+        tensors in one NCCL group (arguments: symcomm.fp4_gather.all_gatherv_fp4)."""
         return _all_gatherv_fp4(self, x, sizes, global_scale, extra, dequantize, algo, swizzle=swizzle, out=out)
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None,
+                           eps: float = 1e-6, out: Any = None, residual_out: torch.Tensor | None = None,
+                           quant: str | None = None, scale: float | torch.Tensor | None = None,
+                           swizzle: bool = False, algo: str = "auto") -> fused_norm.NormedResult:
+        """h = all_reduce(x) + residual, y = rmsnorm(h) * weight (+ FP8/NVFP4): see fused_norm.all_reduce_rmsnorm."""
+        return fused_norm.all_reduce_rmsnorm(self, x, weight, residual=residual, eps=eps, out=out, algo=algo,
+                                             residual_out=residual_out, quant=quant, scale=scale, swizzle=swizzle)
 
     # ------------------------------------------------------------ CUDA graphs
     @contextlib.contextmanager
