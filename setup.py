@@ -15,7 +15,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c*"))
+# Translation units only: csrc/*.cuh and symcomm.h are headers they include.
+SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").iterdir() if p.suffix in (".cu", ".cc"))
 # sm_90 machine code for Hopper plus compute_90 PTX so newer GPUs can JIT it.
 DEFAULT_ARCHS = "-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"
 

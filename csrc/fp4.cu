@@ -10,162 +10,26 @@
 //   a block whose scale is NaN gets all codes 0.
 // Two codes per byte, the even element in the low nibble.
 //
-// The e2m1/e4m3 rounding is integer and fp32 logic, not sm_100's cvt instructions: the build
-// targets sm_90. Every piece of math is __host__ __device__, and the *_host entry points run
-// the very same functions on the CPU, so CI (no GPU) checks this file against the reference.
+// The per-value math lives in csrc/fp4.cuh (shared with csrc/rmsnorm.cu's quantized outputs).
+// It is integer and fp32 logic, not sm_100's cvt instructions (the build targets sm_90), and
+// every piece is __host__ __device__: the *_host entry points run the very same functions on the
+// CPU, so CI (no GPU) checks this file against the reference.
 #include "symcomm.h"
+#include "fp4.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cfloat>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
-#define HD __host__ __device__ __forceinline__
-
 namespace {
 
-constexpr int kBlock = 16;          // values per scale
+using namespace symcomm;
+using namespace symcomm::fp4;
+
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = 1 << 22;  // grid-stride beyond this
-
-HD uint32_t bits_of(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-
-HD float float_of(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
-
-HD float to_f32(float v) { return v; }
-HD float to_f32(__half v) { return __half2float(v); }
-HD float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> HD T from_f32(float v);
-template <> HD float from_f32<float>(float v) { return v; }
-template <> HD __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <> HD __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// Round v (>= 0, <= 4) to the nearest integer, ties to even.
-HD uint32_t round_even(float v) {
-#ifdef __CUDA_ARCH__
-  return __float2uint_rn(v);
-#else
-  return static_cast<uint32_t>(std::nearbyintf(v));  // the default rounding mode: to nearest even
-#endif
-}
-
-// fp32 -> e4m3fn bits for v in [0, 448] or NaN (callers clamp first: e4m3fn has no infinity,
-// and torch's cast turns values above 464 into NaN instead of saturating).
-HD uint8_t e4m3_bits(float v) {
-  if (!(v == v)) return 0x7F;
-  // Below 2^-6 e4m3 is subnormal with a fixed step of 2^-9: round v / 2^-9 to an integer.
-  // 8 steps is 2^-6, whose bits (exponent 1, mantissa 0) are also 8, so the carry is free.
-  if (v < 0.015625f) return static_cast<uint8_t>(round_even(v * 512.0f));
-  // Normal: keep 3 of fp32's 23 mantissa bits, rounding to nearest even on the bits (a carry
-  // into the exponent is the right answer), then rebias the exponent from 127 to 7.
-  uint32_t b = bits_of(v);
-  b += 0x7FFFFu + ((b >> 20) & 1u);
-  return static_cast<uint8_t>((b >> 20) - (120u << 3));
-}
-
-HD float e4m3_value(uint8_t c) {
-  const uint32_t mag = c & 0x7Fu;
-  float v;
-  if (mag == 0x7Fu) {
-    v = NAN;
-  } else if (mag < 8u) {
-    v = static_cast<float>(mag) * (1.0f / 512.0f);  // subnormal: mantissa * 2^-9, exact
-  } else {
-    v = float_of(((mag >> 3) + 120u) << 23 | (mag & 7u) << 20);
-  }
-  return (c & 0x80u) ? -v : v;
-}
-
-// |e2m1| code for a in [0, 6] (callers clamp: infinities saturate to 6).
-HD uint32_t e2m1_magnitude(float a) {
-  // The e2m1 grid steps by 0.5 below 2, by 1 in [2, 4) and by 2 in [4, 6]: scale each range so
-  // its step is 1, round to nearest even there, and add the code of the range's first value.
-  // Ties land on even codes this way, since each range starts at an even code.
-  const float m = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-  const uint32_t first = a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u);
-  return round_even(a * m) + first;
-}
-
-// One block: the e4m3 scale byte, and the 16 codes packed into two little-endian words.
-HD uint8_t encode_block(const float (&v)[kBlock], float gs, uint32_t (&words)[2]) {
-  // |x| bit patterns order like the values (NaN above infinity), so an integer max finds amax
-  // and lets a NaN win, as torch's amax does.
-  uint32_t amax_bits = 0;
-#pragma unroll
-  for (int i = 0; i < kBlock; ++i) {
-    const uint32_t b = bits_of(v[i]) & 0x7FFFFFFFu;
-    amax_bits = b > amax_bits ? b : amax_bits;
-  }
-  float s = gs * float_of(amax_bits) / 6.0f;
-  s = s > 448.0f ? 448.0f : s;  // NaN compares false and stays NaN
-  const uint8_t scale = e4m3_bits(s);
-  const float sf = e4m3_value(scale);
-  words[0] = words[1] = 0u;
-  if (!(sf == sf)) return scale;  // NaN block: codes 0
-  float inv = 0.0f;
-  if (sf > 0.0f) {
-    inv = gs / sf;
-    inv = inv > FLT_MAX ? FLT_MAX : inv;  // so 0 * inv stays 0 for absurdly large global scales
-  }
-#pragma unroll
-  for (int i = 0; i < kBlock; ++i) {
-    const float q = v[i] * inv;
-    const float a = fminf(fabsf(q), 6.0f);
-    // A value that rounds to 0 is +0 (code 0): one encoding per value. |q| <= 0.25 is exactly
-    // the set that rounds to 0, so q < -0.25 is "negative and non-zero".
-    const uint32_t code = e2m1_magnitude(a) | (q < -0.25f ? 8u : 0u);
-    words[i >> 3] |= code << ((i & 7) * 4);
-  }
-  return scale;
-}
-
-HD void decode_block(const uint32_t (&words)[2], uint8_t scale, float gs, float (&y)[kBlock]) {
-  const float k = e4m3_value(scale) / gs;
-#pragma unroll
-  for (int i = 0; i < kBlock; ++i) {
-    const uint32_t code = (words[i >> 3] >> ((i & 7) * 4)) & 0xFu;
-    // Codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6: the e2m1 encoding, exponent bias 1.
-    const uint32_t mag = code & 7u;
-    float v = mag < 2u ? 0.5f * static_cast<float>(mag)
-                       : float_of(((mag >> 1) + 126u) << 23 | (mag & 1u) << 22);
-    v = (code & 8u) ? -v : v;
-    y[i] = v * k;
-  }
-}
-
-// Scale (row, col) in the 128x4 interleaved layout of block-scaled GEMMs: 128-row x 4-column
-// tiles of 512 bytes in row-major tile order; inside a tile, row r sits at (r % 32) * 16 +
-// (r / 32) * 4, so the 4 rows r, r+32, r+64, r+96 share one 16-byte line.
-HD int64_t swizzled_index(int64_t row, int64_t col, int64_t padded_cols) {
-  const int64_t tile = (row >> 7) * (padded_cols >> 2) + (col >> 2);
-  return tile * 512 + (row & 31) * 16 + ((row >> 5) & 3) * 4 + (col & 3);
-}
-
-HD int64_t scale_index(int64_t block, int64_t blocks_per_row, int64_t padded_cols, bool swizzled) {
-  return swizzled ? swizzled_index(block / blocks_per_row, block % blocks_per_row, padded_cols) : block;
-}
 
 struct Shape {
   int64_t blocks;          // rows * blocks_per_row

@@ -1,12 +1,13 @@
 /*
  * symcomm.h: the C ABI of libsymcomm, the native half of the symcomm Python package.
  *
- * Three groups of entry points, one per source file:
+ * Four groups of entry points, one per source file:
  *   symcomm_pool_*, symcomm_alloc/free   pool_alloc.cc  sub-allocator over registered symmetric
  *                                                       regions (host only, no CUDA calls)
  *   symcomm_ar_*                         custom_ar.cu   symcomm's own all-reduce kernels over
  *                                                       peer-mapped memory
  *   symcomm_fp4_*                        fp4.cu         NVFP4 quantize / dequantize
+ *   symcomm_rmsnorm*                     rmsnorm.cu     residual add + RMSNorm (+ FP8 / NVFP4)
  *
  * The library is loaded with ctypes; symcomm/_native.py holds the matching ctypes table and
  * tests/test_native_header.py fails when the two disagree. Every source file includes this
@@ -288,6 +289,43 @@ symcomm_status_t symcomm_fp4_quantize_host(const void* x, symcomm_dtype_t dtype,
                                            float global_scale, void* packed, void* scales, int swizzle);
 symcomm_status_t symcomm_fp4_dequantize_host(const void* packed, const void* scales, int64_t rows, int64_t cols,
                                              float global_scale, int swizzled, void* out, symcomm_dtype_t dtype);
+
+/* ------------------------------------------------------------------------------------------
+ * Residual add + RMSNorm (rmsnorm.cu; csrc/rmsnorm.cuh holds the math, the rounding contract
+ * and the reduction order). Rows are [rows, cols] of dtype (bf16 or fp16 only), cols a
+ * positive multiple of 8 and at most 32768 (of 16 for NVFP4):
+ *   h = a + residual (a alone when residual is NULL), rounded to dtype, written to residual_out
+ *       unless it is NULL; residual_out may be a or residual itself (each element is read
+ *       before it is written);
+ *   y = h * rsqrt(mean(h^2) + eps) * weight (weight: cols values), rounded to dtype, written to
+ *       out as dtype (SYMCOMM_NORM_NONE), as e4m3 bytes of y / scale saturated to +-448
+ *       (SYMCOMM_NORM_FP8: scale is a dequant scale, y ~= e4m3 * scale), or NVFP4-encoded with
+ *       global scale `scale` (SYMCOMM_NORM_NVFP4: out is the rows x cols/2 packed codes, scales
+ *       the block scales, linear or with swizzle the layout of the fp4 section above).
+ * out must not overlap any input or residual_out. Pointers are 16-byte aligned (out: 8 bytes
+ * for FP8, 4 for NVFP4). rows == 0 does nothing.
+ */
+typedef enum {
+  SYMCOMM_NORM_NONE = 0,
+  SYMCOMM_NORM_FP8 = 1,
+  SYMCOMM_NORM_NVFP4 = 2,
+  SYMCOMM_NORM_QUANT_MAX_ENUM = 0x7fffffff
+} symcomm_norm_quant_t;
+
+/* Enqueues one kernel (one block per row) on stream, plus a memset of the swizzled scale
+ * padding; returns without waiting. The scale is read on the device from scale_ptr (one float)
+ * when it is not NULL, otherwise scale_value is used (ignored for SYMCOMM_NORM_NONE). */
+symcomm_status_t symcomm_rmsnorm(const void* a, const void* residual, const void* weight, symcomm_dtype_t dtype,
+                                 int64_t rows, int64_t cols, float eps, void* residual_out,
+                                 symcomm_norm_quant_t quant, void* out, void* scales, const void* scale_ptr,
+                                 float scale_value, int swizzle, symcomm_stream_t stream);
+
+/* The same per-row code on the CPU over host memory (the reduction in the kernel's order), so
+ * CI checks the kernel's math without a device and GPU tests compare the kernel with it. */
+symcomm_status_t symcomm_rmsnorm_host(const void* a, const void* residual, const void* weight,
+                                      symcomm_dtype_t dtype, int64_t rows, int64_t cols, float eps,
+                                      void* residual_out, symcomm_norm_quant_t quant, void* out, void* scales,
+                                      float scale, int swizzle);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -11,12 +11,14 @@ from .errors import (ArgumentError, CommClosedError, CommTimeoutError, CudaError
                      NcclUnavailableError, PeerMismatchError, SymcommError, SymmetricMemoryError)
 from . import fp4
 from .fp4_gather import Fp4Gathered
+from . import fused_norm
+from .fused_norm import NormChoice, NormedResult
 from .memory import use_symmetric_memory
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "CudaError", "DtypeError",
-    "Fp4Gathered", "NcclError", "NcclUnavailableError", "PeerMismatchError", "SymcommError", "SymmetricMemoryError",
-    "fp4", "use_symmetric_memory",
+    "Fp4Gathered", "NcclError", "NcclUnavailableError", "NormChoice", "NormedResult", "PeerMismatchError",
+    "SymcommError", "SymmetricMemoryError", "fp4", "fused_norm", "use_symmetric_memory",
 ]

@@ -21,7 +21,7 @@ _c = ctypes
 _int, _u32, _u64, _i64, _size = _c.c_int, _c.c_uint32, _c.c_uint64, _c.c_int64, _c.c_size_t
 _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 # symcomm.h's typedefs, named here so the table reads like the header.
-_status = _dtype = _algo = _int
+_status = _dtype = _algo = _quant = _int
 _ar = _stream = _ptr
 
 # name -> (argtypes, restype), in symcomm.h's order.
@@ -66,10 +66,17 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_fp4_dequantize": ([_ptr, _ptr, _i64, _i64, _ptr, _f32, _int, _ptr, _dtype, _stream], _status),
     "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
     "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),
+    # rmsnorm.cu
+    "symcomm_rmsnorm": ([_ptr, _ptr, _ptr, _dtype, _i64, _i64, _f32, _ptr, _quant, _ptr, _ptr, _ptr, _f32, _int,
+                         _stream], _status),
+    "symcomm_rmsnorm_host": ([_ptr, _ptr, _ptr, _dtype, _i64, _i64, _f32, _ptr, _quant, _ptr, _ptr, _f32, _int],
+                             _status),
 }
 
 # symcomm_dtype_t
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# symcomm_norm_quant_t
+NORM_QUANT_CODES = {None: 0, "fp8": 1, "nvfp4": 2}
 SUCCESS = 0
 
 

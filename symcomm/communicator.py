@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import capture, checks, ops, registry, settings, validate
+from . import capture, checks, fused_norm, ops, registry, settings, validate
 from .backends import PATHS
 from .backends.custom import DEFAULT_STAGING_BYTES
 from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
@@ -139,9 +139,11 @@ class Communicator:
             raise CommTimeoutError(reason)
 
     def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
-               sizes: Sequence[int] | None = None, reduce_op: str = "sum") -> Choice:
+               sizes: Sequence[int] | None = None, reduce_op: str = "sum", **norm_args: Any) -> Choice:
         """The path ``algo='auto'`` would take for this call, and why the others were passed over."""
         self._require_open()
+        if op == fused_norm.OP:
+            return fused_norm.select(self, x, out=out, **norm_args)
         if op not in validate.BUILDERS:
             raise ArgumentError(f"op must be one of {', '.join(validate.BUILDERS)}; got {op!r}")
         call = validate.BUILDERS[op](self, x, out, sizes, reduce_op)
@@ -240,6 +242,14 @@ class Communicator:
         GEMM layout; ``out`` (an Fp4Gathered) supplies preallocated gathered buffers.
         """
         return _all_gatherv_fp4(self, x, sizes, global_scale, extra, dequantize, algo, swizzle=swizzle, out=out)
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None,
+                           eps: float = 1e-6, out: Any = None, residual_out: torch.Tensor | None = None,
+                           quant: str | None = None, scale: float | torch.Tensor | None = None,
+                           swizzle: bool = False, algo: str = "auto") -> fused_norm.NormedResult:
+        """h = all_reduce(x) + residual, y = rmsnorm(h) * weight (+ FP8/NVFP4): see fused_norm.all_reduce_rmsnorm."""
+        return fused_norm.all_reduce_rmsnorm(self, x, weight, residual=residual, eps=eps, out=out, algo=algo,
+                                             residual_out=residual_out, quant=quant, scale=scale, swizzle=swizzle)
 
     # ------------------------------------------------------------ CUDA graphs
     def graph_capture(self) -> contextlib.AbstractContextManager[None]:

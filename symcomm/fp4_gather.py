@@ -108,7 +108,14 @@ def _agree_on_scale(comm, gs: fp4.GlobalScale | None) -> None:
 def all_gatherv_fp4(comm, x: torch.Tensor, sizes: Sequence[int], global_scale: fp4.GlobalScale,
                     extra: Sequence[torch.Tensor] = (), dequantize: bool = False, algo: str = "auto", *,
                     swizzle: bool = False, out: Fp4Gathered | None = None) -> Fp4Gathered:
-    """See Communicator.all_gatherv_fp4."""
+    """Communicator.all_gatherv_fp4: NVFP4-quantize this rank's rows ``x`` [sizes[rank], H] and
+    gather every rank's payload, scales and ``extra`` tensors (dim 0 = this rank's rows) in one
+    NCCL group, in rank order.
+
+    ``global_scale`` must be the same on every rank (``symcomm.fp4.global_scale_for(x, comm)``).
+    ``dequantize=True`` adds the decoded rows; ``swizzle=True`` returns the scales in the 128x4
+    GEMM layout; ``out`` (an Fp4Gathered) supplies preallocated gathered buffers.
+    """
     checking = comm.check and not _capturing(comm)
     try:
         args = _validate(comm, x, sizes, global_scale, extra, out, dequantize)

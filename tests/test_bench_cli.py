@@ -129,6 +129,7 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--algo", "no such"], "not a path name"),
     (["all_reduce", "--plot", "out.jpg"], "ending in .png"),
     (["all_gatherv_fp4", "--device", "cpu", "-d", "int32"], "quantizes bfloat16, half or float rows"),
+    (["all_reduce_rmsnorm", "--device", "cpu", "-d", "float"], "normalises bfloat16 or half rows"),
     (["tune", "-b", "2M", "-e", "1M"], "larger than"),
     (["tune", "--device", "cpu", "-G", "2"], "--cudagraph"),
     (["tune", "--algo", "nccl"], "unrecognized"),
@@ -198,6 +199,20 @@ def test_every_op_runs_clean_in_one_process(args, world_of_one, capsys):
     blocks = 3 if args[0] == "all_gatherv_fp4" else 1  # unquantized, fp4, fp4+dequant
     assert len(rows) == 3 * blocks
     assert all(w_oop == "0" and w_ip in ("0", "N/A") for _, _, w_oop, w_ip in rows)
+
+
+def test_rmsnorm_columns_run_clean_and_count_an_injected_wrong_element(world_of_one, capsys, monkeypatch):
+    args = ["all_reduce_rmsnorm", "--device", "cpu", "-d", "bfloat16", "-b", "16K", "-e", "32K", "-n", "1", "-w", "0"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert [(size, count) for size, count, *_ in rows] == [(16384, 8192), (32768, 16384)] * 4
+    assert all(w_oop == "0" and w_ip == "0" for *_, w_oop, w_ip in rows)
+    assert "unfused+nvfp4 vs nccl+torch" in out and "x is [tokens, 8192]" in out
+    monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
+    monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
+    assert cli.main(args[:-6] + ["-b", "16K", "-e", "16K", "-n", "1", "-w", "0"]) == 1
+    assert [(w_oop, w_ip) for *_, w_oop, w_ip in table_rows(capsys.readouterr().out)] == [("1", "1")] * 4
 
 
 def test_fp4_gather_counts_an_injected_wrong_byte(world_of_one, capsys, monkeypatch):

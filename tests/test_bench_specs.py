@@ -16,7 +16,8 @@ from symcomm.bench import ops
 from symcomm.bench.spec import Buffers
 
 BENCH = Path(ops.__file__).resolve().parent
-SPEC_MODULES = ("spec", "collectives", "fp4_spec", "ops")
+ALL_REDUCES = ("all_reduce", "all_reduce_rmsnorm")  # every rank holds the whole message
+SPEC_MODULES = ("spec", "collectives", "fp4_spec", "norm_spec", "ops")
 # What runs the specs; a spec module importing one of these would put op knowledge back there.
 CONSUMERS = ("runner", "report", "tune", "baseline", "cli", "plot", "timing", "device")
 
@@ -42,7 +43,7 @@ def test_unknown_op_is_a_value_error():
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_bus_factor_is_nccl_tests(name, world):
     link_share = (world - 1) / world
-    expected = 2 * link_share if name == "all_reduce" else link_share
+    expected = 2 * link_share if name in ALL_REDUCES else link_share
     assert ops.spec(name).bus_factor(world) == pytest.approx(expected)
 
 
@@ -65,6 +66,9 @@ SIZES = [
     ("all_gatherv_fp4", 1000, 4, 2, 0, 0),
     ("all_gatherv_fp4", 1024, 2, 2, 1024, 512),
     ("all_gatherv_fp4", 65536, 4, 4, 65536, 16384),
+    # whole tokens of 8192 values: under one token is an empty message
+    ("all_reduce_rmsnorm", 3 * 16384 + 5, 2, 4, 3 * 16384, 3 * 8192),
+    ("all_reduce_rmsnorm", 16383, 2, 2, 0, 0),
 ]
 
 
@@ -74,9 +78,9 @@ def test_size_and_count_columns(name, nbytes, itemsize, world, size, count):
     for rank in range(world):
         lay = spec.layout(nbytes, world, itemsize, rank)
         assert (lay.nbytes, lay.count) == (size, count)
-        assert lay.total * itemsize == (size if name != "all_reduce" else size * world)
+        assert lay.total * itemsize == (size if name not in ALL_REDUCES else size * world)
         mine, everything = lay.parts[rank], lay.total
-        if name == "all_reduce":
+        if name in ALL_REDUCES:
             assert (lay.in_elems, lay.out_elems) == (count, count)
         elif spec.reduces:
             assert (lay.in_elems, lay.out_elems) == (everything, mine)
@@ -91,7 +95,9 @@ def test_in_place_aliases_as_nccl_tests(name):
     bufs = Buffers(torch.zeros(lay.in_elems + 8), torch.zeros(lay.out_elems + 8), False)
     x, out = spec.views(lay, bufs, rank, inplace=True)
     own = lay.offset(rank) * 4  # bytes from the start of the full tensor to this rank's part
-    if name == "all_reduce":
+    if name == "all_reduce_rmsnorm":  # in place is the residual's: x and y never alias
+        assert x.data_ptr() != out.data_ptr() and x.numel() == out.numel() == lay.count
+    elif name == "all_reduce":
         assert x.data_ptr() == out.data_ptr() and x.numel() == out.numel() == lay.count
     elif spec.reduces:  # the output is the rank's slice of the input
         assert out.data_ptr() == x.data_ptr() + own and out.numel() == lay.parts[rank]
@@ -107,9 +113,10 @@ def test_labels(name):
     assert labels == ("bfloat16", "max" if ops.spec(name).reduces else "none", -1)
 
 
-def test_only_the_fp4_gather_has_variant_columns():
+def test_only_the_fp4_gather_and_the_norm_have_variant_columns():
     assert {n: ops.spec(n).variants for n in ops.NAMES if ops.spec(n).variants} == {
-        "all_gatherv_fp4": ("unquantized", "fp4", "fp4+dequant")}
+        "all_gatherv_fp4": ("unquantized", "fp4", "fp4+dequant"),
+        "all_reduce_rmsnorm": ("nccl+torch", "unfused", "unfused+fp8", "unfused+nvfp4")}
 
 
 # -- static guards ------------------------------------------------------------------------------

@@ -1,0 +1,186 @@
+"""``symcomm-bench all_reduce_rmsnorm``: all-reduce + residual add + RMSNorm over [tokens, HIDDEN]
+rows, one column per way of doing it, in the same run:
+
+- ``nccl+torch``: the baseline every peer starts from: ``comm.all_reduce`` forced onto plain
+  NCCL (torch.distributed on CPU, which has no NCCL), then ``a + residual`` and PyTorch's own
+  ``F.rms_norm``;
+- ``unfused``: ``comm.all_reduce_rmsnorm``: symcomm's all-reduce on the path --algo names
+  (auto with --algo all), then one launch of csrc/rmsnorm.cu (the torch reference on CPU);
+- ``unfused+fp8``, ``unfused+nvfp4``: the same with a quantized y.
+
+Fused paths, when they exist, become columns here (named after their norm path, run with
+``algo=`` that name), so every row compares them with the unfused path and the baseline.
+
+The size column counts x's bytes (the all-reduced tensor), so sizes and bus bandwidths line up
+with all_reduce's; sizes round down to whole tokens of HIDDEN values. "In place" means the new
+residual overwrites the old one (``residual_out=residual``). The check: h against a float64
+sum of every rank's x and the residual, within the all-reduce's rounding; symcomm's y (and its
+FP8 / NVFP4 bytes) bit for bit against the torch reference run on the CPU from the h the call
+returned; the baseline's y against float64 within a tolerance, since torch's RMSNorm rounds
+its own way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from symcomm import fused_norm
+
+from . import check
+from .collectives import AllReduce, all_reduce_call
+from .config import DATATYPES, BenchError
+from .sizes import Layout
+from .spec import Buffers, Case, Cases, Inputs, Setup
+
+HIDDEN = 8192  # one of the issue's model sizes (7168 is the other): a hidden flag would go here
+EPS = 1e-6
+BASELINE = "nccl+torch"
+# column -> quant mode of the symcomm columns
+_QUANT = {"unfused": None, "unfused+fp8": "fp8", "unfused+nvfp4": "nvfp4"}
+VARIANTS = (BASELINE, *_QUANT)
+# y of random rows is within a few units: these keep FP8 codes and NVFP4 block scales in range.
+FP8_SCALE = 2.0**-5
+NVFP4_GLOBAL_SCALE = 448.0 * 6.0 / 8.0
+_NORMABLE = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class AllReduceRmsnorm(AllReduce):
+    """An all_reduce of [tokens, HIDDEN] whose columns are VARIANTS rather than paths."""
+
+    variants = VARIANTS
+
+    def layout(self, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
+        count = nbytes // itemsize // HIDDEN * HIDDEN
+        return Layout(count * itemsize, count, count, count, (count,) * world, HIDDEN)
+
+    def validate(self, datatype: str) -> None:
+        if DATATYPES[datatype][1] not in _NORMABLE:
+            raise BenchError(f"{self.name} normalises bfloat16 or half rows, not {datatype}")
+
+    def notes(self, world: int, itemsize: int, path: str) -> list[str]:
+        return [f"RMSNorm: x is [tokens, {HIDDEN}] (size / {HIDDEN * itemsize} B = tokens), eps {EPS}; columns "
+                f"{', '.join(VARIANTS)}; the symcomm columns take --algo {path}; in place = residual_out is "
+                f"residual; FP8 scale {FP8_SCALE}, NVFP4 global scale {NVFP4_GLOBAL_SCALE}",
+                f"RMSNorm check: h against float64 within the all-reduce's rounding; symcomm's outputs bit for bit "
+                f"against the torch reference from that h; {BASELINE}'s y against float64"]
+
+    def views(self, lay: Layout, bufs: Buffers, rank: int, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y): in place concerns the residual, so x and y never alias."""
+        return bufs.send[:lay.count].view(-1, HIDDEN), bufs.recv[:lay.count].view(-1, HIDDEN)
+
+    def cases(self, setup: Setup, lay: Layout, gen: Inputs) -> Cases:
+        comm, dtype, device = setup.comm, setup.dtype, setup.device
+        x, y = self.views(lay, setup.bufs, setup.rank, False)
+        tokens = x.shape[0]
+        mine = gen(setup.rank)
+        # The residual and the weight are the same on every rank: seeded as ranks world, world+1.
+        res0 = check.make_input(lay.count, dtype, device, setup.seed, setup.world, lay.nbytes, "sum", setup.world)
+        weight = check.make_input(HIDDEN, dtype, device, setup.seed, setup.world + 1, HIDDEN, "none", setup.world)
+        residual, h, a = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+        quantized = {"fp8": torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=device),
+                     "nvfp4": (torch.empty((tokens, HIDDEN // 2), dtype=torch.uint8, device=device),
+                               torch.empty((tokens, HIDDEN // 16), dtype=torch.float8_e4m3fn, device=device))}
+        scales = {None: None, "fp8": FP8_SCALE, "nvfp4": NVFP4_GLOBAL_SCALE}
+        exp_h = exp_y = None
+        if setup.check:
+            exp_h = check.reduction([*(gen(p) for p in range(setup.world)), res0], "sum", dtype, setup.world + 1)
+            exp_y = _expected_y(exp_h, weight, dtype, setup.world)
+        ar = "nccl" if "nccl" in comm.algorithms() else "torch"
+        baseline_y: list[torch.Tensor] = [y]
+
+        def case(variant: str, inplace: bool) -> Case:
+            new_h = residual if inplace else h
+            quant = _QUANT.get(variant)
+            out = y if quant is None else quantized[quant]
+            if variant == BASELINE:
+                def call() -> object:
+                    comm.all_reduce(x, out=a, algo=ar)
+                    torch.add(a, residual, out=new_h)
+                    baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
+                    return baseline_y[0]
+            else:
+                def call() -> object:
+                    return comm.all_reduce_rmsnorm(x, weight, residual=residual, eps=EPS, out=out,
+                                                   residual_out=new_h, quant=quant, scale=scales[quant],
+                                                   algo=setup.path)
+
+            def load(fill: int = 0xFF) -> None:
+                # Poison first: in place, the new residual is the input residual.
+                for t in (new_h, y, baseline_y[0]):
+                    check.poison_fill(t)
+                for t in _flat(quantized):
+                    t.view(torch.uint8).fill_(fill)
+                x.view(-1).copy_(mine)
+                residual.view(-1).copy_(res0)
+
+            def count() -> int:
+                wrong = check.count_wrong(new_h, exp_h)
+                if variant == BASELINE:
+                    return wrong + check.count_wrong(baseline_y[0], exp_y)
+                return wrong + _wrong_bytes(new_h, weight, quant, scales[quant], out, lambda: _rerun(load, call))
+
+            def corrupt() -> None:
+                if quant is None:
+                    check.corrupt(baseline_y[0] if variant == BASELINE else y)
+                else:
+                    _flat(out)[0].view(torch.uint8).view(-1)[:1].bitwise_not_()
+
+            return Case(call=call, load=load, count=count if setup.check else None, corrupt=corrupt)
+        return case
+
+
+def _flat(out: object) -> list[torch.Tensor]:
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flat(v)]
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _expected_y(exp_h: check.Expected, weight: torch.Tensor, dtype: torch.dtype, world: int) -> check.Expected:
+    """y from the float64 h, with room for h's own error (bound) carried through the normalisation,
+    and a few roundings of the output's dtype."""
+    h64 = exp_h.value.view(-1, HIDDEN)
+    w64 = weight.double()
+    rinv = torch.rsqrt(h64.pow(2).mean(dim=1, keepdim=True) + EPS)
+    value = h64 * rinv * w64
+    rel = torch.finfo(dtype).eps * (world + 3)
+    bound = exp_h.bound.view(-1, HIDDEN) * rinv * w64.abs() + rel * value.abs() + rel * rinv * w64.abs()
+    return check.Expected(value.reshape(-1), bound.reshape(-1))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """One integer per element, so a wrong element counts once."""
+    return t.view(torch.int16 if t.element_size() == 2 else torch.uint8)
+
+
+def _rerun(load: Callable[[int], None], call: Callable[[], object]) -> None:
+    """The call again over outputs poisoned with the complementary bytes, so that a byte the call
+    never writes differs from the right one in one of the two runs, whatever its right value."""
+    load(0x00)
+    call()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _wrong_bytes(h: torch.Tensor, weight: torch.Tensor, quant: str | None, scale: float | None, out: object,
+                 rerun: Callable[[], None]) -> int:
+    """Bytes of symcomm's output that differ from the torch reference computed on the CPU from the
+    h this call returned. Quantized outputs are compared twice, over both poison fills (see _rerun)."""
+    ref = fused_norm.reference_add_rmsnorm(h.cpu(), weight.cpu(), eps=EPS, quant=quant, scale=scale)
+    expect = [_bits(t) for t in (ref.out, ref.scales) if t is not None]
+
+    def mismatch() -> list[torch.Tensor]:
+        return [_bits(g.cpu()) != e for g, e in zip(_flat(out), expect)]
+
+    first = mismatch()
+    if quant is None:
+        return int(sum(m.sum() for m in first))
+    rerun()
+    return int(sum((m1 | m2).sum() for m1, m2 in zip(first, mismatch())))
+
+
+# The launch field is AllReduce's plain all-reduce; this spec's cases() make their own calls.
+ALL_REDUCE_RMSNORM = AllReduceRmsnorm("all_reduce_rmsnorm", all_reduce_call)
