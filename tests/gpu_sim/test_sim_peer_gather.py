@@ -26,6 +26,18 @@ SPLITS = {2: [(0, 5), (1, 4096), (3, 0)], 4: [(0, 3, 1, 0), (7, 0, 2, 9), (1000,
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _region_tensor(shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
+    """A tensor alone in its own granules, as a pool region is (regions are whole granules):
+    the granule index maps every address of a granule to one region."""
+    granule = 1 << GRANULE_SHIFT
+    nbytes = max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.empty(nbytes + 2 * granule, dtype=torch.uint8, device="cuda")
+    skip = -raw.data_ptr() % granule
+    t = raw[skip:skip + nbytes].view(dtype)[:torch.Size(shape).numel()].view(shape)
+    t.fill_(fill)
+    return t
+
+
 def _map_region(sim: SimWorld, tensors: list[torch.Tensor], number: int) -> None:
     """What map_regions does for a pool region, with each rank's tensor as the region."""
     slot = sim.state(0).next_slot  # every rank's wrapper hands out slots alike
@@ -59,9 +71,8 @@ def _gatherv_case(world: int, sizes, hidden: int, dtype: torch.dtype, gen: torch
     xs = [[torch.randn(n, hidden, generator=gen).to(dtype).cuda(),
            torch.randint(0, 256, (n, 8), generator=gen, dtype=torch.int32).cuda(),
            torch.rand(n, 8, generator=gen).cuda()] for n in sizes]
-    outs = [[torch.full((total, hidden), 7.0, dtype=dtype, device="cuda"),
-             torch.full((total, 8), -1, dtype=torch.int32, device="cuda"),
-             torch.full((total, 8), 7.0, device="cuda")] for _ in range(world)]
+    outs = [[_region_tensor((total, hidden), dtype, 7.0), _region_tensor((total, 8), torch.int32, -1),
+             _region_tensor((total, 8), torch.float32, 7.0)] for _ in range(world)]
     return xs, outs
 
 
@@ -121,7 +132,8 @@ def test_uneven_reduce_scatterv_on_one_shot(world, dtype, in_pool):
     for sizes in SPLITS[world]:
         total = sum(sizes)
         with SimWorld(world, graph_slots=8) as sim:
-            xs = [(torch.randn(total, hidden, generator=gen) * 4).to(dtype).cuda() for _ in range(world)]
+            xs = [_region_tensor((total, hidden), dtype, 0.0).copy_((torch.randn(total, hidden, generator=gen) * 4)
+                                                                     .to(dtype)) for _ in range(world)]
             outs = [torch.full((n, hidden), 7.0, dtype=dtype, device="cuda") for n in sizes]
             if in_pool:
                 _map_region(sim, xs, 0)
