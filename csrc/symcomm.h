@@ -1,11 +1,12 @@
 /*
  * symcomm.h: the C ABI of libsymcomm, the native half of the symcomm Python package.
  *
- * Four groups of entry points, one per source file:
+ * Groups of entry points, one per source file:
  *   symcomm_pool_*, symcomm_alloc/free   pool_alloc.cc  sub-allocator over registered symmetric
  *                                                       regions (host only, no CUDA calls)
- *   symcomm_ar_*                         custom_ar.cu   symcomm's own all-reduce kernels over
- *                                                       peer-mapped memory
+ *   symcomm_ar_*                         custom_ar.cu   symcomm's own all-reduce and reduce-
+ *                                                       scatter kernels over peer-mapped memory
+ *                                        peer_gather.cu (symcomm_ar_gatherv) gather by push
  *   symcomm_fp4_*                        fp4.cu         NVFP4 quantize / dequantize
  *   symcomm_rmsnorm*                     rmsnorm.cu     residual add + RMSNorm (+ FP8 / NVFP4)
  *

@@ -1,0 +1,407 @@
+// The machinery every peer-memory kernel shares (csrc/custom_ar.cu's all-reduce and
+// reduce-scatter, csrc/peer_gather.cu's gathers, csrc/fused_norm_ar.cu's fused all-reduce +
+// RMSNorm): the per-rank Signal block of barrier flags, the bounded waits that give up instead
+// of trapping, the per-block epochs, the slot tables of peer addresses, the fp32 lanes the
+// sums run in, and the host-side Context of one rank. custom_ar.cu's opening comment explains
+// the memory ordering and the failure model; every kernel that meets peers must use barrier()
+// and next_epoch() from here so that all kernels of a context share one epoch sequence.
+#ifndef SYMCOMM_PEER_CUH_
+#define SYMCOMM_PEER_CUH_
+
+#include "symcomm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace symcomm {
+namespace ar {
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxBlocks = 64;
+constexpr int kThreads = 512;
+// Grid cap of one-shot/two-shot (H200 has 132 SMs). Every block spins on peers in barriers, so
+// all of them must be resident at once; 36 measured well and leaves room for other kernels.
+// 64 blocks measured the same for two-shot at 4-16 MiB, world 4 (bench/NOTES.md, session 3).
+constexpr int kGridBlocks = 36;
+// The flag-free kernel always launches this many blocks: each block keeps its own record of
+// which receive buffer is live and its own record of what to clear, so every block
+// must take part in every call.
+constexpr int kFlagFreeBlocks = 32;
+// Both are the defaults of a context's grid_blocks / flagfree_blocks; only symcomm_ar_sim_link
+// lowers them (simulated ranks share one GPU, so each rank gets fewer SMs). Every rank of one
+// world must use the same caps: block b meets block b, and the flag-free bookkeeping is per block.
+static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeBlocks <= kMaxBlocks, "one barrier slot per block");
+constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
+static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size");
+// A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
+// float it is a NaN (fp32, and both halves as fp16/bf16), so real data only meets it as a NaN,
+// which the writer swaps for another NaN (kNotSentinel) before sending.
+constexpr uint32_t kSentinel = 0xFFFFFFFFu;
+constexpr uint32_t kNotSentinel = 0x7FFF7FFFu;
+
+constexpr int kFlagFree = SYMCOMM_AR_FLAGFREE, kOneShot = SYMCOMM_AR_ONESHOT, kTwoShot = SYMCOMM_AR_TWOSHOT;
+
+// Barrier flags and epochs are uint64_t (see "Synchronisation" above): a flag holds the epoch
+// of the last barrier of its kind this peer's block reached, 0 if none yet.
+struct Signal {
+  uint64_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
+  uint64_t mid[kMaxBlocks][kMaxRanks];
+  uint64_t end[kMaxBlocks][kMaxRanks];
+  uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
+  uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
+  uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
+  uint32_t flagfree_prev[kMaxBlocks];  // vectors per rank in block b's previous call
+  uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
+};
+
+constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+// Staging follows the Signal block, and peers reach it as base + kSignalBytes: page-aligned so
+// staging (and everything after it) keeps the allocation's alignment for 16-byte vector loads.
+constexpr size_t kSignalBytes = align_up(sizeof(Signal), 4096);
+static_assert(kSignalBytes % 4096 == 0 && kSignalBytes >= sizeof(Signal), "Signal block fits, page-aligned");
+static_assert(offsetof(Signal, start) % 8 == 0 && offsetof(Signal, mid) % 8 == 0 && offsetof(Signal, end) % 8 == 0 &&
+                  offsetof(Signal, epoch) % 8 == 0,
+              "64-bit flags must be 8-byte aligned for st.release/ld.acquire .u64");
+
+struct Peers {
+  char* ptr[kMaxRanks];
+};
+
+// What every kernel needs to meet its peers, and to give up on them.
+struct Sync {
+  Peers signals;    // every rank's Signal block
+  uint64_t* alarm;  // device address of this context's mapped host word
+  uint64_t timeout_ns;
+  int rank;
+};
+
+// symcomm.h's SYMCOMM_AR_ABORT_* layout: kind, the barrier phase, the peer that never came.
+__host__ __device__ constexpr uint64_t abort_code(int kind, int phase, int peer) {
+  return (uint64_t(kind) << 32) | (uint64_t(phase) << 16) | uint64_t(peer);
+}
+
+// Graphs whose CUDA user object was destroyed (the graph and every instance of it are gone),
+// by capture token. CUDA runs the destructor on a thread of its own, where no CUDA call is
+// allowed: it only records the token, and symcomm_ar_take_released hands it to the host,
+// which frees the graph's slots. Shared with every pending destructor, so it outlives a
+// context destroyed while graphs are still alive.
+struct Released {
+  std::mutex mutex;
+  std::vector<uint64_t> tokens;
+};
+
+struct Guard {
+  std::shared_ptr<Released> released;
+  uint64_t token;
+};
+
+inline void CUDART_CB graph_gone(void* p) {
+  Guard* g = static_cast<Guard*>(p);
+  {
+    std::lock_guard<std::mutex> lock(g->released->mutex);
+    g->released->tokens.push_back(g->token);
+  }
+  delete g;
+}
+
+struct Context {
+  int rank = 0;
+  int world = 0;
+  int device = 0;
+  size_t staging_bytes = 0;
+  size_t flagfree_bytes = 0;  // per rank, per receive buffer
+  int max_slots = 0;
+  uint64_t timeout_ns = 30ull * 1000 * 1000 * 1000;
+  // Grid caps of this context's launches. Real ranks keep the constants above; simulated
+  // ranks (symcomm_ar_sim_link) lower them so every rank's blocks fit on one GPU at once.
+  int grid_blocks = kGridBlocks;
+  int flagfree_blocks = kFlagFreeBlocks;
+  char* base = nullptr;  // this rank's allocation
+  size_t total_bytes = 0;
+  Peers bases{};        // every rank's allocation, mapped here (own = base)
+  Peers signals{}, scratch{}, flagfree{};
+  Peers* slots = nullptr;  // device array of max_slots
+  uint64_t* alarm_host = nullptr;  // mapped pinned word: the kernels' abort_code, 0 while healthy
+  uint64_t* alarm_dev = nullptr;   // the same word as the kernels address it
+  cudaEvent_t order = nullptr;     // symcomm_ar_order_streams' event
+  // IPC handle bytes -> mapped base, opened once and counted per user (symcomm_ar_open's peer
+  // buffers, and each graph slot filled by symcomm_ar_set_slot), so that releasing a slot
+  // unmaps exactly what nothing else still uses.
+  struct Mapping {
+    char* base;
+    int users;
+  };
+  std::map<std::string, Mapping> opened;
+  std::vector<std::vector<std::string>> slot_handles;  // per slot: the `opened` keys it holds
+  std::shared_ptr<Released> released = std::make_shared<Released>();
+  uint64_t next_token = 1;
+  std::map<char*, size_t> imported;     // peers' cuMem regions mapped here -> their size
+};
+
+// ------------------------------------------------------------------ device helpers
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The barrier flags' 64-bit twins: one aligned 64-bit access, so a reader never sees half of
+// a new epoch and half of an old one.
+__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_volatile(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// "Flag has reached epoch" as a plain >=, deliberately not a wrap-safe signed difference: a
+// 64-bit epoch that grows by one per call does not wrap in practice (2^64 calls at one per
+// nanosecond take 584 years), and without wrap-around a flag array that no kernel has written
+// for any number of calls (0, or an old epoch) is always below the current epoch, never
+// mistaken for an arrival. A signed difference would again read a flag 2^63 epochs old as new.
+__device__ __forceinline__ bool reached(uint64_t flag, uint64_t epoch) { return flag >= epoch; }
+
+__device__ __forceinline__ Signal* own_signal(const Sync& s) { return reinterpret_cast<Signal*>(s.signals.ptr[s.rank]); }
+
+__device__ __forceinline__ bool has_given_up(const Sync& s) {
+  return *reinterpret_cast<volatile uint64_t*>(&own_signal(s)->aborted) != 0;
+}
+
+// Records why this rank stops; the first reason wins (the CAS is on device memory: atomics on
+// mapped host memory are not available over every interconnect). The system fence makes the
+// alarm visible to the host before the kernel ends.
+__device__ inline void give_up(const Sync& s, uint64_t code) {
+  unsigned long long* word = reinterpret_cast<unsigned long long*>(&own_signal(s)->aborted);
+  if (atomicCAS(word, 0ull, static_cast<unsigned long long>(code)) == 0ull) {
+    *reinterpret_cast<volatile uint64_t*>(s.alarm) = code;
+    __threadfence_system();
+  }
+}
+
+// False when this rank gave up: on this wait's expiry, or because another block or thread
+// of the context did (then without waiting the whole bound again).
+__device__ inline bool wait_flag(const Sync& s, const uint64_t* p, uint64_t epoch, int phase, int peer) {
+  if (reached(load_acquire(p), epoch)) return true;
+  const uint64_t t0 = now_ns();
+  while (!reached(load_acquire(p), epoch)) {
+    if (has_given_up(s)) return false;
+    if (now_ns() - t0 > s.timeout_ns) {
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, phase, peer));
+      return false;
+    }
+  }
+  return true;
+}
+
+// Where a rank gave up (SYMCOMM_AR_ABORT_* phase): a barrier, or the flag-free kernel's data.
+enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3 };
+
+__device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block) {
+  return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
+}
+
+// Block b of every rank meets block b of every other rank. Threads 0..world-1 each pair with
+// one peer: tell it we arrived, then wait for it. The CTA barrier before makes this block's
+// earlier writes part of what the release publishes; the one after holds the block until
+// every peer has arrived. Returns false, in every thread of the block, when this rank gave up.
+__device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epoch) {
+  __syncthreads();
+  const int peer = threadIdx.x;
+  bool ok = true;
+  if (peer < world) {
+    store_release(&phase_flags(reinterpret_cast<Signal*>(s.signals.ptr[peer]), phase, blockIdx.x)[s.rank], epoch);
+    ok = wait_flag(s, &phase_flags(own_signal(s), phase, blockIdx.x)[peer], epoch, phase, peer);
+  }
+  return __syncthreads_and(ok);
+}
+
+// This block's epoch for the call, or 0 (never an epoch) once the rank has given up: then the
+// kernel returns before touching a peer. Both words are read by one thread back to back, so
+// the check adds no round trip to the prologue.
+__device__ __forceinline__ uint64_t next_epoch(const Sync& s) {
+  __shared__ uint64_t epoch;
+  if (threadIdx.x == 0) {
+    Signal* self = own_signal(s);
+    const uint64_t e = self->epoch[blockIdx.x] + 1;
+    if (has_given_up(s)) {
+      epoch = 0;
+    } else {
+      epoch = e;
+      self->epoch[blockIdx.x] = e;
+    }
+  }
+  __syncthreads();
+  return epoch;
+}
+
+// One-shot and two-shot read inputs through a slot. A slot whose pointers were never filled
+// in (a graph replayed although its registration failed) is refused, never dereferenced.
+__device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int world) {
+  for (int r = 0; r < world; ++r) {
+    if (in->ptr[r] == nullptr) {
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_UNREGISTERED, 0, r));
+      return false;
+    }
+  }
+  return true;
+}
+
+// 16 bytes of T as fp32 lanes, and back.
+template <typename T>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+  static constexpr int kN = 4;
+  __device__ static void load(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    f[0] += __uint_as_float(v.x), f[1] += __uint_as_float(v.y), f[2] += __uint_as_float(v.z), f[3] += __uint_as_float(v.w);
+  }
+  __device__ static uint4 pack(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  }
+};
+
+template <typename H2, float2 (*ToF)(H2), H2 (*FromF)(float2)>
+struct HalfLanes {
+  static constexpr int kN = 8;
+  __device__ static void load(const uint4& v, float* f) {
+    const H2* h = reinterpret_cast<const H2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = ToF(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    const H2* h = reinterpret_cast<const H2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = ToF(h[i]);
+      f[2 * i] += x.x, f[2 * i + 1] += x.y;
+    }
+  }
+  __device__ static uint4 pack(const float* f) {
+    uint4 v;
+    H2* h = reinterpret_cast<H2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = FromF(make_float2(f[2 * i], f[2 * i + 1]));
+    return v;
+  }
+};
+
+__device__ inline float2 bf2_to_f2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ inline __nv_bfloat162 f2_to_bf2(float2 f) { return __float22bfloat162_rn(f); }
+__device__ inline float2 h2_to_f2(__half2 h) { return __half22float2(h); }
+__device__ inline __half2 f2_to_h2(float2 f) { return __float22half2_rn(f); }
+
+template <>
+struct Lanes<__nv_bfloat16> : HalfLanes<__nv_bfloat162, bf2_to_f2, f2_to_bf2> {};
+template <>
+struct Lanes<__half> : HalfLanes<__half2, h2_to_f2, f2_to_h2> {};
+
+// Sum of the world's vectors at index i, in rank order. The first term seeds the sum (not 0.0f),
+// so a lone -0.0 survives as NCCL would keep it. All W loads are issued before the first add:
+// with a loop over a run-time world size each add waited for its NVLink load before the next
+// load issued, which serialised W round trips per vector (measured: two-shot at 4 MiB, world 4,
+// ran at a third of NVLink bandwidth).
+template <typename T, int W>
+__device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
+  uint4 v[W];
+#pragma unroll
+  for (int r = 0; r < W; ++r) v[r] = src[r][i];
+  float acc[Lanes<T>::kN];
+  Lanes<T>::load(v[0], acc);
+#pragma unroll
+  for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
+  return Lanes<T>::pack(acc);
+}
+
+inline int blocks_for(const Context* c, size_t work) {
+  size_t b = (work + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  return int(b < size_t(c->grid_blocks) ? b : size_t(c->grid_blocks));
+}
+
+// Runs f(std::integral_constant<int, W>{}) for the world size: the kernels take W as a template
+// parameter, so their loops over peers unroll and all W loads issue together.
+template <typename F>
+cudaError_t for_world(int world, F&& f) {
+  switch (world) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return cudaErrorInvalidValue;  // symcomm_ar_create accepts only these (custom.py)
+  }
+}
+
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+// Runs f(Type<T>{}) for the element type the kernels sum in.
+template <typename F>
+cudaError_t for_dtype(symcomm_dtype_t dtype, F&& f) {
+  switch (dtype) {
+    case SYMCOMM_FLOAT32: return f(Type<float>{});
+    case SYMCOMM_FLOAT16: return f(Type<__half>{});
+    case SYMCOMM_BFLOAT16: return f(Type<__nv_bfloat16>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// This library has its own (static) CUDA runtime. Every entry point selects the
+// communicator's device through here. It asks the runtime rather than caching the answer:
+// torch's runtime can make another device's context current on this thread between calls,
+// and cudaGetDevice reads that state without a driver round trip.
+inline cudaError_t use_device(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return cudaSuccess;
+  return cudaSetDevice(device);
+}
+
+}  // namespace ar
+}  // namespace symcomm
+
+// The opaque handle of symcomm.h: one rank's Context, shared by the kernel files.
+struct symcomm_ar_ctx {
+  symcomm::ar::Context impl;
+};
+
+#endif  // SYMCOMM_PEER_CUH_
