@@ -300,7 +300,8 @@ def plot(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(layers), figsize=(6 * len(layers), 4), squeeze=False)
     for ax, layer in zip(axes[0], layers):
         for variant in VARIANTS:
-            pts = [(r["tokens"], r["us"]) for r in rows if r["layer"] == layer and r["variant"] == variant and "us" in r]
+            pts = [(r["tokens"], r["us"]) for r in rows
+                   if r["layer"] == layer and r["variant"] == variant and "us" in r]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=variant)
         ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="step (us)", title=layer)

@@ -207,13 +207,17 @@ class DPMoELayer:
 
 
 # ------------------------------------------------------------------ single-process reference
-def reference_step(cfg: MoEConfig, hidden_all: torch.Tensor) -> dict[str, torch.Tensor]:
+def reference_step(cfg: MoEConfig, chunks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """The same layer on one process with every expert, written the plain way (a loop over
     experts with boolean selection), so it checks the grouped-GEMM bookkeeping rather than
-    repeating it."""
+    repeating it. ``chunks`` are the ranks' tokens. The per-token steps (RMSNorm, router) run
+    per chunk, as their owners run them: on GPUs a row reduction's summation order can depend
+    on how many rows there are, and the gathered FP4 bits are compared exactly."""
+    hidden_all = torch.cat(chunks)
     w = MoEWeights(cfg, range(cfg.experts), hidden_all.device)
-    x = rms_norm(hidden_all, w.norm, cfg.eps)
-    logits = x.float() @ w.router.t()
+    normed = [rms_norm(c, w.norm, cfg.eps) for c in chunks]
+    x = torch.cat(normed)
+    logits = torch.cat([xc.float() @ w.router.t() for xc in normed])
     top, ids = torch.topk(logits, cfg.top_k, dim=-1)
     weights = torch.softmax(top, dim=-1)
     gs = fp4.global_scale_for(x)
@@ -253,8 +257,7 @@ def check_eager(layer: DPMoELayer, steps: int, seed: int) -> list[Check]:
         hidden = step_input(cfg, seed, step, comm.rank, counts[comm.rank], comm.device)
         sizes = token_counts(comm, hidden.shape[0])
         out = layer(hidden, sizes)
-        ref = reference_step(cfg, torch.cat([step_input(cfg, seed, step, r, c, comm.device)
-                                             for r, c in enumerate(counts)]))
+        ref = reference_step(cfg, [step_input(cfg, seed, step, r, c, comm.device) for r, c in enumerate(counts)])
         first, total, tag = sum(sizes[:comm.rank]), sum(sizes), f"eager step {step} sizes {sizes}"
         checks += [Check(f"{tag}: token counts", sizes == counts, f"{sizes} != {counts}"),
                    bitwise(f"{tag}: gathered FP4 payload", ws.packed[:total], ref["packed"]),
@@ -306,8 +309,8 @@ def check_graphs(layer: DPMoELayer, buckets: list[int], replays: int, seed: int)
         eager = layer(static[:bucket].clone(), [bucket] * world)
         tag = f"graph bucket {bucket} replay {step}"
         checks.append(bitwise(f"{tag}: replay == eager", replayed, eager))
-        ref = reference_step(cfg, torch.cat([step_input(cfg, seed, 100 + step, r, c, comm.device)
-                                             for r, c in enumerate(counts)]))
+        ref = reference_step(cfg, [step_input(cfg, seed, 100 + step, r, c, comm.device)
+                                   for r, c in enumerate(counts)])
         first = sum(counts[:comm.rank])
         checks.append(close_enough(f"{tag}: real rows vs reference", replayed[:n], ref["out"][first:first + n], 2e-2))
     return checks
