@@ -1,0 +1,112 @@
+"""What the two examples share: process-group setup, seeded weights, RMSNorm, result checks.
+
+Kept small on purpose: each example reads top to bottom with only these helpers in between.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import symcomm
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32, rounded once to x's dtype at the end (the rounding the fused op documents)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def seeded(shape: tuple[int, ...], seed: int, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16,
+           device: torch.device | str = "cpu") -> torch.Tensor:
+    """Deterministic random tensor. Drawn on the CPU so every rank and the single-process
+    reference get the same bits whatever the device or the world size."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpu", action="store_true",
+                        help="run over gloo on the CPU (small shapes are sensible; no CUDA graphs)")
+    parser.add_argument("--modes", default=None,
+                        help="comma-separated subset of eager,graph,compile (default: all the device supports)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=4, help="eager steps with fresh random inputs")
+
+
+def modes_for(args: argparse.Namespace, device: torch.device) -> tuple[str, ...]:
+    """The modes to run; CUDA graphs need a GPU, so they are refused (not dropped) on the CPU."""
+    if args.modes is None:
+        return ("eager",) if device.type == "cpu" else ("eager", "graph", "compile")
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = set(modes) - {"eager", "graph", "compile"}
+    if unknown:
+        raise SystemExit(f"unknown mode(s): {', '.join(sorted(unknown))}")
+    if "graph" in modes and device.type != "cuda":
+        raise SystemExit("--modes graph needs CUDA: CUDA graphs do not exist on the CPU")
+    return modes
+
+
+def init_distributed(cpu: bool) -> torch.device:
+    """Join the torchrun world. On GPUs the group gets gloo for host-side exchanges and NCCL for
+    CUDA tensors; with ``cpu`` it is gloo alone, so the Communicator runs on the CPU."""
+    if cpu:
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    return device
+
+
+def token_counts(comm: symcomm.Communicator, n: int) -> list[int]:
+    """Every rank's token count for this step. A serving scheduler knows these already; here one
+    small all_gather provides them (and syncs the host, which only eager steps may do)."""
+    mine = torch.tensor([n], dtype=torch.int64, device=comm.device)
+    return [int(v) for v in comm.all_gather(mine).tolist()]
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def close_enough(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> Check:
+    """Max absolute error against ``rel`` times the reference's largest magnitude: bf16 keeps 8
+    bits of mantissa, so a few units of 2**-8 of the scale is rounding, anything larger is a bug."""
+    if got.shape != want.shape:
+        return Check(name, False, f"shape {tuple(got.shape)} != reference {tuple(want.shape)}")
+    if got.numel() == 0:
+        return Check(name, True, "no rows")
+    err = (got.float() - want.float()).abs().max().item()
+    bound = rel * max(want.float().abs().max().item(), 1e-6)
+    return Check(name, err <= bound, f"max err {err:.3g} (bound {bound:.3g})")
+
+
+def bitwise(name: str, got: torch.Tensor, want: torch.Tensor) -> Check:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return Check(name, False, f"{tuple(got.shape)} {got.dtype} != {tuple(want.shape)} {want.dtype}")
+    same = torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8))
+    return Check(name, same, "bitwise equal" if same else "bits differ")
+
+
+def report(title: str, checks: list[Check], comm: symcomm.Communicator) -> bool:
+    """Print failures on the rank that saw them and one summary line on rank 0; True if every
+    rank passed. The vote runs on the CPU over the group so it works with gloo and NCCL alike."""
+    failed = [c for c in checks if not c.ok]
+    for c in failed:
+        print(f"[rank {comm.rank}] FAIL {c.name}: {c.detail}", flush=True)
+    flag = torch.tensor([len(failed)], dtype=torch.int64)
+    dist.all_reduce(flag, group=comm.group)
+    passed = int(flag.item()) == 0
+    if comm.rank == 0:
+        verdict = "PASS" if passed else f"FAIL ({int(flag.item())} failed checks over all ranks)"
+        print(f"{title}: {verdict}: {len(checks)} checks per rank, world {comm.world_size}, {comm.device.type}",
+              flush=True)
+    return passed

@@ -1,0 +1,132 @@
+"""The examples in examples/ at 2 and 3 gloo ranks: each against its single-process reference,
+a rank with no tokens in the DP step, the checks failing when the layer is wrong, and the
+torchrun command their docstrings give."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import symcomm
+from _spawn import run_world
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import dp_moe_step  # noqa: E402
+import layer_utils  # noqa: E402
+import tp_block  # noqa: E402
+
+
+def _failed(checks):
+    return [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+
+
+def _dp_world(rank, world, seed):
+    comm = symcomm.Communicator()
+    # On gloo there is no symmetric pool: use_symmetric_memory is the shared no-op context, so
+    # the examples run the same code on both devices.
+    assert comm.symmetric_pool is None
+    assert symcomm.use_symmetric_memory(comm) is symcomm.use_symmetric_memory(comm, disabled=True)
+    cfg = dp_moe_step.MoEConfig(seed=seed)
+    checks = dp_moe_step.run_checks(comm, cfg, capacity=5, modes=("eager",), steps=3, seed=seed)
+    assert not _failed(checks), _failed(checks)
+    names = [c.name for c in checks]
+    assert any("sizes [" in n and ", 0]" in n for n in names), "step 0 must give the last rank no tokens"
+    assert sum("gathered FP4 payload" in n for n in names) == 3
+    assert sum("MoE output" in n for n in names) == 3
+
+    # The same checks must catch a wrong layer: every rank's experts scaled by 5%.
+    ws = dp_moe_step.Workspace(comm, cfg, 5)
+    layer = dp_moe_step.DPMoELayer(comm, cfg, ws)
+    layer.w.down.mul_(1.05)
+    bad = dp_moe_step.check_eager(layer, 3, seed)
+    if any(dp_moe_step.step_counts(seed, s, world, 5)[rank] for s in range(3)):
+        assert any("MoE output" in f for f in _failed(bad)), "a 5% error in the experts went unnoticed"
+    # ... while what travels through the gather is still bit for bit the reference's
+    assert not [f for f in _failed(bad) if "gathered" in f]
+    comm.close()
+
+
+def _tp_world(rank, world, seed):
+    comm = symcomm.Communicator()
+    cfg = tp_block.TPConfig(seed=seed)
+    checks = tp_block.run_checks(comm, cfg, capacity=7, modes=("eager",), steps=3, seed=seed)
+    assert not _failed(checks), _failed(checks)
+    assert sum("identical on every rank" in c.name for c in checks) == 3
+
+    # Rank 0's MLP shard left out of the sum: every rank's residual is off (they all sum the
+    # same partials), and the ranks still agree with each other bit for bit.
+    block = tp_block.TPBlock(comm, cfg, 7)
+    if rank == 0:
+        block.w.down.zero_()
+    bad = tp_block.check_eager(block, 2, seed)
+    assert any("residual" in f for f in _failed(bad)), "a shard missing from the all-reduce went unnoticed"
+    assert not [f for f in _failed(bad) if "identical" in f]
+    assert layer_utils.report("tp_block (corrupted on purpose)", bad, comm) is False
+    comm.close()
+
+
+def _both(rank, world, seed):
+    # One world for both examples: starting gloo ranks costs more than the checks themselves.
+    _dp_world(rank, world, seed)
+    _tp_world(rank, world, seed + 1)
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_examples_match_single_process(world):
+    run_world(_both, world, 11 + world)
+
+
+def test_tp_shards_cover_the_full_weights():
+    cfg = tp_block.TPConfig(heads=5, ffn=40)  # uneven shares at world 3
+    full = tp_block.TPWeights(cfg, torch.device("cpu"))
+    shards = [full.shard(cfg, r, 3) for r in range(3)]
+    d = cfg.heads * cfg.head_dim
+    assert torch.equal(torch.cat([s.o for s in shards], dim=1), full.o)
+    assert torch.equal(torch.cat([s.down for s in shards], dim=1), full.down)
+    q_rows = torch.cat([s.qkv[:s.qkv.shape[0] // 3] for s in shards])
+    assert torch.equal(q_rows, full.qkv[:d])
+    gates = torch.cat([s.gate_up[:s.gate_up.shape[0] // 2] for s in shards])
+    assert torch.equal(gates, full.gate_up[:cfg.ffn])
+
+
+def test_experts_are_split_over_any_world():
+    for world in (1, 2, 3, 4, 7):
+        parts = [dp_moe_step.experts_of(r, world, 6) for r in range(world)]
+        assert [e for p in parts for e in p] == list(range(6))
+
+
+def _torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           "--standalone", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_documented_cpu_command_runs_and_passes():
+    done = _torchrun("examples/tp_block.py", "--cpu", "--steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tp_block: PASS: 6 checks per rank, world 2, cpu" in done.stdout, done.stdout
+
+
+def test_layer_step_bench_prints_its_table_on_cpu():
+    done = _torchrun("bench/layer_step.py", "--cpu", "--tokens", "1,4", "--iters", "2", "--rounds", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "timings are meaningless" in out
+    rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
+    for layer in ("dp_moe", "tp_block"):
+        for tokens in ("1", "4"):
+            got = {r[2] for r in rows if r[:2] == [layer, tokens]}
+            assert got == {"symcomm-auto", "symcomm-nccl", "torch.distributed", "torch-symm-mem", "local"}, (
+                layer, tokens, got, out)
+    skipped = [r for r in rows if r[2] == "torch-symm-mem"]
+    assert skipped and all(r[3] == "skipped:" for r in skipped), out
+    timed = [r for r in rows if r[2] in ("symcomm-auto", "torch.distributed")]
+    assert all(float(r[3]) > 0 for r in timed), out
