@@ -118,21 +118,6 @@ def gather_tokens(comm: symcomm.Communicator, x: torch.Tensor, gs: torch.Tensor,
     comm.all_gatherv_fp4(x, sizes, gs, extra=[ws.ids[mine], ws.weights[mine]], dequantize=True, out=out)
 
 
-# all_gatherv_fp4 cannot be traced by torch.compile (it runs csrc kernels through ctypes and
-# checks the scale on the host), so the compiled layer calls it through an opaque custom op.
-# Ops take ints, not Python objects: communicators and workspaces are passed by key.
-_LIVE: dict[int, tuple[symcomm.Communicator, Workspace]] = {}
-
-
-@torch.library.custom_op("symcomm_examples::gather_tokens", mutates_args=("packed", "scales", "ids_out",
-                                                                             "weights_out", "values"))
-def _gather_tokens_op(x: torch.Tensor, gs: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                      sizes: list[int], key: int, packed: torch.Tensor, scales: torch.Tensor,
-                      ids_out: torch.Tensor, weights_out: torch.Tensor, values: torch.Tensor) -> None:
-    comm, ws = _LIVE[key]
-    gather_tokens(comm, x, gs, ids, weights, sizes, ws)
-
-
 class DPMoELayer:
     """RMSNorm + router + experts sharded over ranks; ``forward`` returns hidden + MoE(hidden)."""
 
@@ -143,8 +128,6 @@ class DPMoELayer:
         # Group ends are found by searching the sorted expert keys for 1..n: static shapes and no
         # host sync, so the step can be captured in a CUDA graph and compiled without breaks.
         self._group_keys = torch.arange(1, len(self.experts) + 1, device=comm.device)
-        self._key = id(self)
-        _LIVE[self._key] = (comm, ws)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # fp32 logits: with bf16 ones, near-ties would flip top-k between differently batched runs.
@@ -183,12 +166,7 @@ class DPMoELayer:
     def dispatch(self, x: torch.Tensor, gs: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                  sizes: list[int]) -> None:
         """Every rank's tokens, top-k ids and weights into ws.values, ws.ids, ws.weights."""
-        ws = self.ws
-        if torch.compiler.is_compiling():
-            torch.ops.symcomm_examples.gather_tokens(x, gs, ids, weights, sizes, self._key, ws.packed, ws.scales,
-                                                     ws.ids, ws.weights, ws.values)
-        else:
-            gather_tokens(self.comm, x, gs, ids, weights, sizes, ws)
+        gather_tokens(self.comm, x, gs, ids, weights, sizes, self.ws)
 
     def combine(self, sizes: list[int]) -> torch.Tensor:
         """Sum the ranks' partial outputs (ws.partial) and keep this rank's tokens."""

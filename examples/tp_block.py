@@ -58,14 +58,12 @@ def share(rank: int, world: int, n: int) -> range:
 
 def all_reduce_add_rmsnorm(comm: symcomm.Communicator, partial: torch.Tensor, residual: torch.Tensor,
                            weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum the row-parallel partial over ranks, add the residual, normalise.
-
-    Returns (normalised, new residual). This is the one place to change when symcomm's fused
-    op lands: its body becomes
-    ``return comm.all_reduce_rmsnorm(partial, weight, residual=residual, eps=eps)``.
-    """
-    hidden = residual + comm.all_reduce(partial)
-    return rms_norm(hidden, weight, eps), hidden
+    """Sum the row-parallel partial over ranks, add the residual, normalise: one symcomm call,
+    which takes a fused all-reduce + RMSNorm kernel where one serves the size, and otherwise the
+    all-reduce followed by one norm kernel (the torch reference on CPU). Returns (normalised,
+    new residual)."""
+    got = comm.all_reduce_rmsnorm(partial, weight, residual=residual, eps=eps)
+    return got.out, got.residual
 
 
 class TPWeights:

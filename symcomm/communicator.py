@@ -241,6 +241,8 @@ class Communicator:
         ``dequantize=True`` adds the decoded rows; ``swizzle=True`` returns the scales in the 128x4
         GEMM layout; ``out`` (an Fp4Gathered) supplies preallocated gathered buffers.
         """
+        if _is_compiling():
+            return ops.compiled_all_gatherv_fp4(self, x, sizes, global_scale, extra, dequantize, algo, swizzle, out)
         return _all_gatherv_fp4(self, x, sizes, global_scale, extra, dequantize, algo, swizzle=swizzle, out=out)
 
     def all_reduce_rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None,
@@ -248,6 +250,9 @@ class Communicator:
                            quant: str | None = None, scale: float | torch.Tensor | None = None,
                            swizzle: bool = False, algo: str = "auto") -> fused_norm.NormedResult:
         """h = all_reduce(x) + residual, y = rmsnorm(h) * weight (+ FP8/NVFP4): see fused_norm.all_reduce_rmsnorm."""
+        if _is_compiling():
+            return ops.compiled_all_reduce_rmsnorm(self, x, weight, residual, eps, out, residual_out, quant, scale,
+                                                   swizzle, algo)
         return fused_norm.all_reduce_rmsnorm(self, x, weight, residual=residual, eps=eps, out=out, algo=algo,
                                              residual_out=residual_out, quant=quant, scale=scale, swizzle=swizzle)
 

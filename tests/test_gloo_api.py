@@ -186,6 +186,35 @@ def test_torch_compile_fullgraph_matches_eager():
     run_world(_compiled, 2, timeout_s=600)
 
 
+def _compiled_composites(rank, world):
+    """The two ops that are more than one collective trace too: all_reduce_rmsnorm (with a
+    residual updated in place) and all_gatherv_fp4 with a tensor global scale and an extra."""
+    comm = symcomm.Communicator()
+    sizes = [2, 0, 3][:world]
+
+    def step(x, weight, residual, rows, ids, gs):
+        normed = comm.all_reduce_rmsnorm(x, weight, residual=residual, residual_out=residual)
+        gathered = comm.all_gatherv_fp4(rows, sizes, gs, extra=[ids], dequantize=True)
+        return normed.out, normed.residual, gathered.packed, gathered.scales, gathered.extra[0], gathered.values
+
+    def args():
+        return (_input((3, 16), torch.bfloat16, rank, 4), _input((16,), torch.bfloat16, 0, 5),
+                _input((3, 16), torch.bfloat16, rank, 6), _input((sizes[rank], 32), torch.bfloat16, rank, 7),
+                torch.full((sizes[rank], 2), rank, dtype=torch.int32), torch.tensor([0.5]))
+
+    eager_args, compiled_args = args(), args()
+    eager = step(*eager_args)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_args)
+    for i, (e, c) in enumerate(zip(eager, compiled)):
+        assert torch.equal(e.view(torch.uint8), c.view(torch.uint8)), f"output {i}"
+    assert torch.equal(eager_args[2], compiled_args[2]), "the in-place residual"
+    comm.close()
+
+
+def test_torch_compile_fullgraph_traces_the_composite_ops():
+    run_world(_compiled_composites, 3, timeout_s=600)
+
+
 def test_communicator_needs_torch_distributed():
     with pytest.raises(symcomm.ArgumentError, match="init_process_group"):
         symcomm.Communicator()
