@@ -9,6 +9,7 @@
  *                                        peer_gather.cu (symcomm_ar_gatherv) gather by push
  *   symcomm_fp4_*                        fp4.cu         NVFP4 quantize / dequantize
  *   symcomm_rmsnorm*                     rmsnorm.cu     residual add + RMSNorm (+ FP8 / NVFP4)
+ *   symcomm_ar_rmsnorm                   fused_norm_ar.cu  the all-reduce kernels fused with it
  *
  * The library is loaded with ctypes; symcomm/_native.py holds the matching ctypes table and
  * tests/test_native_header.py fails when the two disagree. Every source file includes this
@@ -327,6 +328,23 @@ symcomm_status_t symcomm_rmsnorm_host(const void* a, const void* residual, const
                                       symcomm_dtype_t dtype, int64_t rows, int64_t cols, float eps,
                                       void* residual_out, symcomm_norm_quant_t quant, void* out, void* scales,
                                       float scale, int swizzle);
+
+/* Fused all-reduce (sum) + residual add + RMSNorm (fused_norm_ar.cu): a = the all-reduce of x
+ * over the context's ranks with kernel `algo`, then exactly symcomm_rmsnorm's outputs for a
+ * (same arguments and rules; its bits equal that all-reduce followed by symcomm_rmsnorm).
+ * dtype is fp16 or bf16, cols a multiple of 16 and at most 8192 (a row is held in registers).
+ * Input as in symcomm_ar_run: stage != 0 copies x into the staging buffer first (one-shot,
+ * two-shot), otherwise slot `slot` is read at in_offset; flag-free reads x directly.
+ * residual_out is required and, with out and scales, must not overlap x. Capacity: the input
+ * (rows x cols x 2 bytes) fits the flag-free buffer or the staging buffer; two-shot also needs
+ * its scratch (the staging size) to hold h, y and the scales. With two-shot the residual is
+ * read by each row's owner rank only, so it must be equal on every rank. Collective and
+ * bounded like symcomm_ar_run; enqueued on stream. */
+symcomm_status_t symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* x,
+                                    int slot, uint64_t in_offset, int stage, const void* residual,
+                                    const void* weight, int64_t rows, int64_t cols, float eps, void* residual_out,
+                                    symcomm_norm_quant_t quant, void* out, void* scales, const void* scale_ptr,
+                                    float scale_value, int swizzle, symcomm_stream_t stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -71,6 +71,9 @@ SIGNATURES: dict[str, tuple[list, object]] = {
                          _stream], _status),
     "symcomm_rmsnorm_host": ([_ptr, _ptr, _ptr, _dtype, _i64, _i64, _f32, _ptr, _quant, _ptr, _ptr, _f32, _int],
                              _status),
+    # fused_norm_ar.cu
+    "symcomm_ar_rmsnorm": ([_ar, _algo, _dtype, _ptr, _int, _u64, _int, _ptr, _ptr, _i64, _i64, _f32, _ptr, _quant,
+                            _ptr, _ptr, _ptr, _f32, _int, _stream], _status),
 }
 
 # symcomm_dtype_t

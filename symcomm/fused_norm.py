@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _native, fp4, validate
+from .backends import fused_norm_ar
 from .dispatch import Choice
 from .errors import ArgumentError, CommClosedError, DtypeError, SymcommError
 
@@ -401,8 +402,41 @@ class Unfused(NormPath):
         return NormedResult(y, h, scales)
 
 
-# Ordered by preference: fused paths go ahead of the unfused ones when they arrive.
-NORM_PATHS: tuple[NormPath, ...] = (Unfused("unfused", _kernel), Unfused("reference", _torch))
+class Fused(NormPath):
+    """An all-reduce kernel of symcomm's with the norm in the same launch (csrc/fused_norm_ar.cu).
+    It serves where the all-reduce alone would run on that kernel (the tuning table's choice for
+    x, or ``algo=`` naming the kernel), so it returns the bits of ``unfused`` with the same
+    all-reduce, only sooner; elsewhere the unfused path keeps the table's all-reduce choice."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.kernel = fused_norm_ar.FUSED[name]
+
+    def why_not(self, comm, call: NormCall, ar_algo: str) -> str | None:
+        if self.kernel not in comm.algorithms():
+            reason = comm.capabilities()["paths"].get(self.kernel, {}).get("reason", "not among this communicator's paths")
+            return f"{self.kernel} is off: {reason}"
+        chosen = comm.select("all_reduce", call.x).algo if ar_algo == "auto" else ar_algo
+        if chosen != self.kernel:
+            return f"the all-reduce of x alone runs on {chosen}, not {self.kernel}"
+        return fused_norm_ar.why_not(comm.path(self.kernel), call.x, call.quant)
+
+    def run(self, comm, call: NormCall, ar_algo: str) -> NormedResult:
+        custom = comm.path(self.kernel)
+        comm._require_open()  # what an all-reduce call checks first: closed, or a peer gave up
+        comm._verify(validate.all_reduce(call.x, None, "sum", comm.device), custom)  # check mode
+        y, scales = _allocate(call)
+        h = call.residual_out if call.residual_out is not None else torch.empty_like(call.x)
+        if call.tokens:
+            fused_norm_ar.run(custom, call.x, call.residual, call.weight, call.eps, h, call.quant, y, scales,
+                              call.scale, call.swizzle)
+        return NormedResult(y, h, scales)
+
+
+# Ordered by preference: a fused path serves only where its kernel is the all-reduce's choice,
+# so at most one of them can, and it goes ahead of the unfused paths.
+NORM_PATHS: tuple[NormPath, ...] = (*(Fused(name) for name in fused_norm_ar.FUSED), Unfused("unfused", _kernel),
+                                    Unfused("reference", _torch))
 _BY_NAME = {p.name: p for p in NORM_PATHS}
 
 

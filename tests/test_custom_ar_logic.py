@@ -145,15 +145,15 @@ def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
     state = FakeState(granules={granule: granule << GRANULE_SHIFT}, graph_slots=3)
     session = custom.CaptureSession()
     one, two = custom.CustomPath(ONESHOT, custom.Kernels(state)), custom.CustomPath(TWOSHOT, custom.Kernels(state))
-    assert one._record(session, _call(in_ptr=1 << 30)) == 1
-    assert two._record(session, _call(in_ptr=1 << 30)) == 1  # same buffer, same slot
-    assert one._record(session, _call(in_ptr=1 << 30, out_ptr=1 << 30)) == 0  # in-place one-shot stages
-    assert two._record(session, _call(in_ptr=3 << 30, out_ptr=3 << 30)) == 2  # two-shot may read in place
-    assert one._record(session, _call(in_ptr=granule << GRANULE_SHIFT)) == 0  # symmetric pool: cuMem
-    assert one._record(session, _call(in_ptr=5 << 30)) == 0  # slots exhausted: stage instead
+    assert one._record(session, 1 << 30, False) == 1
+    assert two._record(session, 1 << 30, False) == 1  # same buffer, same slot
+    assert one._record(session, 1 << 30, True) == 0  # in-place one-shot stages
+    assert two._record(session, 3 << 30, False) == 2  # two-shot may read in place
+    assert one._record(session, granule << GRANULE_SHIFT, False) == 0  # symmetric pool: cuMem
+    assert one._record(session, 5 << 30, False) == 0  # slots exhausted: stage instead
     assert session.out_of_slots and list(session.slots) == [1 << 30, 3 << 30]
     no_ipc = FakeState(can_register=False)
-    assert custom.CustomPath(ONESHOT, custom.Kernels(no_ipc))._record(custom.CaptureSession(), _call()) == 0
+    assert custom.CustomPath(ONESHOT, custom.Kernels(no_ipc))._record(custom.CaptureSession(), 1 << 30, False) == 0
 
 
 def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
@@ -359,3 +359,19 @@ def test_abort_codes_name_the_peer_and_the_way_out(code, words):
     for word in words:
         assert word in text, text
     assert "close() it" in text
+
+
+@pytest.mark.parametrize("kernel,shape,quant,reason", [
+    (FLAGFREE, (8, 2056), None, "multiple of 16"),
+    (FLAGFREE, (8, 8208), None, "up to 8192"),
+    (FLAGFREE, (64, 8192), None, "exceeds the flag-free buffer"),
+    (ONESHOT, (1100, 8192), None, "exceeds the staging buffer"),
+    (TWOSHOT, (768, 8192), None, "two-shot's scratch"),
+    (TWOSHOT, (900, 8192), "nvfp4", "two-shot's scratch"),
+])
+def test_fused_norm_kernels_decline_with_a_reason(kernel, shape, quant, reason):
+    from symcomm.backends import fused_norm_ar
+    path = custom.CustomPath(kernel, custom.Kernels(FakeState()))
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    assert reason in fused_norm_ar.why_not(path, x, quant)
+    assert fused_norm_ar.why_not(path, torch.empty((4, 2048), dtype=torch.bfloat16), quant) is None

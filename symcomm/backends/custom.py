@@ -571,6 +571,11 @@ class CustomPath(Path):
         self._attach(kernels)
         return None
 
+    @property
+    def state(self) -> CustomAllReduce:
+        """The kernels' shared state (for the fused paths that launch on it)."""
+        return self._state
+
     def _attach(self, kernels: Kernels) -> None:
         kernels.users += 1
         self._kernels, self._state = kernels, kernels.state
@@ -689,38 +694,43 @@ class CustomPath(Path):
         if call.op in SCATTERS:
             self._run_scatter(call)
             return
+        ptr = call.in_ptrs[0]
+        # In place, one-shot writes what peers may still be reading: that input is staged.
+        overwritten = self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]
+        self._state.run(self._algo, call, *self.input_of(ptr, call.nbytes, overwritten, self._algo))
+
+    def input_of(self, ptr: int, nbytes: int, overwritten: bool,
+                 code: int) -> tuple[int, int, int, CaptureSession | None]:
+        """How this kernel's launch reads the input at ptr: (stage, slot, offset, the capture
+        session or None). A pool input in a mapped region is read in place; inside
+        graph_capture() an input with an IPC handle gets a slot of its own; any other is staged
+        (flag-free reads its input directly, whatever it is). Inside graph_capture() the call is
+        recorded, as kernel ``code``, for the ranks' comparison. ``overwritten``: the launch
+        writes its input while peers still read it, so it must be staged."""
         state = self._state
         session = state.capture
         # Only inside graph_capture() is there a capture to record for: one flag test otherwise.
-        capturing = session is not None and torch.cuda.is_current_stream_capturing()
-        if self._algo and state.region_slots:
-            ptr = call.in_ptrs[0]
-            base, slot = state.region_of(ptr) or (None, None)
-            # In place one-shot writes what peers may still be reading: stage that one. So is
-            # an input in a region that could not be mapped (map_regions failed for it).
-            if slot is not None and not (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
-                if capturing:
-                    session.record(IN_REGION, self._algo, call.nbytes, state.region_numbers[base], ptr - base)
-                state.run(self._algo, call, 0, slot, ptr - base, session if capturing else None)
-                return
-        stage, slot = 1, 0
-        if capturing:
-            if self._algo:
-                slot = self._record(session, call)
-                stage = 0 if slot else 1
-            session.record(session.order[call.in_ptrs[0]] if slot else STAGED if self._algo else DIRECT,
-                           self._algo, call.nbytes)
-            state.run(self._algo, call, stage, slot, 0, session)
-            return
-        state.run(self._algo, call, stage, slot)
+        if session is not None and not torch.cuda.is_current_stream_capturing():
+            session = None
+        if self._algo and not overwritten:
+            region = state.region_of(ptr)  # None also for a region map_regions could not map
+            if region is not None:
+                base, slot = region
+                if session is not None:
+                    session.record(IN_REGION, code, nbytes, state.region_numbers[base], ptr - base)
+                return 0, slot, ptr - base, session
+        if session is None:
+            return 1, 0, 0, None
+        slot = self._record(session, ptr, overwritten) if self._algo else 0
+        session.record(session.order[ptr] if slot else STAGED if self._algo else DIRECT, code, nbytes)
+        return (0 if slot else 1), slot, 0, session
 
-    def _record(self, session: CaptureSession, call: Call) -> int:
-        """The slot for this captured call's input, or 0 to stage it instead (still correct,
-        one copy slower): symmetric-pool and expandable-segment memory has no IPC handle, and an
-        in-place one-shot must not overwrite an input its peers are still reading."""
+    def _record(self, session: CaptureSession, ptr: int, overwritten: bool) -> int:
+        """The slot for this captured input, or 0 to stage it instead (still correct, one copy
+        slower): symmetric-pool and expandable-segment memory has no IPC handle, and an input
+        the launch overwrites while peers read it must be staged."""
         state = self._state
-        ptr = call.in_ptrs[0]
-        if not state.can_register or (self._algo == ALGO_CODES[ONESHOT] and ptr == call.out_ptrs[0]):
+        if not state.can_register or overwritten:
             return 0
         if state.granules is not None and (ptr >> GRANULE_SHIFT) in state.granules:
             return 0

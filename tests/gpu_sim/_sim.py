@@ -38,18 +38,19 @@ class SimWorld:
     """W linked contexts and one stream per simulated rank; close() destroys the contexts."""
 
     def __init__(self, world: int, timeout_s: float = TIMEOUT_S, max_blocks: int = MAX_BLOCKS,
-                 graph_slots: int = 1):
+                 graph_slots: int = 1, staging_bytes: int = STAGING_BYTES, flagfree_bytes: int = FLAGFREE_BYTES):
         self.lib = _native.load().lib
         self.world = world
         self.timeout_s = timeout_s
         self.graph_slots = graph_slots
+        self.staging_bytes, self.flagfree_bytes = staging_bytes, flagfree_bytes
         self.device = torch.cuda.current_device()
         self.ctxs = (ctypes.c_void_p * world)()
         self._states: dict[int, CustomAllReduce] = {}
         try:
             for r in range(world):
                 ctx = ctypes.c_void_p()
-                code = self.lib.symcomm_ar_create(r, world, self.device, STAGING_BYTES, FLAGFREE_BYTES, graph_slots,
+                code = self.lib.symcomm_ar_create(r, world, self.device, staging_bytes, flagfree_bytes, graph_slots,
                                                   timeout_s, ctypes.byref(ctx))
                 _native.check(self.lib, "symcomm_ar_create", code)
                 self.ctxs[r] = ctx.value
@@ -102,7 +103,7 @@ class SimWorld:
         close() still destroys it, unless a test retired it through the wrapper."""
         if rank not in self._states:
             state = CustomAllReduce(self.lib, self.ctxs[rank], rank, self.world, torch.device("cuda", self.device),
-                                    STAGING_BYTES, FLAGFREE_BYTES, self.graph_slots, None, self.timeout_s)
+                                    self.staging_bytes, self.flagfree_bytes, self.graph_slots, None, self.timeout_s)
             state.watch()
             self._states[rank] = state
         return self._states[rank]

@@ -1,0 +1,318 @@
+// Fused all-reduce + residual add + RMSNorm (+ FP8 / NVFP4 output): the three all-reduce
+// kernels of custom_ar.cu, each followed inside the same launch by csrc/rmsnorm.cuh's per-row
+// routine, so the all-reduced rows never make a round trip through memory and the norm needs
+// no launch of its own.
+//
+// Same bits as unfused. Each fused kernel sums like its all-reduce (fp32, rank order, the
+// first rank's value seeding the sum, rounded once to T), then runs the standalone kernel's
+// code: rmsnorm_row with a block of norm::kThreads threads per row and thread t holding
+// vectors t + i * kThreads. So its outputs equal "the same all-reduce, then csrc/rmsnorm.cu",
+// bit for bit, on every rank.
+//
+//   flag-free: every rank pushes its rows into every peer's receive buffer (as flag_free), then
+//              each block waits for the vectors of its rows, sums, normalises.
+//   one-shot:  barrier, every rank reads all peers' rows, sums and normalises every row, barrier.
+//   two-shot:  barrier, rank r sums and normalises its chunk of rows into its scratch (h, y and
+//              scales), barrier, every rank copies every chunk from its owner. The residual is
+//              read by the owner only: it must be the same on every rank (as it is under tensor
+//              parallelism), or each rank gets its owners' sums.
+//
+// Synchronisation, epochs and giving up are peer.cuh's, shared with every other peer kernel.
+#include "peer.cuh"
+#include "rmsnorm.cuh"
+
+#include <cstring>
+
+namespace {
+using namespace symcomm::ar;
+namespace norm = symcomm::norm;
+
+// Everything of one call besides the input: the rows, the norm's arguments, the outputs.
+template <typename T>
+struct NormRows {
+  const T* residual;  // [rows, hidden] or null
+  T* residual_out;    // [rows, hidden]: h
+  const T* weight;    // [hidden]
+  float eps;
+  int rows;
+  int nvec;           // hidden / 8
+  norm::Output out;   // y (or its FP8 / NVFP4 encoding)
+};
+
+template <typename T>
+__device__ __forceinline__ norm::Vec<T> as_vec(const uint4& v) {
+  norm::Vec<T> h;
+  memcpy(&h, &v, sizeof h);
+  return h;
+}
+
+// h = the summed vector (+ the residual), stored to the new residual: the standalone kernel's
+// first step for one vector.
+template <typename T>
+__device__ __forceinline__ norm::Vec<T> finish_h(const uint4& sum, const NormRows<T>& a, int64_t idx) {
+  norm::Vec<T> h = as_vec<T>(sum);
+  if (a.residual != nullptr) norm::add_residual(h, reinterpret_cast<const norm::Vec<T>*>(a.residual)[idx]);
+  reinterpret_cast<norm::Vec<T>*>(a.residual_out)[idx] = h;
+  return h;
+}
+
+template <typename T, int W, int kIters>
+__global__ void __launch_bounds__(norm::kThreads) one_shot_norm(Sync s, const Peers* in, size_t in_offset,
+                                                                NormRows<T> a) {
+  __shared__ float smem[norm::kWarps];
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0 || !slot_ready(s, in, W)) return;
+  const uint4* src[kMaxRanks];
+  for (int r = 0; r < W; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
+  if (!barrier(s, kStart, W, epoch)) return;
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    norm::Vec<T> h[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * norm::kThreads;
+      if (j < a.nvec) h[i] = finish_h(reduce_at<T, W>(src, size_t(row) * a.nvec + j), a, int64_t(row) * a.nvec + j);
+    }
+    norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
+  }
+  // Peers read this rank's input until they pass here.
+  barrier(s, kEnd, W, epoch);
+}
+
+// Where two-shot's owners leave their rows for the gather: h, then y as the output format
+// stores it (T, FP8 bytes, or NVFP4 codes), then linear NVFP4 block scales, each area 16-byte
+// aligned. Row indices are the full tensor's; an owner fills only its chunk.
+struct ScratchLayout {
+  size_t y_offset;
+  size_t scales_offset;
+  size_t y_row_bytes;
+};
+
+template <typename T, int W, int kIters>
+__global__ void __launch_bounds__(norm::kThreads) two_shot_norm(Sync s, Peers scratch, const Peers* in,
+                                                                size_t in_offset, NormRows<T> a, ScratchLayout lay) {
+  __shared__ float smem[norm::kWarps];
+  const int rank = s.rank;
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0 || !slot_ready(s, in, W)) return;
+  const uint4* src[kMaxRanks];
+  for (int r = 0; r < W; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
+  const int chunk = (a.rows + W - 1) / W;
+  if (!barrier(s, kStart, W, epoch)) return;
+  // Owner phase: rows of this rank's chunk, normalised into its own scratch. Block b takes the
+  // same offsets within every chunk in both phases, so its mid barrier covers what it gathers.
+  char* mine = scratch.ptr[rank];
+  NormRows<T> own = a;
+  own.residual_out = reinterpret_cast<T*>(mine);
+  own.out.y = mine + lay.y_offset;
+  own.out.scales = reinterpret_cast<uint8_t*>(mine + lay.scales_offset);
+  own.out.swizzle = 0;
+  const int lo = rank * chunk, hi = lo + chunk < a.rows ? lo + chunk : a.rows;
+  for (int row = lo + blockIdx.x; row < hi; row += gridDim.x) {
+    norm::Vec<T> h[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * norm::kThreads;
+      if (j < a.nvec) h[i] = finish_h(reduce_at<T, W>(src, size_t(row) * a.nvec + j), own, int64_t(row) * a.nvec + j);
+    }
+    norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, own.out, smem);
+  }
+  // After it, every peer has read our input (so it may be reused) and every chunk is ready.
+  if (!barrier(s, kMid, W, epoch)) return;
+  const size_t h_row = size_t(a.nvec) * 16;
+  const int blocks_per_row = a.nvec / 2;  // NVFP4 scales per row (hidden / 16)
+  for (int k = 0; k < W; ++k) {
+    const int owner = (rank + k) % W;  // staggered, so the ranks do not all read one owner
+    const int olo = owner * chunk, ohi = olo + chunk < a.rows ? olo + chunk : a.rows;
+    const char* theirs = scratch.ptr[owner];
+    for (int row = olo + blockIdx.x; row < ohi; row += gridDim.x) {
+      const uint4* h_src = reinterpret_cast<const uint4*>(theirs + row * h_row);
+      uint4* h_dst = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.residual_out) + row * h_row);
+      for (int j = threadIdx.x; j < a.nvec; j += blockDim.x) h_dst[j] = h_src[j];
+      // y rows are whole 8-byte words in every format (hidden is a multiple of 16 for NVFP4).
+      const uint2* y_src = reinterpret_cast<const uint2*>(theirs + lay.y_offset + row * lay.y_row_bytes);
+      uint2* y_dst = reinterpret_cast<uint2*>(static_cast<char*>(a.out.y) + row * lay.y_row_bytes);
+      for (size_t j = threadIdx.x; j < lay.y_row_bytes / 8; j += blockDim.x) y_dst[j] = y_src[j];
+      if (a.out.quant == norm::kQuantNvfp4) {
+        const uint8_t* sc = reinterpret_cast<const uint8_t*>(theirs + lay.scales_offset) + size_t(row) * blocks_per_row;
+        for (int c = threadIdx.x; c < blocks_per_row; c += blockDim.x)
+          a.out.scales[a.out.swizzle ? symcomm::fp4::swizzled_index(row, c, a.out.padded_cols)
+                                     : size_t(row) * blocks_per_row + c] = sc[c];
+      }
+    }
+  }
+  // No closing barrier, as two_shot: an owner rewrites its scratch only after the next call's
+  // start barrier, which peers reach only once they finished gathering from it.
+}
+
+__device__ __forceinline__ uint4 no_sentinel(uint4 v) {
+  v.x = v.x == kSentinel ? kNotSentinel : v.x;
+  v.y = v.y == kSentinel ? kNotSentinel : v.y;
+  v.z = v.z == kSentinel ? kNotSentinel : v.z;
+  v.w = v.w == kSentinel ? kNotSentinel : v.w;
+  return v;
+}
+
+__device__ __forceinline__ bool sentinel_in(const uint4& v) {
+  return v.x == kSentinel || v.y == kSentinel || v.z == kSentinel || v.w == kSentinel;
+}
+
+// flag_free's protocol (receive buffers rotating over three, sentinel words, each block keeping
+// its own buffer index and clear count), with rows instead of a flat range: every block of the
+// context takes part in every call, whatever its mapping, because the bookkeeping is per block.
+template <typename T, int W, int kIters>
+__global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers recv, const uint4* x, size_t slot_vecs,
+                                                                 NormRows<T> a) {
+  __shared__ float smem[norm::kWarps];
+  __shared__ uint32_t buf, prev;
+  __shared__ bool stopped;
+  const int rank = s.rank;
+  Signal* self = own_signal(s);
+  const size_t nvec_total = size_t(a.rows) * a.nvec;
+  if (threadIdx.x == 0) {
+    stopped = has_given_up(s);
+    buf = self->flagfree_buf[blockIdx.x];
+    prev = self->flagfree_prev[blockIdx.x];
+    self->flagfree_buf[blockIdx.x] = buf == 2 ? 0 : buf + 1;
+    self->flagfree_prev[blockIdx.x] = uint32_t(nvec_total);
+  }
+  __syncthreads();
+  if (stopped) return;
+  const size_t old = (buf + 2) % 3;
+  // Push every row of this block first, so no peer waits on data this rank has yet to send.
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    for (int j = threadIdx.x; j < a.nvec; j += blockDim.x) {
+      const size_t idx = size_t(row) * a.nvec + j;
+      const uint4 v = no_sentinel(x[idx]);
+      for (int p = 0; p < W; ++p)
+        if (p != rank) reinterpret_cast<uint4*>(recv.ptr[p])[(buf * W + rank) * slot_vecs + idx] = v;
+    }
+  }
+  const uint4* mine = reinterpret_cast<const uint4*>(recv.ptr[rank]);
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    norm::Vec<T> h[kIters];
+    bool gave_up = false;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * norm::kThreads;
+      if (j >= a.nvec || gave_up) continue;
+      const size_t idx = size_t(row) * a.nvec + j;
+      uint4 v[W];
+#pragma unroll
+      for (int r = 0; r < W; ++r) v[r] = r == rank ? no_sentinel(x[idx]) : load_volatile(mine + (buf * W + r) * slot_vecs + idx);
+#pragma unroll
+      for (int r = 0; r < W; ++r) {
+        if (r == rank || !sentinel_in(v[r]) || gave_up) continue;
+        const uint4* p = mine + (buf * W + r) * slot_vecs + idx;
+        const uint64_t t0 = now_ns();
+        do {
+          if (has_given_up(s)) {
+            gave_up = true;
+          } else if (now_ns() - t0 > s.timeout_ns) {
+            give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kFlagFreePhase, r));
+            gave_up = true;
+          } else {
+            v[r] = load_volatile(p);
+          }
+        } while (!gave_up && sentinel_in(v[r]));
+      }
+      float acc[Lanes<T>::kN];
+      Lanes<T>::load(v[0], acc);
+#pragma unroll
+      for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
+      if (!gave_up) h[i] = finish_h(Lanes<T>::pack(acc), a, int64_t(idx));
+    }
+    // rmsnorm_row synchronises the block: every thread leaves together, or none does.
+    if (__syncthreads_or(gave_up)) return;
+    norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
+  }
+  uint4* stale = const_cast<uint4*>(mine) + old * W * slot_vecs;
+  const uint4 blank = make_uint4(kSentinel, kSentinel, kSentinel, kSentinel);
+  for (int r = 0; r < W; ++r) {
+    if (r == rank) continue;
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < prev; i += size_t(gridDim.x) * blockDim.x)
+      stale[r * slot_vecs + i] = blank;
+  }
+}
+
+template <typename T, int W, int kIters>
+cudaError_t launch_norm(Context* c, int algo, const uint4* x, int slot, size_t in_offset, const NormRows<T>& a,
+                        const ScratchLayout& lay, cudaStream_t stream) {
+  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  // Equal on every rank (rows is), as block b meets block b.
+  const int blocks = a.rows < c->grid_blocks ? a.rows : c->grid_blocks;
+  switch (algo) {
+    case SYMCOMM_AR_FLAGFREE:
+      flag_free_norm<T, W, kIters><<<c->flagfree_blocks, norm::kThreads, 0, stream>>>(s, c->flagfree, x,
+                                                                                       c->flagfree_bytes / 16, a);
+      break;
+    case SYMCOMM_AR_ONESHOT:
+      one_shot_norm<T, W, kIters><<<blocks, norm::kThreads, 0, stream>>>(s, c->slots + slot, in_offset, a);
+      break;
+    case SYMCOMM_AR_TWOSHOT:
+      two_shot_norm<T, W, kIters><<<blocks, norm::kThreads, 0, stream>>>(s, c->scratch, c->slots + slot, in_offset, a,
+                                                                         lay);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+extern "C" {
+
+int symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* x, int slot,
+                       uint64_t in_offset, int stage, const void* residual, const void* weight, int64_t rows,
+                       int64_t cols, float eps, void* residual_out, symcomm_norm_quant_t quant, void* out,
+                       void* scales, const void* scale_ptr, float scale_value, int swizzle, cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  const int q = static_cast<int>(quant);
+  const int64_t nvec = cols / norm::kVec;
+  const size_t nbytes = size_t(rows) * size_t(cols) * 2;  // bf16 / fp16
+  const size_t y_row = q == norm::kQuantNone ? size_t(cols) * 2 : q == norm::kQuantFp8 ? size_t(cols) : size_t(cols) / 2;
+  ScratchLayout lay{round16(nbytes), round16(nbytes) + round16(size_t(rows) * y_row), y_row};
+  const size_t scratch_need = lay.scales_offset + (q == norm::kQuantNvfp4 ? size_t(rows) * size_t(cols) / 16 : 0);
+  if (rows < 0 || rows > INT32_MAX || cols <= 0 || cols % 16 || nvec > 4 * norm::kThreads || slot < 0 ||
+      slot >= c->max_slots || (dtype != SYMCOMM_FLOAT16 && dtype != SYMCOMM_BFLOAT16) ||
+      (q != norm::kQuantNone && q != norm::kQuantFp8 && q != norm::kQuantNvfp4) || residual_out == nullptr ||
+      (algo == SYMCOMM_AR_FLAGFREE ? nbytes > c->flagfree_bytes : nbytes > c->staging_bytes) ||
+      (algo == SYMCOMM_AR_TWOSHOT && scratch_need > c->staging_bytes))
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (stage && algo != SYMCOMM_AR_FLAGFREE) {
+    if ((err = cudaMemcpyAsync(c->base + kSignalBytes, x, nbytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
+      return err;
+    slot = 0, in_offset = 0;
+  }
+  if (q == norm::kQuantNvfp4 && swizzle) {
+    // The padding of the 128x4 tiles reads as zero scales, as symcomm.fp4.quantize writes it.
+    const size_t padded = size_t(symcomm::fp4::padded_rows(rows)) * symcomm::fp4::padded_cols(cols / 16);
+    if ((err = cudaMemsetAsync(scales, 0, padded, stream)) != cudaSuccess) return err;
+  }
+  const norm::Output o{q, out, static_cast<uint8_t*>(scales), static_cast<const float*>(scale_ptr), scale_value,
+                       swizzle, symcomm::fp4::padded_cols(cols / 16)};
+  const uint4* xv = static_cast<const uint4*>(x);
+  return for_dtype(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    if constexpr (std::is_same<T, float>::value) {
+      return cudaErrorInvalidValue;  // refused above; no fp32 instantiation
+    } else {
+      const NormRows<T> a{static_cast<const T*>(residual), static_cast<T*>(residual_out), static_cast<const T*>(weight),
+                          eps, int(rows), int(nvec), o};
+      return for_world(c->world, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        const int iters = int((nvec + norm::kThreads - 1) / norm::kThreads);
+        if (iters <= 1) return launch_norm<T, W, 1>(c, algo, xv, slot, in_offset, a, lay, stream);
+        if (iters <= 2) return launch_norm<T, W, 2>(c, algo, xv, slot, in_offset, a, lay, stream);
+        return launch_norm<T, W, 4>(c, algo, xv, slot, in_offset, a, lay, stream);
+      });
+    }
+  });
+}
+
+}  // extern "C"
