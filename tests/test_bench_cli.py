@@ -206,13 +206,13 @@ def test_rmsnorm_columns_run_clean_and_count_an_injected_wrong_element(world_of_
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     rows = table_rows(out)
-    assert [(size, count) for size, count, *_ in rows] == [(16384, 8192), (32768, 16384)] * 4
+    assert [(size, count) for size, count, *_ in rows] == [(16384, 8192), (32768, 16384)] * 5
     assert all(w_oop == "0" and w_ip == "0" for *_, w_oop, w_ip in rows)
-    assert "unfused+nvfp4 vs nccl+torch" in out and "x is [tokens, 8192]" in out
+    assert "Using algo: fused+nvfp4" in out and "Using algo: unfused" in out and "x is [tokens, 8192]" in out
     monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
     monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
     assert cli.main(args[:-6] + ["-b", "16K", "-e", "16K", "-n", "1", "-w", "0"]) == 1
-    assert [(w_oop, w_ip) for *_, w_oop, w_ip in table_rows(capsys.readouterr().out)] == [("1", "1")] * 4
+    assert [(w_oop, w_ip) for *_, w_oop, w_ip in table_rows(capsys.readouterr().out)] == [("1", "1")] * 5
 
 
 def test_fp4_gather_counts_an_injected_wrong_byte(world_of_one, capsys, monkeypatch):

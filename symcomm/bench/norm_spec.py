@@ -4,12 +4,14 @@ rows, one column per way of doing it, in the same run:
 - ``nccl+torch``: the baseline every peer starts from: ``comm.all_reduce`` forced onto plain
   NCCL (torch.distributed on CPU, which has no NCCL), then ``a + residual`` and PyTorch's own
   ``F.rms_norm``;
-- ``unfused``: ``comm.all_reduce_rmsnorm``: symcomm's all-reduce on the path --algo names
-  (auto with --algo all), then one launch of csrc/rmsnorm.cu (the torch reference on CPU);
-- ``unfused+fp8``, ``unfused+nvfp4``: the same with a quantized y.
-
-Fused paths, when they exist, become columns here (named after their norm path, run with
-``algo=`` that name), so every row compares them with the unfused path and the baseline.
+- ``unfused``: ``comm.all_reduce_rmsnorm(algo="unfused")``: symcomm's all-reduce on the path
+  its table picks, then one launch of csrc/rmsnorm.cu (``algo="reference"``, the torch
+  reference, on CPU);
+- ``fused``: ``comm.all_reduce_rmsnorm`` with --algo's path (auto with --algo all): a fused
+  all-reduce + RMSNorm kernel where the all-reduce would run on one of symcomm's kernels, the
+  unfused path elsewhere; so fused against unfused is the fusion's gain, size by size;
+- ``fused+fp8``, ``fused+nvfp4``: the same with a quantized y, whose cost against ``fused`` is
+  the quantization's.
 
 The size column counts x's bytes (the all-reduced tensor), so sizes and bus bandwidths line up
 with all_reduce's; sizes round down to whole tokens of HIDDEN values. "In place" means the new
@@ -38,9 +40,11 @@ from .spec import Buffers, Case, Cases, Inputs, Setup
 HIDDEN = 8192  # one of the issue's model sizes (7168 is the other): a hidden flag would go here
 EPS = 1e-6
 BASELINE = "nccl+torch"
-# column -> quant mode of the symcomm columns
-_QUANT = {"unfused": None, "unfused+fp8": "fp8", "unfused+nvfp4": "nvfp4"}
-VARIANTS = (BASELINE, *_QUANT)
+# column -> (the norm path it forces, or None for --algo's path; quant mode)
+_COLUMNS = {"unfused": ("unfused", None), "fused": (None, None), "fused+fp8": (None, "fp8"),
+            "fused+nvfp4": (None, "nvfp4")}
+_QUANT = {column: quant for column, (_, quant) in _COLUMNS.items()}
+VARIANTS = (BASELINE, *_COLUMNS)
 # y of random rows is within a few units: these keep FP8 codes and NVFP4 block scales in range.
 FP8_SCALE = 2.0**-5
 NVFP4_GLOBAL_SCALE = 448.0 * 6.0 / 8.0
@@ -63,7 +67,8 @@ class AllReduceRmsnorm(AllReduce):
 
     def notes(self, world: int, itemsize: int, path: str) -> list[str]:
         return [f"RMSNorm: x is [tokens, {HIDDEN}] (size / {HIDDEN * itemsize} B = tokens), eps {EPS}; columns "
-                f"{', '.join(VARIANTS)}; the symcomm columns take --algo {path}; in place = residual_out is "
+                f"{', '.join(VARIANTS)}; the fused columns take --algo {path}, the unfused ones the table's all-reduce; "
+                f"in place = residual_out is "
                 f"residual; FP8 scale {FP8_SCALE}, NVFP4 global scale {NVFP4_GLOBAL_SCALE}",
                 f"RMSNorm check: h against float64 within the all-reduce's rounding; symcomm's outputs bit for bit "
                 f"against the torch reference from that h; {BASELINE}'s y against float64"]
@@ -103,10 +108,14 @@ class AllReduceRmsnorm(AllReduce):
                     baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
                     return baseline_y[0]
             else:
+                norm_algo = _COLUMNS[variant][0] or setup.path
+                if norm_algo == "unfused" and fused_norm.kernel_available(device) is not None:
+                    norm_algo = "reference"  # the same unfused path, with the torch reference for the kernel
+
                 def call() -> object:
                     return comm.all_reduce_rmsnorm(x, weight, residual=residual, eps=EPS, out=out,
                                                    residual_out=new_h, quant=quant, scale=scales[quant],
-                                                   algo=setup.path)
+                                                   algo=norm_algo)
 
             def load(fill: int = 0xFF) -> None:
                 # Poison first: in place, the new residual is the input residual.
