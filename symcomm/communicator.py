@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import capture, checks, fused_norm, ops, registry, settings, validate
+from . import capture, checks, fp4_gather, fused_norm, ops, registry, settings, validate
 from .backends import PATHS
 from .backends.custom import DEFAULT_STAGING_BYTES
 from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
@@ -140,10 +140,14 @@ class Communicator:
 
     def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
                sizes: Sequence[int] | None = None, reduce_op: str = "sum", **norm_args: Any) -> Choice:
-        """The path ``algo='auto'`` would take for this call, and why the others were passed over."""
+        """The path ``algo='auto'`` would take for this call, and why the others were passed over.
+        ``all_reduce_rmsnorm`` and ``all_gatherv_fp4`` take their own arguments as keywords
+        (``global_scale=``, ``extra=`` for the FP4 gather)."""
         self._require_open()
         if op == fused_norm.OP:
             return fused_norm.select(self, x, out=out, **norm_args)
+        if op == fp4_gather.OP:
+            return fp4_gather.select(self, x, sizes, out=out, **norm_args)
         if op not in validate.BUILDERS:
             raise ArgumentError(f"op must be one of {', '.join(validate.BUILDERS)}; got {op!r}")
         call = validate.BUILDERS[op](self, x, out, sizes, reduce_op)
