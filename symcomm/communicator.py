@@ -140,9 +140,7 @@ class Communicator:
 
     def select(self, op: str, x: torch.Tensor | Sequence[torch.Tensor], out: Any = None,
                sizes: Sequence[int] | None = None, reduce_op: str = "sum", **norm_args: Any) -> Choice:
-        """The path ``algo='auto'`` would take for this call, and why the others were passed over.
-        ``all_reduce_rmsnorm`` and ``all_gatherv_fp4`` take their own arguments as keywords
-        (``global_scale=``, ``extra=`` for the FP4 gather)."""
+        """The path ``algo='auto'`` would take for this call, and why the others were passed over."""
         self._require_open()
         if op == fused_norm.OP:
             return fused_norm.select(self, x, out=out, **norm_args)
@@ -239,7 +237,7 @@ class Communicator:
                         extra: Sequence[torch.Tensor] = (), dequantize: bool = False, algo: str = "auto", *,
                         swizzle: bool = False, out: Fp4Gathered | None = None) -> Fp4Gathered:
         """NVFP4-quantize this rank's rows ``x`` [sizes[rank], H] and gather every rank's payload,
-        scales and ``extra`` tensors (dim 0 = this rank's rows) in one NCCL group, in rank order.
+        scales and ``extra`` tensors (dim 0 = this rank's rows), fused where it can: fp4_gather.py.
 
         ``global_scale`` must be the same on every rank (``symcomm.fp4.global_scale_for(x, comm)``).
         ``dequantize=True`` adds the decoded rows; ``swizzle=True`` returns the scales in the 128x4
