@@ -1,6 +1,10 @@
-// Uneven all-gather by push (symcomm/backends/peer_gather.py): the kernel and its entry point,
-// over the peer machinery of peer.cuh.
+// Uneven all-gather by push (symcomm/backends/peer_gather.py) and the fused NVFP4 dispatch
+// (symcomm/fp4_gather.py): their kernels and entry points, over the peer machinery of peer.cuh
+// and, for the dispatch, the codec of fp4.cuh.
 #include "peer.cuh"
+#include "fp4.cuh"
+
+#include <cstring>
 
 namespace {
 using namespace symcomm::ar;
@@ -46,6 +50,114 @@ __global__ void __launch_bounds__(kThreads) gather_push(Sync s, const Peers* slo
   barrier(s, kEnd, W, epoch);
 }
 
+
+// ------------------------------------------------------------------ fused NVFP4 dispatch
+// Where one rank's NVFP4 rows land in the gathered payload and block scales: byte offsets from
+// the gathered tensors' row 0 (linear scales: one byte per block, blocks in row order, so this
+// rank's blocks are one run starting at its first row). The kernel and its host twin share it,
+// so CPU CI checks the addressing along with the encoding.
+struct Fp4Rows {
+  int64_t blocks;       // this rank's 16-value blocks: rows * cols / 16
+  int64_t first_block;  // row_offset * cols / 16: where they start in the gathered output
+  SYMCOMM_HD uint64_t payload_at(int64_t b) const { return uint64_t(first_block + b) * 8; }
+  SYMCOMM_HD uint64_t scale_at(int64_t b) const { return uint64_t(first_block + b); }
+};
+
+// One block of 16 values, encoded by the codec's own fp4::encode_block: the kernel and
+// symcomm_ar_gatherv_fp4_host both come through here, so the bytes symcomm_fp4_quantize
+// writes are the bytes the fused kernel writes (tests/test_fp4_dispatch.py checks the host
+// twin against fp4.quantize_host).
+template <typename T>
+SYMCOMM_HD uint8_t encode16(const T* x, float gs, uint32_t (&words)[2]) {
+  float v[symcomm::fp4::kBlock];
+#pragma unroll
+  for (int i = 0; i < symcomm::fp4::kBlock; ++i) v[i] = symcomm::to_f32(x[i]);
+  return symcomm::fp4::encode_block(v, gs, words);
+}
+
+struct Fp4Push {
+  const void* x;          // this rank's rows, 16-byte aligned
+  const float* gs_ptr;    // the global scale on the device, or null: gs_value
+  float gs_value;
+  Fp4Rows rows;
+  int payload_slot, scales_slot;
+  uint64_t payload_offset, scales_offset;  // the gathered tensors' row 0, in their slots' regions
+};
+
+// Fused FP4 dispatch: gather_push's pattern, with the payload and block scales produced on the
+// way. Each thread encodes one block of 16 values of this rank's rows and stores its 8 payload
+// bytes and its scale byte straight into every peer's gathered outputs, then the extras move as
+// gather_push's pieces. The barriers are gather_push's, for the same reasons: start, a peer
+// may still be reading its outputs from the previous use; end, every peer's rows have landed.
+// A warp stores 256 consecutive payload bytes and 32 consecutive scale bytes per peer, which
+// the memory system merges into whole sectors, so byte-sized scales cost no extra transactions.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers* slots, Fp4Push job, Pieces extras) {
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0) return;
+  if (!slot_ready(s, slots + job.payload_slot, W) || !slot_ready(s, slots + job.scales_slot, W)) return;
+  for (int k = 0; k < extras.count; ++k)
+    if (!slot_ready(s, slots + extras.slot[k], W)) return;
+  if (!barrier(s, kStart, W, epoch)) return;
+  const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint8_t* payload[W];
+  uint8_t* scales[W];
+#pragma unroll
+  for (int q = 0; q < W; ++q) {
+    const int peer = (s.rank + q) % W;
+    payload[q] = reinterpret_cast<uint8_t*>(slots[job.payload_slot].ptr[peer] + job.payload_offset);
+    scales[q] = reinterpret_cast<uint8_t*>(slots[job.scales_slot].ptr[peer] + job.scales_offset);
+  }
+  constexpr int kLoads = symcomm::fp4::kBlock * sizeof(T) / 16;
+  const uint4* x = static_cast<const uint4*>(job.x);
+  for (size_t b = first; b < size_t(job.rows.blocks); b += stride) {
+    alignas(16) T v[symcomm::fp4::kBlock];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) reinterpret_cast<uint4*>(v)[j] = __ldg(x + b * kLoads + j);
+    uint32_t words[2];
+    const uint8_t scale = encode16(v, gs, words);
+    const uint2 packed = make_uint2(words[0], words[1]);
+    const uint64_t at = job.rows.payload_at(int64_t(b)), sat = job.rows.scale_at(int64_t(b));
+#pragma unroll
+    for (int q = 0; q < W; ++q) {
+      *reinterpret_cast<uint2*>(payload[q] + at) = packed;
+      scales[q][sat] = scale;
+    }
+  }
+  for (int k = 0; k < extras.count; ++k) {
+    uint4* dst[W];
+#pragma unroll
+    for (int q = 0; q < W; ++q) dst[q] = reinterpret_cast<uint4*>(slots[extras.slot[k]].ptr[(s.rank + q) % W] + extras.dst_offset[k]);
+    const uint4* src = extras.src[k];
+    for (size_t i = first; i < extras.nvec[k]; i += stride) {
+      const uint4 v = src[i];
+#pragma unroll
+      for (int q = 0; q < W; ++q) dst[q][i] = v;
+    }
+  }
+  barrier(s, kEnd, W, epoch);
+}
+
+bool fp4_shape(int64_t rows, int64_t cols, int64_t row_offset, int64_t total_rows, Fp4Rows* out) {
+  if (rows < 0 || row_offset < 0 || cols <= 0 || cols % symcomm::fp4::kBlock || row_offset + rows > total_rows)
+    return false;
+  out->blocks = rows * (cols / symcomm::fp4::kBlock);
+  out->first_block = row_offset * (cols / symcomm::fp4::kBlock);
+  return true;
+}
+
+template <typename T>
+void gatherv_fp4_on_host(const void* x, const Fp4Rows& rows, float gs, uint8_t* payload, uint8_t* scales) {
+  const T* xt = static_cast<const T*>(x);
+  for (int64_t b = 0; b < rows.blocks; ++b) {
+    uint32_t words[2];
+    scales[rows.scale_at(b)] = encode16(xt + b * symcomm::fp4::kBlock, gs, words);
+    std::memcpy(payload + rows.payload_at(b), words, 8);  // little-endian, as the kernel's uint2 store
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -75,6 +187,69 @@ int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, cons
     gather_push<decltype(w)::value><<<blocks, kThreads, 0, stream>>>(s, c->slots, pieces);
     return cudaGetLastError();
   });
+}
+
+int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
+                           int64_t row_offset, int64_t total_rows, const void* gs_ptr, float gs_value,
+                           int payload_slot, uint64_t payload_offset, int scales_slot, uint64_t scales_offset,
+                           int nextra, const uint64_t* extra_srcs, const int* extra_slots,
+                           const uint64_t* extra_offsets, const uint64_t* extra_row_bytes, cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  Fp4Push job{};
+  if (!fp4_shape(rows, cols, row_offset, total_rows, &job.rows)) return cudaErrorInvalidValue;
+  if (dtype != SYMCOMM_BFLOAT16 && dtype != SYMCOMM_FLOAT16) return cudaErrorInvalidValue;
+  if (nextra < 0 || nextra > kMaxPieces - 2) return cudaErrorInvalidValue;
+  const auto bad_slot = [&](int slot) { return slot < 1 || slot >= c->max_slots; };
+  // The payload goes out as 8-byte stores, the input comes in as 16-byte loads.
+  if ((rows > 0 && reinterpret_cast<uintptr_t>(x) % 16) || payload_offset % 8 || bad_slot(payload_slot) ||
+      bad_slot(scales_slot))
+    return cudaErrorInvalidValue;
+  job.x = x;
+  job.gs_ptr = static_cast<const float*>(gs_ptr);
+  job.gs_value = gs_value;
+  job.payload_slot = payload_slot;
+  job.scales_slot = scales_slot;
+  job.payload_offset = payload_offset;
+  job.scales_offset = scales_offset;
+  Pieces extras{};
+  extras.count = nextra;
+  uint64_t total_vectors = uint64_t(total_rows) * uint64_t(cols / symcomm::fp4::kBlock);  // one thread per block
+  for (int k = 0; k < nextra; ++k) {
+    if ((extra_srcs[k] | extra_offsets[k] | extra_row_bytes[k]) % 16 || bad_slot(extra_slots[k]))
+      return cudaErrorInvalidValue;
+    extras.src[k] = reinterpret_cast<const uint4*>(extra_srcs[k]);
+    extras.slot[k] = extra_slots[k];
+    extras.dst_offset[k] = extra_offsets[k] + uint64_t(row_offset) * extra_row_bytes[k];
+    extras.nvec[k] = uint64_t(rows) * extra_row_bytes[k] / 16;
+    total_vectors += uint64_t(total_rows) * extra_row_bytes[k] / 16;
+  }
+  // Equal on every rank (block b meets block b): it follows the totals, which every rank knows.
+  const int blocks = blocks_for(c, total_vectors / size_t(c->world));
+  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  return for_world(c->world, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    if (dtype == SYMCOMM_BFLOAT16)
+      gather_fp4_push<__nv_bfloat16, W><<<blocks, kThreads, 0, stream>>>(s, c->slots, job, extras);
+    else
+      gather_fp4_push<__half, W><<<blocks, kThreads, 0, stream>>>(s, c->slots, job, extras);
+    return cudaGetLastError();
+  });
+}
+
+int symcomm_ar_gatherv_fp4_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols, int64_t row_offset,
+                                int64_t total_rows, float global_scale, void* payload, void* scales) {
+  Fp4Rows where{};
+  if (!fp4_shape(rows, cols, row_offset, total_rows, &where)) return cudaErrorInvalidValue;
+  auto* p = static_cast<uint8_t*>(payload);
+  auto* sc = static_cast<uint8_t*>(scales);
+  switch (dtype) {
+    case SYMCOMM_BFLOAT16: gatherv_fp4_on_host<__nv_bfloat16>(x, where, global_scale, p, sc); break;
+    case SYMCOMM_FLOAT16: gatherv_fp4_on_host<__half>(x, where, global_scale, p, sc); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
 }
 
 }  // extern "C"

@@ -244,6 +244,35 @@ symcomm_status_t symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_
                                     const uint64_t* dst_offsets, const uint64_t* nbytes, uint64_t total_bytes,
                                     symcomm_stream_t stream);
 
+/* Fused NVFP4 dispatch: quantizes this rank's rows x [rows, cols] (dtype bf16 or fp16, cols a
+ * positive multiple of 16, x 16-byte aligned) with the codec of symcomm_fp4_quantize, bit for
+ * bit, and writes the payload (cols/2 bytes per row) and the linear block scales (cols/16
+ * bytes per row) straight into every rank's gathered outputs, itself included, at row
+ * row_offset; then the nextra extra tensors (extra_row_bytes[k] bytes per row, this rank's rows
+ * at extra_srcs[k]) likewise; then the ranks meet. Each gathered output is total_rows rows whose
+ * row 0 sits at byte payload_offset / scales_offset / extra_offsets[k] of the symmetric region
+ * in slot payload_slot / scales_slot / extra_slots[k]. The global scale is read on the device
+ * from gs_ptr (one float) when it is not NULL, else gs_value. nextra is at most
+ * SYMCOMM_AR_MAX_PIECES - 2; payload_offset is a multiple of 8; extra addresses, offsets and
+ * row sizes are multiples of 16. Every rank passes the same cols, total_rows, slots, offsets and
+ * row sizes (they size the grid); a rank with no rows passes rows 0 and still takes part.
+ * Enqueued on stream; waits are bounded as in symcomm_ar_run. */
+symcomm_status_t symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtype, int64_t rows,
+                                        int64_t cols, int64_t row_offset, int64_t total_rows, const void* gs_ptr,
+                                        float gs_value, int payload_slot, uint64_t payload_offset, int scales_slot,
+                                        uint64_t scales_offset, int nextra, const uint64_t* extra_srcs,
+                                        const int* extra_slots, const uint64_t* extra_offsets,
+                                        const uint64_t* extra_row_bytes, symcomm_stream_t stream);
+
+/* symcomm_ar_gatherv_fp4's encoding and addressing on the CPU: writes this rank's payload and
+ * scale bytes into host buffers holding the whole gathered payload and scales (total_rows rows
+ * from row 0), exactly where the kernel writes them on every rank, through the same per-block
+ * routine. Needs no GPU and returns when done; exists so CI checks the fused kernel's bytes
+ * against the codec without a device. */
+symcomm_status_t symcomm_ar_gatherv_fp4_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
+                                             int64_t row_offset, int64_t total_rows, float global_scale,
+                                             void* payload, void* scales);
+
 /* Uneven reduce-scatter (sum): every rank's input holds total_bytes; this rank sums the
  * nbytes at row_offset of every rank's input, in rank order in fp32 (the one-shot kernel), into
  * out. The input is read through slot `slot` at in_offset, or, with stage != 0, first copied

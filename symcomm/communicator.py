@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import capture, checks, fused_norm, ops, registry, settings, validate
+from . import capture, checks, fp4_gather, fused_norm, ops, registry, settings, validate
 from .backends import PATHS
 from .backends.custom import DEFAULT_STAGING_BYTES
 from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
@@ -144,6 +144,8 @@ class Communicator:
         self._require_open()
         if op == fused_norm.OP:
             return fused_norm.select(self, x, out=out, **norm_args)
+        if op == fp4_gather.OP:
+            return fp4_gather.select(self, x, sizes, out=out, **norm_args)
         if op not in validate.BUILDERS:
             raise ArgumentError(f"op must be one of {', '.join(validate.BUILDERS)}; got {op!r}")
         call = validate.BUILDERS[op](self, x, out, sizes, reduce_op)
@@ -235,7 +237,7 @@ class Communicator:
                         extra: Sequence[torch.Tensor] = (), dequantize: bool = False, algo: str = "auto", *,
                         swizzle: bool = False, out: Fp4Gathered | None = None) -> Fp4Gathered:
         """NVFP4-quantize this rank's rows ``x`` [sizes[rank], H] and gather every rank's payload,
-        scales and ``extra`` tensors (dim 0 = this rank's rows) in one NCCL group, in rank order.
+        scales and ``extra`` tensors (dim 0 = this rank's rows), fused where it can: fp4_gather.py.
 
         ``global_scale`` must be the same on every rank (``symcomm.fp4.global_scale_for(x, comm)``).
         ``dequantize=True`` adds the decoded rows; ``swizzle=True`` returns the scales in the 128x4

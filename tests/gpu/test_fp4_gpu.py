@@ -198,6 +198,12 @@ def test_all_gatherv_fp4_matches_reference(comm, pattern, symmetric, dtype):
         got = comm.all_gatherv_fp4(x, sizes, gs, extra=extra, dequantize=True)
     ins, outs = _gathered_call(got, sizes, rank, extra, got.scales)
     choice = comm.select("all_gatherv", ins, out=outs, sizes=sizes)
+    fp4_choice = comm.select("all_gatherv_fp4", x, sizes=sizes, global_scale=gs, extra=extra,
+                             out=symcomm.Fp4Gathered(got.packed, got.scales, got.extra, None, None))
+    if symmetric and "custom-push" in comm.algorithms():
+        assert fp4_choice.algo == "fused-push", fp4_choice  # the outputs were allocated in the pool
+    else:
+        assert fp4_choice.algo == "unfused" and fp4_choice.gather.algo == choice.algo, fp4_choice
     xs = [_rank_rows(r, sizes[r], dtype, seed).cpu() for r in range(w)]
     gs_cpu = gs.cpu()
     ref_packed, ref_scales = fp4.quantize_reference(torch.cat(xs), gs_cpu)
