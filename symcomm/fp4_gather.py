@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from . import _native, checks, fp4, validate
-from .backends.custom import IN_REGION
+from .backends.custom import CAPTURE_CODES, IN_REGION
 from .backends.peer_gather import MAX_TENSORS
 from .base import PUSH, Call
 from .checks import REFUSED
@@ -50,7 +50,7 @@ from .errors import ArgumentError, CommClosedError, PeerMismatchError, SymcommEr
 OP = "all_gatherv_fp4"
 FUSED, UNFUSED = "fused-push", "unfused"
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
-CAPTURE_CODE = 4  # the kernel field of a captured call (0-2 all-reduce kernels, 3 custom-push)
+CAPTURE_CODE = CAPTURE_CODES[FUSED]
 _c = ctypes
 
 
@@ -156,6 +156,12 @@ class Fp4Path:
         raise NotImplementedError
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a 16-byte-aligned copy of it for the kernel's vector loads (a rank-local fix-up, so
+    that alignment never makes ranks choose different paths)."""
+    return t if t.data_ptr() % 16 == 0 or not t.numel() else t.clone()
+
+
 def _push_state(comm):
     """(custom-push's kernel state, None), or (None, why custom-push is off): the fused kernel
     runs on the context, mapped regions and stream order the custom kernels share."""
@@ -186,16 +192,16 @@ class FusedPush(Fp4Path):
                                                    "out= (an Fp4Gathered allocated there)")
                 return (f"{name} is not in a mapped symmetric pool region (the fused kernel writes every peer's "
                         f"copy in place): {problem}")
-        # Read as 16-byte vectors (a rank with no rows reads nothing); payload stored in 8 bytes.
-        if a.x.shape[0] and a.x.data_ptr() % 16:
-            return "x does not start on a 16-byte boundary (the kernel reads whole 16-byte vectors)"
+        # Only what is the same on every rank decides (outputs sit at equal offsets, rows are
+        # equal): a rank-local reason, such as a misaligned input, would send the ranks down
+        # different paths to wait for each other. Misaligned inputs are copied in run() instead.
         if outs.packed.data_ptr() % 16:
             return "out.packed does not start on a 16-byte boundary"
-        for i, (t, o) in enumerate(zip(a.extra, outs.extra)):
+        for i, o in enumerate(outs.extra):
             row = _row_bytes(o)
-            if row % 16 or (t.shape[0] and t.data_ptr() % 16) or o.data_ptr() % 16:
-                return (f"extra[{i}]: rows of {row} bytes, or its or out.extra[{i}]'s address, are not whole "
-                        f"16-byte vectors (the kernel copies extras as 16-byte vectors)")
+            if row % 16 or o.data_ptr() % 16:
+                return (f"out.extra[{i}]: rows of {row} bytes, or its address, are not whole 16-byte vectors "
+                        f"(the kernel copies extras as 16-byte vectors)")
         return None
 
     def run(self, comm, a: _Args, outs: _Outs, gather_algo: str) -> None:
@@ -206,7 +212,7 @@ class FusedPush(Fp4Path):
         state, _ = _push_state(comm)
         session = state.capture
         capturing = session is not None and torch.cuda.is_current_stream_capturing()
-        x = a.x
+        x, extra = _aligned(a.x), [_aligned(t) for t in a.extra]
         n, h = x.shape
         where = []
         for _, t in outs.named():
@@ -215,8 +221,8 @@ class FusedPush(Fp4Path):
             where.append((slot, ptr - base))
             if capturing:
                 session.record(IN_REGION, CAPTURE_CODE, t.nbytes, state.region_numbers[base], ptr - base)
-        k = len(a.extra)
-        srcs = (_c.c_uint64 * k)(*(t.data_ptr() for t in a.extra))
+        k = len(extra)
+        srcs = (_c.c_uint64 * k)(*(t.data_ptr() for t in extra))
         slots = (_c.c_int * k)(*(slot for slot, _ in where[2:]))
         offsets = (_c.c_uint64 * k)(*(offset for _, offset in where[2:]))
         row_bytes = (_c.c_uint64 * k)(*(_row_bytes(o) for o in outs.extra))

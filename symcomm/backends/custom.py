@@ -250,6 +250,11 @@ class CustomAllReduce:
 
 
 STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecorded inputs
+# The kernel field of a captured call (CALL_FIELDS): one code per kernel a context launches, so
+# that ranks which captured different kernels for the same bytes disagree there. The all-reduce
+# kernels' codes are their ALGO_CODES.
+CAPTURE_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2, "custom-push": 3, "fused-push": 4, "fused-flagfree": 5,
+                 "fused-oneshot": 6, "fused-twoshot": 7}
 
 
 class CaptureSession:

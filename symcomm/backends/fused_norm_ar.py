@@ -11,14 +11,12 @@ import torch
 
 from .. import _native, fp4
 from ..base import FLAGFREE, ONESHOT, TWOSHOT
-from .custom import ALGO_CODES, CustomPath
+from .custom import ALGO_CODES, CAPTURE_CODES, CustomPath
 
 # norm path name -> the all-reduce kernel it fuses
 FUSED = {"fused-flagfree": FLAGFREE, "fused-oneshot": ONESHOT, "fused-twoshot": TWOSHOT}
 # A row is held in registers: at most 4 vectors of 8 per thread of the norm's 256 (rmsnorm.cuh).
 MAX_HIDDEN = 8192
-# The kernel field of a captured fused call (0-2 are the plain all-reduces, 3 custom-push).
-CAPTURE_CODES = {FLAGFREE: 4, ONESHOT: 5, TWOSHOT: 6}
 _Y_BYTES = {None: 2, "fp8": 1, "nvfp4": 0.5}  # output bytes per element
 
 
@@ -53,7 +51,8 @@ def run(custom: CustomPath, x: torch.Tensor, residual: torch.Tensor | None, weig
         scale: fp4.GlobalScale | None, swizzle: bool) -> None:
     """One fused launch on the current stream (arguments validated by fused_norm)."""
     state = custom.state
-    stage, slot, offset, session = custom.input_of(x.data_ptr(), x.nbytes, False, CAPTURE_CODES[custom.name])
+    fused = next(name for name, kernel in FUSED.items() if kernel == custom.name)
+    stage, slot, offset, session = custom.input_of(x.data_ptr(), x.nbytes, False, CAPTURE_CODES[fused])
     scale_ptr, scale_value = fp4._scale_args(scale) if scale is not None else (None, 0.0)
     code = state.lib.symcomm_ar_rmsnorm(
         state.ctx, ALGO_CODES[custom.name], _native.DTYPE_CODES[x.dtype], x.data_ptr(), slot, offset, stage,

@@ -18,11 +18,11 @@ import ctypes
 import torch
 
 from ..base import PUSH, Call
-from .custom import IN_REGION, CustomPath, Kernels
+from .custom import CAPTURE_CODES, IN_REGION, CustomPath, Kernels
 
 _c = ctypes
 MAX_TENSORS = 8  # symcomm.h's SYMCOMM_AR_MAX_PIECES
-CAPTURE_CODE = 3  # the kernel field of a captured call (0-2 are the all-reduce kernels)
+CAPTURE_CODE = CAPTURE_CODES[PUSH]
 
 
 class PushPath(CustomPath):
@@ -44,8 +44,10 @@ class PushPath(CustomPath):
                 return (f"output {i} is not in a mapped symmetric pool region (the push writes every peer's "
                         f"output in place): {problem}")
             row_bytes = out.nbytes // out.shape[0]
-            if row_bytes % 16 or ptr & 15 or call.in_ptrs[i] & 15:
-                return f"tensor {i}: rows of {row_bytes} bytes or its addresses are not whole 16-byte vectors"
+            # Only what is equal on every rank decides: a misaligned input (rank-local) is
+            # copied in run() rather than sending this rank down another path than its peers.
+            if row_bytes % 16 or ptr & 15:
+                return f"out {i}: rows of {row_bytes} bytes or its address are not whole 16-byte vectors"
         return None
 
     def run(self, call: Call) -> None:
@@ -58,7 +60,9 @@ class PushPath(CustomPath):
         n = len(call.outputs)
         srcs, slots = (_c.c_uint64 * n)(), (_c.c_int * n)()
         offsets, nbytes = (_c.c_uint64 * n)(), (_c.c_uint64 * n)()
-        for i, (out, src, dst) in enumerate(zip(call.outputs, call.in_ptrs, call.out_ptrs)):
+        keep = [x if x.data_ptr() % 16 == 0 or not x.numel() else x.clone() for x in call.inputs]
+        for i, (out, x, dst) in enumerate(zip(call.outputs, keep, call.out_ptrs)):
+            src = x.data_ptr()
             base, slot = state.region_of(dst)
             row_bytes = out.nbytes // total_rows
             srcs[i], slots[i] = src, slot
