@@ -304,7 +304,10 @@ def check_compiled(layer: DPMoELayer, buckets: list[int], seed: int) -> list[Che
         sizes = [bucket] * comm.world_size
         got = compiled(hidden, sizes).clone()
         want = layer(hidden, sizes)
-        checks.append(close_enough(f"compiled bucket {bucket} vs eager", got, want, 2e-2))
+        # Looser than eager's 2e-2: inductor rounds the fused RMSNorm its own way, and NVFP4 turns
+        # a last-bit difference into a whole code step for some values (seen on an H100: 0.027 of
+        # the largest output). A wrong op or a lost rank is off by the output's own size.
+        checks.append(close_enough(f"compiled bucket {bucket} vs eager", got, want, 5e-2))
     return checks
 
 
