@@ -109,18 +109,6 @@ __global__ void __launch_bounds__(kThreads) two_shot(Sync s, Peers scratch, cons
   // after the next call's start barrier, which they reach only after finishing this call.
 }
 
-__device__ __forceinline__ uint4 without_sentinel(uint4 v) {
-  v.x = v.x == kSentinel ? kNotSentinel : v.x;
-  v.y = v.y == kSentinel ? kNotSentinel : v.y;
-  v.z = v.z == kSentinel ? kNotSentinel : v.z;
-  v.w = v.w == kSentinel ? kNotSentinel : v.w;
-  return v;
-}
-
-__device__ __forceinline__ bool has_sentinel(const uint4& v) {
-  return v.x == kSentinel || v.y == kSentinel || v.z == kSentinel || v.w == kSentinel;
-}
-
 // Receive buffers rotate over three: call k writes buffer k%3 and clears buffer (k-1)%3.
 // A peer writes buffer (k-1)%3 again only at its call k+2, which it can reach only after
 // receiving our call k+1 data, sent after this clear finished; and nobody still writes it,

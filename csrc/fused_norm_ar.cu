@@ -56,6 +56,19 @@ __device__ __forceinline__ norm::Vec<T> finish_h(const uint4& sum, const NormRow
   return h;
 }
 
+// One row summed from every rank's input in rank order, residual added, stored to a.residual_out,
+// and normalised into a.out: the standalone kernel's row, with the all-reduce in front.
+template <typename T, int W, int kIters>
+__device__ __forceinline__ void sum_and_norm_row(const uint4* const* src, int row, const NormRows<T>& a, float* smem) {
+  norm::Vec<T> h[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int j = threadIdx.x + i * norm::kThreads;
+    if (j < a.nvec) h[i] = finish_h(reduce_at<T, W>(src, size_t(row) * a.nvec + j), a, int64_t(row) * a.nvec + j);
+  }
+  norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
+}
+
 template <typename T, int W, int kIters>
 __global__ void __launch_bounds__(norm::kThreads) one_shot_norm(Sync s, const Peers* in, size_t in_offset,
                                                                 NormRows<T> a) {
@@ -65,15 +78,7 @@ __global__ void __launch_bounds__(norm::kThreads) one_shot_norm(Sync s, const Pe
   const uint4* src[kMaxRanks];
   for (int r = 0; r < W; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
   if (!barrier(s, kStart, W, epoch)) return;
-  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    norm::Vec<T> h[kIters];
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int j = threadIdx.x + i * norm::kThreads;
-      if (j < a.nvec) h[i] = finish_h(reduce_at<T, W>(src, size_t(row) * a.nvec + j), a, int64_t(row) * a.nvec + j);
-    }
-    norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
-  }
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) sum_and_norm_row<T, W, kIters>(src, row, a, smem);
   // Peers read this rank's input until they pass here.
   barrier(s, kEnd, W, epoch);
 }
@@ -107,15 +112,7 @@ __global__ void __launch_bounds__(norm::kThreads) two_shot_norm(Sync s, Peers sc
   own.out.scales = reinterpret_cast<uint8_t*>(mine + lay.scales_offset);
   own.out.swizzle = 0;
   const int lo = rank * chunk, hi = lo + chunk < a.rows ? lo + chunk : a.rows;
-  for (int row = lo + blockIdx.x; row < hi; row += gridDim.x) {
-    norm::Vec<T> h[kIters];
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int j = threadIdx.x + i * norm::kThreads;
-      if (j < a.nvec) h[i] = finish_h(reduce_at<T, W>(src, size_t(row) * a.nvec + j), own, int64_t(row) * a.nvec + j);
-    }
-    norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, own.out, smem);
-  }
+  for (int row = lo + blockIdx.x; row < hi; row += gridDim.x) sum_and_norm_row<T, W, kIters>(src, row, own, smem);
   // After it, every peer has read our input (so it may be reused) and every chunk is ready.
   if (!barrier(s, kMid, W, epoch)) return;
   const size_t h_row = size_t(a.nvec) * 16;
@@ -144,18 +141,6 @@ __global__ void __launch_bounds__(norm::kThreads) two_shot_norm(Sync s, Peers sc
   // start barrier, which peers reach only once they finished gathering from it.
 }
 
-__device__ __forceinline__ uint4 no_sentinel(uint4 v) {
-  v.x = v.x == kSentinel ? kNotSentinel : v.x;
-  v.y = v.y == kSentinel ? kNotSentinel : v.y;
-  v.z = v.z == kSentinel ? kNotSentinel : v.z;
-  v.w = v.w == kSentinel ? kNotSentinel : v.w;
-  return v;
-}
-
-__device__ __forceinline__ bool sentinel_in(const uint4& v) {
-  return v.x == kSentinel || v.y == kSentinel || v.z == kSentinel || v.w == kSentinel;
-}
-
 // flag_free's protocol (receive buffers rotating over three, sentinel words, each block keeping
 // its own buffer index and clear count), with rows instead of a flat range: every block of the
 // context takes part in every call, whatever its mapping, because the bookkeeping is per block.
@@ -182,7 +167,7 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
   for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
     for (int j = threadIdx.x; j < a.nvec; j += blockDim.x) {
       const size_t idx = size_t(row) * a.nvec + j;
-      const uint4 v = no_sentinel(x[idx]);
+      const uint4 v = without_sentinel(x[idx]);
       for (int p = 0; p < W; ++p)
         if (p != rank) reinterpret_cast<uint4*>(recv.ptr[p])[(buf * W + rank) * slot_vecs + idx] = v;
     }
@@ -198,10 +183,10 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
       const size_t idx = size_t(row) * a.nvec + j;
       uint4 v[W];
 #pragma unroll
-      for (int r = 0; r < W; ++r) v[r] = r == rank ? no_sentinel(x[idx]) : load_volatile(mine + (buf * W + r) * slot_vecs + idx);
+      for (int r = 0; r < W; ++r) v[r] = r == rank ? without_sentinel(x[idx]) : load_volatile(mine + (buf * W + r) * slot_vecs + idx);
 #pragma unroll
       for (int r = 0; r < W; ++r) {
-        if (r == rank || !sentinel_in(v[r]) || gave_up) continue;
+        if (r == rank || !has_sentinel(v[r]) || gave_up) continue;
         const uint4* p = mine + (buf * W + r) * slot_vecs + idx;
         const uint64_t t0 = now_ns();
         do {
@@ -213,7 +198,7 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
           } else {
             v[r] = load_volatile(p);
           }
-        } while (!gave_up && sentinel_in(v[r]));
+        } while (!gave_up && has_sentinel(v[r]));
       }
       float acc[Lanes<T>::kN];
       Lanes<T>::load(v[0], acc);

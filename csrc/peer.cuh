@@ -49,6 +49,20 @@ static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size"
 constexpr uint32_t kSentinel = 0xFFFFFFFFu;
 constexpr uint32_t kNotSentinel = 0x7FFF7FFFu;
 
+// What a flag-free writer sends for v: its words, with every sentinel word swapped for another NaN.
+__device__ __forceinline__ uint4 without_sentinel(uint4 v) {
+  v.x = v.x == kSentinel ? kNotSentinel : v.x;
+  v.y = v.y == kSentinel ? kNotSentinel : v.y;
+  v.z = v.z == kSentinel ? kNotSentinel : v.z;
+  v.w = v.w == kSentinel ? kNotSentinel : v.w;
+  return v;
+}
+
+// Whether a received vector is still (partly) unwritten.
+__device__ __forceinline__ bool has_sentinel(const uint4& v) {
+  return v.x == kSentinel || v.y == kSentinel || v.z == kSentinel || v.w == kSentinel;
+}
+
 constexpr int kFlagFree = SYMCOMM_AR_FLAGFREE, kOneShot = SYMCOMM_AR_ONESHOT, kTwoShot = SYMCOMM_AR_TWOSHOT;
 
 // Barrier flags and epochs are uint64_t (see "Synchronisation" above): a flag holds the epoch

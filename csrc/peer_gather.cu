@@ -27,13 +27,9 @@ struct Pieces {
 // End barrier: after it, every peer's rows have landed here (their writes precede their
 // release of our flag). Peers are visited from rank+1 on, so ranks do not all write one peer
 // at once.
+// Copies each piece's vectors into every rank's slot, this thread's share of them (grid stride).
 template <int W>
-__global__ void __launch_bounds__(kThreads) gather_push(Sync s, const Peers* slots, Pieces pieces) {
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
-  for (int k = 0; k < pieces.count; ++k)
-    if (!slot_ready(s, slots + pieces.slot[k], W)) return;
-  if (!barrier(s, kStart, W, epoch)) return;
+__device__ __forceinline__ void push_pieces(const Sync& s, const Peers* slots, const Pieces& pieces) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int k = 0; k < pieces.count; ++k) {
@@ -47,6 +43,16 @@ __global__ void __launch_bounds__(kThreads) gather_push(Sync s, const Peers* slo
       for (int q = 0; q < W; ++q) dst[q][i] = v;
     }
   }
+}
+
+template <int W>
+__global__ void __launch_bounds__(kThreads) gather_push(Sync s, const Peers* slots, Pieces pieces) {
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0) return;
+  for (int k = 0; k < pieces.count; ++k)
+    if (!slot_ready(s, slots + pieces.slot[k], W)) return;
+  if (!barrier(s, kStart, W, epoch)) return;
+  push_pieces<W>(s, slots, pieces);
   barrier(s, kEnd, W, epoch);
 }
 
@@ -126,17 +132,7 @@ __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers*
       scales[q][sat] = scale;
     }
   }
-  for (int k = 0; k < extras.count; ++k) {
-    uint4* dst[W];
-#pragma unroll
-    for (int q = 0; q < W; ++q) dst[q] = reinterpret_cast<uint4*>(slots[extras.slot[k]].ptr[(s.rank + q) % W] + extras.dst_offset[k]);
-    const uint4* src = extras.src[k];
-    for (size_t i = first; i < extras.nvec[k]; i += stride) {
-      const uint4 v = src[i];
-#pragma unroll
-      for (int q = 0; q < W; ++q) dst[q][i] = v;
-    }
-  }
+  push_pieces<W>(s, slots, extras);
   barrier(s, kEnd, W, epoch);
 }
 
