@@ -119,23 +119,10 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
                                                       size_t slot_vecs) {
   constexpr int world = W;
   const int rank = s.rank;
-  Signal* self = own_signal(s);
-  // The live buffer is kept as an index 0..2, not as a call count taken % 3: a uint32_t count
-  // wraps at 2^32, and since 2^32 % 3 == 1 the calls 2^32-1 and 2^32 would both write buffer
-  // 0, the second one into data nobody cleared (readers would take the old call's words as
-  // this call's). The index has no wrap point.
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
-  if (threadIdx.x == 0) {
-    stopped = has_given_up(s);
-    buf = self->flagfree_buf[blockIdx.x];
-    prev = self->flagfree_prev[blockIdx.x];
-    self->flagfree_buf[blockIdx.x] = buf == 2 ? 0 : buf + 1;
-    self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
-  }
-  __syncthreads();
+  flagfree_turn(s, nvec, &buf, &prev, &stopped);
   if (stopped) return;
-  const size_t old = (buf + 2) % 3;  // the buffer the previous call wrote
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (size_t i = first; i < nvec; i += stride) {
@@ -174,12 +161,7 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
     for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
     out[i] = Lanes<T>::pack(acc);
   }
-  uint4* stale = const_cast<uint4*>(mine) + old * world * slot_vecs;
-  const uint4 blank = make_uint4(kSentinel, kSentinel, kSentinel, kSentinel);
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) continue;
-    for (size_t i = first; i < prev; i += stride) stale[r * slot_vecs + i] = blank;
-  }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
 
 // P2P test: every rank writes a token into every rank's probe[rank] ...
@@ -542,7 +524,10 @@ int symcomm_ar_guard_capture(symcomm_ar_t ctx, symcomm_stream_t stream, uint64_t
   cudaGraph_t graph = nullptr;
   if ((err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph)) != cudaSuccess) return err;
   if (status != cudaStreamCaptureStatusActive || graph == nullptr) return cudaErrorStreamCaptureInvalidated;
-  Guard* guard = new Guard{c->released, c->next_token};
+  // The token is spent even if the retain below fails: its destructor then reports it at once,
+  // and a later graph must not get the same token (its slots would be released with it).
+  const uint64_t token = c->next_token++;
+  Guard* guard = new Guard{c->released, token};
   cudaUserObject_t object;
   if ((err = cudaUserObjectCreate(&object, guard, graph_gone, 1, cudaUserObjectNoDestructorSync)) != cudaSuccess) {
     delete guard;
@@ -554,7 +539,7 @@ int symcomm_ar_guard_capture(symcomm_ar_t ctx, symcomm_stream_t stream, uint64_t
     cudaUserObjectRelease(object, 1);  // runs graph_gone, which frees the guard
     return err;
   }
-  *token_out = c->next_token++;
+  *token_out = token;
   return cudaSuccess;
 }
 

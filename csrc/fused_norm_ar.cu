@@ -125,10 +125,11 @@ __global__ void __launch_bounds__(norm::kThreads) two_shot_norm(Sync s, Peers sc
       const uint4* h_src = reinterpret_cast<const uint4*>(theirs + row * h_row);
       uint4* h_dst = reinterpret_cast<uint4*>(reinterpret_cast<char*>(a.residual_out) + row * h_row);
       for (int j = threadIdx.x; j < a.nvec; j += blockDim.x) h_dst[j] = h_src[j];
-      // y rows are whole 8-byte words in every format (hidden is a multiple of 16 for NVFP4).
-      const uint2* y_src = reinterpret_cast<const uint2*>(theirs + lay.y_offset + row * lay.y_row_bytes);
-      uint2* y_dst = reinterpret_cast<uint2*>(static_cast<char*>(a.out.y) + row * lay.y_row_bytes);
-      for (size_t j = threadIdx.x; j < lay.y_row_bytes / 8; j += blockDim.x) y_dst[j] = y_src[j];
+      // In 4-byte words: y rows are whole words in every format, and an NVFP4 output only has
+      // to be 4-byte aligned (the standalone kernel's rule, which validation applies).
+      const uint32_t* y_src = reinterpret_cast<const uint32_t*>(theirs + lay.y_offset + row * lay.y_row_bytes);
+      uint32_t* y_dst = reinterpret_cast<uint32_t*>(static_cast<char*>(a.out.y) + row * lay.y_row_bytes);
+      for (size_t j = threadIdx.x; j < lay.y_row_bytes / 4; j += blockDim.x) y_dst[j] = y_src[j];
       if (a.out.quant == norm::kQuantNvfp4) {
         const uint8_t* sc = reinterpret_cast<const uint8_t*>(theirs + lay.scales_offset) + size_t(row) * blocks_per_row;
         for (int c = threadIdx.x; c < blocks_per_row; c += blockDim.x)
@@ -151,18 +152,8 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
   const int rank = s.rank;
-  Signal* self = own_signal(s);
-  const size_t nvec_total = size_t(a.rows) * a.nvec;
-  if (threadIdx.x == 0) {
-    stopped = has_given_up(s);
-    buf = self->flagfree_buf[blockIdx.x];
-    prev = self->flagfree_prev[blockIdx.x];
-    self->flagfree_buf[blockIdx.x] = buf == 2 ? 0 : buf + 1;
-    self->flagfree_prev[blockIdx.x] = uint32_t(nvec_total);
-  }
-  __syncthreads();
+  flagfree_turn(s, size_t(a.rows) * a.nvec, &buf, &prev, &stopped);
   if (stopped) return;
-  const size_t old = (buf + 2) % 3;
   // Push every row of this block first, so no peer waits on data this rank has yet to send.
   for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
     for (int j = threadIdx.x; j < a.nvec; j += blockDim.x) {
@@ -210,13 +201,7 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
     if (__syncthreads_or(gave_up)) return;
     norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
   }
-  uint4* stale = const_cast<uint4*>(mine) + old * W * slot_vecs;
-  const uint4 blank = make_uint4(kSentinel, kSentinel, kSentinel, kSentinel);
-  for (int r = 0; r < W; ++r) {
-    if (r == rank) continue;
-    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < prev; i += size_t(gridDim.x) * blockDim.x)
-      stale[r * slot_vecs + i] = blank;
-  }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
 
 template <typename T, int W, int kIters>

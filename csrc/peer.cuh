@@ -292,6 +292,40 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
   return true;
 }
 
+// The flag-free kernels' per-block bookkeeping (custom_ar.cu's flag_free, fused_norm_ar.cu's
+// flag_free_norm), in one place because both drive the same Signal words and must agree on
+// them. Receive buffers rotate over three: call k writes buffer k%3 and clears buffer (k-1)%3,
+// which a peer writes again only at its call k+2, reached after receiving our call k+1 data,
+// sent after this clear. The live buffer is kept as an index 0..2, not a call count % 3: a
+// uint32_t count wraps at 2^32, and 2^32 % 3 == 1 would make two calls in a row write buffer 0.
+// Every block of every flag-free launch takes a turn (so they launch flagfree_blocks blocks),
+// whatever their thread mapping: the clear below covers [0, prev) with the launch's own stride.
+__device__ __forceinline__ void flagfree_turn(const Sync& s, size_t nvec, uint32_t* buf, uint32_t* prev,
+                                              bool* stopped) {
+  if (threadIdx.x == 0) {
+    Signal* self = own_signal(s);
+    *stopped = has_given_up(s);
+    *buf = self->flagfree_buf[blockIdx.x];
+    *prev = self->flagfree_prev[blockIdx.x];
+    self->flagfree_buf[blockIdx.x] = *buf == 2 ? 0 : *buf + 1;
+    self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
+  }
+  __syncthreads();
+}
+
+// Resets this block's share of the buffer the previous call wrote (prev vectors per peer).
+template <int W>
+__device__ __forceinline__ void flagfree_clear(const Sync& s, const Peers& recv, size_t slot_vecs, uint32_t buf,
+                                               uint32_t prev) {
+  uint4* stale = reinterpret_cast<uint4*>(recv.ptr[s.rank]) + size_t((buf + 2) % 3) * W * slot_vecs;
+  const uint4 blank = make_uint4(kSentinel, kSentinel, kSentinel, kSentinel);
+  for (int r = 0; r < W; ++r) {
+    if (r == s.rank) continue;
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < prev; i += size_t(gridDim.x) * blockDim.x)
+      stale[r * slot_vecs + i] = blank;
+  }
+}
+
 // 16 bytes of T as fp32 lanes, and back.
 template <typename T>
 struct Lanes;

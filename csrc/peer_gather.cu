@@ -168,7 +168,8 @@ int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, cons
   Pieces pieces{};
   pieces.count = npieces;
   for (int k = 0; k < npieces; ++k) {
-    if ((srcs[k] | dst_offsets[k] | nbytes[k]) % 16 || slots[k] < 1 || slots[k] >= c->max_slots)
+    // An empty piece is never read: its address may be anything a 0-row view has.
+    if (((nbytes[k] ? srcs[k] : 0) | dst_offsets[k] | nbytes[k]) % 16 || slots[k] < 1 || slots[k] >= c->max_slots)
       return cudaErrorInvalidValue;
     pieces.src[k] = reinterpret_cast<const uint4*>(srcs[k]);
     pieces.slot[k] = slots[k];
@@ -213,7 +214,7 @@ int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtyp
   extras.count = nextra;
   uint64_t total_vectors = uint64_t(total_rows) * uint64_t(cols / symcomm::fp4::kBlock);  // one thread per block
   for (int k = 0; k < nextra; ++k) {
-    if ((extra_srcs[k] | extra_offsets[k] | extra_row_bytes[k]) % 16 || bad_slot(extra_slots[k]))
+    if (((rows ? extra_srcs[k] : 0) | extra_offsets[k] | extra_row_bytes[k]) % 16 || bad_slot(extra_slots[k]))
       return cudaErrorInvalidValue;
     extras.src[k] = reinterpret_cast<const uint4*>(extra_srcs[k]);
     extras.slot[k] = extra_slots[k];

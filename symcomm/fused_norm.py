@@ -36,8 +36,9 @@ import torch.nn.functional as F
 
 from . import _native, fp4, validate
 from .backends import fused_norm_ar
-from .dispatch import Choice
-from .errors import ArgumentError, CommClosedError, DtypeError, SymcommError
+from .base import TWOSHOT, Call
+from .dispatch import Choice, choose
+from .errors import ArgumentError, CommClosedError, DtypeError, PeerMismatchError, SymcommError
 
 OP = "all_reduce_rmsnorm"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -82,6 +83,7 @@ class NormCall:
     out: torch.Tensor | None
     scales_out: torch.Tensor | None
     residual_out: torch.Tensor | None
+    ar_choice: str | None = None  # the path x's all-reduce alone takes, once asked (_all_reduce_choice)
 
     @property
     def tokens(self) -> int:
@@ -414,9 +416,8 @@ class Fused(NormPath):
 
     def why_not(self, comm, call: NormCall, ar_algo: str) -> str | None:
         if self.kernel not in comm.algorithms():
-            reason = comm.capabilities()["paths"].get(self.kernel, {}).get("reason", "not among this communicator's paths")
-            return f"{self.kernel} is off: {reason}"
-        chosen = comm.select("all_reduce", call.x).algo if ar_algo == "auto" else ar_algo
+            return f"{self.kernel} is off: {comm._off.get(self.kernel, 'not among this communicator paths')}"
+        chosen = _all_reduce_choice(comm, call) if ar_algo == "auto" else ar_algo
         if chosen != self.kernel:
             return f"the all-reduce of x alone runs on {chosen}, not {self.kernel}"
         return fused_norm_ar.why_not(comm.path(self.kernel), call.x, call.quant)
@@ -424,13 +425,51 @@ class Fused(NormPath):
     def run(self, comm, call: NormCall, ar_algo: str) -> NormedResult:
         custom = comm.path(self.kernel)
         comm._require_open()  # what an all-reduce call checks first: closed, or a peer gave up
-        comm._verify(validate.all_reduce(call.x, None, "sum", comm.device), custom)  # check mode
+        if comm._checking():
+            comm._verify(_all_reduce_call(call.x), custom)
+            if self.kernel == TWOSHOT:
+                _check_replicated(comm, call)
         y, scales = _allocate(call)
         h = call.residual_out if call.residual_out is not None else torch.empty_like(call.x)
+        # A misaligned x is this rank's alone, so it never decides the path (ranks would wait in
+        # different ones): it is copied instead.
+        x = call.x if call.x.data_ptr() % 16 == 0 else call.x.clone()
         if call.tokens:
-            fused_norm_ar.run(custom, call.x, call.residual, call.weight, call.eps, h, call.quant, y, scales,
+            fused_norm_ar.run(custom, x, call.residual, call.weight, call.eps, h, call.quant, y, scales,
                               call.scale, call.swizzle)
         return NormedResult(y, h, scales)
+
+
+def _all_reduce_call(x: torch.Tensor) -> Call:
+    """The all-reduce of x as the unfused path makes it (out of place), without allocating an
+    output: what dispatch decides by and check mode compares."""
+    ptr = x.data_ptr()
+    return Call("all_reduce", (x,), (x,), (ptr,), (ptr,), None, "sum", x.nbytes, "all_reduce")
+
+
+def _all_reduce_choice(comm, call: NormCall) -> str:
+    """The path comm.all_reduce would take for x: the fused paths follow it. Once per call."""
+    if call.ar_choice is None:
+        call.ar_choice = choose(comm.table, comm._paths, comm._off, _all_reduce_call(call.x), "auto")[0].name
+    return call.ar_choice
+
+
+def _check_replicated(comm, call: NormCall) -> None:
+    """Check mode, fused two-shot: each row is normalised on one rank, with that rank's residual
+    and weight, so they must be equal on every rank (tensor parallelism keeps them so). Compares
+    a digest of their bits; collective, like the check before it."""
+    digest = 0
+    for t in (call.residual, call.weight):
+        if t is not None:
+            bits = t.contiguous().view(torch.int16).reshape(-1).to(torch.int64)
+            digest = digest * 1_000_003 + int((bits * torch.arange(1, bits.numel() + 1, device=bits.device)).sum())
+    digest &= (1 << 63) - 1
+    rows = comm.peers.exchange([digest])
+    if any(row[0] != rows[0][0] for row in rows):
+        differ = [r for r, row in enumerate(rows) if row[0] != rows[0][0]]
+        raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: residual or weight differs between rank 0 and rank(s) "
+                                f"{differ}; fused two-shot normalises each row on one rank, so both must be the same "
+                                f"on every rank")
 
 
 # Ordered by preference: a fused path serves only where its kernel is the all-reduce's choice,
@@ -486,7 +525,9 @@ def all_reduce_rmsnorm(comm, x: torch.Tensor, weight: torch.Tensor, *, residual:
     on the device: no host sync, capturable). ``out``: a tensor like y, or for NVFP4 a
     (payload, scales) pair; ``residual_out``: where h goes, which may be ``residual`` itself (in
     place). Neither may overlap x. ``algo``: "auto", a norm path (NORM_PATHS), or an all-reduce
-    path of this communicator, which forces the unfused path with that all-reduce. Collective,
+    path of this communicator, which forces that all-reduce: fused with the norm where that
+    kernel's fused path serves, unfused with it otherwise. ``residual`` and ``weight`` must be
+    the same on every rank (fused two-shot normalises each row on one rank). Collective,
     like all_reduce; arguments are checked before any communication."""
     try:
         call = _validate(comm, x, weight, residual, eps, out, residual_out, quant, scale, swizzle)

@@ -342,3 +342,27 @@ def _gloo_world(rank, world):
 
 def test_op_over_gloo_matches_single_process_computation():
     run_world(_gloo_world, 2)
+
+
+def test_check_mode_refuses_a_residual_that_differs_between_ranks():
+    """Fused two-shot normalises each row on one rank: check mode compares a digest of the
+    residual and weight, and names the ranks that differ."""
+    from types import SimpleNamespace
+
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    call = fn.check_args(torch.device("cpu"), x, torch.ones(16, dtype=torch.bfloat16), x.clone(), 1e-6,
+                                 None, None, None, None, False)
+    sent = []
+
+    def exchange(values, differ):
+        sent.append(values[0])
+        return [values, [values[0] + differ]]
+
+    same = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v: exchange(v, 0)))
+    fn._check_replicated(same, call)
+    other = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v: exchange(v, 1)))
+    with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) \[1\]"):
+        fn._check_replicated(other, call)
+    call.residual[0, 0] += 1
+    fn._check_replicated(same, call)
+    assert sent[0] == sent[1] != sent[2], sent

@@ -155,10 +155,15 @@ class CustomAllReduce:
             self.check("custom all-reduce launch", code)
 
     def launch_stream(self, session: CaptureSession | None) -> int:
-        """The current stream, once this launch is ordered after the previous one (follow)."""
+        """The current stream, once this launch is ordered after the previous one (follow). A
+        captured launch also ties its session to the graph (guard): every captured kernel reads
+        this context's buffers, so the graph counts as alive at close() whether or not it took
+        a slot."""
         stream = raw_stream(self.device_index)
         if stream != self.stream:
             self.follow(stream, session)
+        if session is not None and session.token is None:
+            self.guard(session)
         return stream
 
     def region_of(self, ptr: int) -> tuple[int, int] | None:
@@ -254,7 +259,8 @@ STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecor
 # that ranks which captured different kernels for the same bytes disagree there. The all-reduce
 # kernels' codes are their ALGO_CODES.
 CAPTURE_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2, "custom-push": 3, "fused-push": 4, "fused-flagfree": 5,
-                 "fused-oneshot": 6, "fused-twoshot": 7}
+                 "fused-oneshot": 6, "fused-twoshot": 7, "custom-oneshot:reduce_scatter": 8}
+SCATTER_CODE = CAPTURE_CODES["custom-oneshot:reduce_scatter"]
 
 
 class CaptureSession:
@@ -685,9 +691,9 @@ class CustomPath(Path):
         slot, offset = (region[1], call.in_ptrs[0] - region[0]) if region else (0, 0)
         if capturing:
             if region:
-                session.record(IN_REGION, self._algo, call.nbytes, state.region_numbers[region[0]], offset)
+                session.record(IN_REGION, SCATTER_CODE, call.nbytes, state.region_numbers[region[0]], offset)
             else:
-                session.record(STAGED, self._algo, call.nbytes)
+                session.record(STAGED, SCATTER_CODE, call.nbytes)
         code = state.lib.symcomm_ar_reduce_scatterv(
             state.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot, offset, call.nbytes,
             sum(sizes[:state.rank]) * row_bytes, call.out_ptrs[0], sizes[state.rank] * row_bytes,

@@ -29,8 +29,6 @@ def why_not(custom: CustomPath, x: torch.Tensor, quant: str | None) -> str | Non
     tokens, hidden = x.shape
     if hidden % 16 or hidden > MAX_HIDDEN:
         return f"hidden {hidden} is not a multiple of 16 up to {MAX_HIDDEN} (the fused kernels hold a row in registers)"
-    if x.data_ptr() & 15:
-        return "x is not 16-byte aligned"
     state, nbytes = custom.state, x.nbytes
     if custom.name == FLAGFREE:
         return None if nbytes <= state.flagfree_bytes else \

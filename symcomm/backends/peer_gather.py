@@ -43,7 +43,7 @@ class PushPath(CustomPath):
                 problem = state.region_problem or "allocate it inside use_symmetric_memory"
                 return (f"output {i} is not in a mapped symmetric pool region (the push writes every peer's "
                         f"output in place): {problem}")
-            row_bytes = out.nbytes // out.shape[0]
+            row_bytes = out.nbytes // out.shape[0] if out.shape[0] else 0
             # Only what is equal on every rank decides: a misaligned input (rank-local) is
             # copied in run() rather than sending this rank down another path than its peers.
             if row_bytes % 16 or ptr & 15:

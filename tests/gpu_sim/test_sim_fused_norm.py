@@ -161,6 +161,28 @@ def test_graph_replay_equals_eager(world, kernel):
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
+def test_two_shot_nvfp4_into_an_output_only_4_byte_aligned():
+    """NVFP4 outputs need 4-byte alignment (the standalone kernel's rule, which validation
+    applies); fused two-shot copies y between ranks, and must not need more."""
+    world = 4
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    with SimWorld(world, staging_bytes=STAGING, flagfree_bytes=FLAGFREE_CAP) as sim:
+        paths = [CustomPath(TWOSHOT, kernels=Kernels(sim.state(r))) for r in range(world)]
+        streams = [torch.cuda.Stream() for _ in range(world)]
+        case = Case(world, 33, 2048, torch.bfloat16, True, gen)
+        outs = []
+        for r in range(world):
+            raw = torch.full((33 * 1024 + 4,), 0xA5, dtype=torch.uint8, device="cuda")
+            y = raw[4:].view(33, 1024)
+            assert y.data_ptr() % 8 == 4
+            outs.append((y, torch.zeros(33, 128, dtype=torch.float8_e4m3fn, device="cuda"), torch.empty_like(case.x[r])))
+        _fused(paths, streams, case, outs, "nvfp4", False, 0.02)
+        want = _unfused(sim, TWOSHOT, streams, case, "nvfp4", False, 0.02)
+        for r in range(world):
+            _same(outs[r], want[r], f"rank {r}")
+        assert all(sim.alarm(r) == 0 for r in range(world))
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_a_stalled_rank_makes_the_others_give_up(kernel):
     world, timeout_s = 4, 1.0

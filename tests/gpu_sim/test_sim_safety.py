@@ -293,20 +293,23 @@ def test_eager_calls_interleaved_with_three_graphs():
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
-def test_replay_after_close_returns_without_touching_memory():
+@pytest.mark.parametrize("algo", (ONESHOT, FLAGFREE))
+def test_replay_after_close_returns_without_touching_memory(algo):
     """close() while graphs are alive keeps the buffers (a ResourceWarning says so) and marks
-    the context closed, so a later replay returns at once instead of reading freed memory."""
+    the context closed, so a later replay returns at once instead of reading freed memory. The
+    flag-free graph takes no slot: its capture session is tied to the graph all the same."""
     world = 2
     gen = torch.Generator().manual_seed(15)
     sim = SimWorld(world, graph_slots=4)
     try:
-        paths = [path_of(sim, r, ONESHOT) for r in range(world)]
+        paths = [path_of(sim, r, algo) for r in range(world)]
         streams = [torch.cuda.Stream() for _ in range(world)]
         x = make_inputs(world, 8192, torch.float32, gen)
         y = [torch.empty_like(t) for t in x]
         graphs = [_capture(paths[r], x[r], y[r], streams[r]) for r in range(world)]
         for r, (_, slot) in enumerate(graphs):
-            _fill(sim, r, slot, x)
+            if slot:
+                _fill(sim, r, slot, x)
         _replay([g for g, _ in graphs], streams)
         check_outputs(y, x, "replay before close")
         for r in range(world):
