@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_tune_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} {TUNE}", description="Measure every path of "
-                f"{', '.join(TUNE_OPS)} (and all_gather in place) over a size sweep and write the "
+                f"{', '.join(TUNE_OPS)} (the even ops also in place, the v-variants with uneven splits) over a "
+                "size sweep and write the "
                 "dispatch table Communicator loads (SYMCOMM_TUNING_FILE, or ship it in symcomm/tuning/).")
     _common(p, "1K", "256M", "default 10 on cuda; 0 on cpu, which has no graphs")
     p.add_argument("-d", "--datatype", default="bfloat16", help="default bfloat16")

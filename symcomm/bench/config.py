@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 # and the machine, so the runner checks it against the communicator's algorithms(). This only
 # rejects what cannot be a name at all.
 ALGO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-# What `tune` measures; each op also yields its in-place row ("all_reduce:inplace", ...).
-TUNE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+# What `tune` measures; the even ops also yield their in-place rows ("all_reduce:inplace", ...).
+# The v-variants are measured with the benchmark's uneven split (sizes.Rows), so that
+# their rows rank the paths that serve uneven counts (custom-push, one-shot, NCCL's schedules)
+# as DP attention uses them; without such a row they fall back to the even op's.
+TUNE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_gatherv", "reduce_scatterv")
 REDOPS = ("sum", "prod", "max", "min", "avg")
 
 # nccl-tests' -d names (and common aliases) -> (name printed in the table, torch dtype attribute).

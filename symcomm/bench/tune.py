@@ -34,6 +34,8 @@ KEYS: dict[str, tuple[str, bool]] = {
     "all_gather:inplace": ("all_gather", True),
     "reduce_scatter": ("reduce_scatter", False),
     "reduce_scatter:inplace": ("reduce_scatter", True),
+    "all_gatherv": ("all_gatherv", False),
+    "reduce_scatterv": ("reduce_scatterv", False),
 }
 
 Times = dict[str, list[float | None]]  # path -> time in us per size; None where refused or wrong
