@@ -39,8 +39,8 @@ import torch.nn.functional as F
 import symcomm
 from symcomm import fp4
 
-from layer_utils import (Check, add_common_args, bitwise, close_enough, init_distributed, modes_for, report,
-                         rms_norm, seeded, token_counts)
+from layer_utils import (Check, add_common_args, bitwise, checks_in_modes, close_enough, init_distributed,
+                         modes_for, rms_norm, run_example, seeded, token_counts)
 
 
 @dataclass(frozen=True)
@@ -314,17 +314,9 @@ def check_compiled(layer: DPMoELayer, buckets: list[int], seed: int) -> list[Che
 def run_checks(comm: symcomm.Communicator, cfg: MoEConfig, capacity: int, modes: tuple[str, ...],
                steps: int = 4, seed: int = 0, buckets: list[int] | None = None,
                compile_buckets: list[int] | None = None) -> list[Check]:
-    ws = Workspace(comm, cfg, capacity)
-    layer = DPMoELayer(comm, cfg, ws)
-    buckets = buckets or sorted({1, max(1, capacity // 2), capacity})
-    checks: list[Check] = []
-    if "eager" in modes:
-        checks += check_eager(layer, steps, seed)
-    if "graph" in modes:
-        checks += check_graphs(layer, buckets, replays=2 * len(buckets), seed=seed)
-    if "compile" in modes:
-        checks += check_compiled(layer, compile_buckets or buckets[-1:], seed)
-    return checks
+    layer = DPMoELayer(comm, cfg, Workspace(comm, cfg, capacity))
+    return checks_in_modes(layer, capacity, modes, (check_eager, check_graphs, check_compiled), steps, seed,
+                           buckets, compile_buckets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,15 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     small = device.type == "cpu"
     cfg = MoEConfig(hidden=args.hidden or (64 if small else 2048), experts=args.experts or (6 if small else 16),
                     top_k=args.top_k, ffn=args.ffn or (32 if small else 1024), seed=args.seed)
-    comm = symcomm.Communicator()
-    try:
-        checks = run_checks(comm, cfg, args.max_tokens or (5 if small else 64), modes_for(args, device),
-                            steps=args.steps, seed=args.seed)
-        passed = report("dp_moe_step", checks, comm)
-    finally:
-        comm.close()
-        torch.distributed.destroy_process_group()
-    return 0 if passed else 1
+    return run_example("dp_moe_step", lambda comm: run_checks(
+        comm, cfg, args.max_tokens or (5 if small else 64), modes_for(args, device), steps=args.steps, seed=args.seed))
 
 
 if __name__ == "__main__":

@@ -96,6 +96,35 @@ def bitwise(name: str, got: torch.Tensor, want: torch.Tensor) -> Check:
     return Check(name, same, "bitwise equal" if same else "bits differ")
 
 
+def checks_in_modes(layer: object, capacity: int, modes: tuple[str, ...], checkers: tuple, steps: int, seed: int,
+                    buckets: list[int] | None, compile_buckets: list[int] | None) -> list[Check]:
+    """The (eager, graph, compiled) ``checkers`` asked for by ``modes``, in that order, on one
+    layer: eager over ``steps`` steps, CUDA graphs per batch-size bucket (default: 1, half and
+    all of ``capacity``), the compiled step at the largest bucket."""
+    eager, graphs, compiled = checkers
+    buckets = buckets or sorted({1, max(1, capacity // 2), capacity})
+    checks: list[Check] = []
+    if "eager" in modes:
+        checks += eager(layer, steps, seed)
+    if "graph" in modes:
+        checks += graphs(layer, buckets, replays=2 * len(buckets), seed=seed)
+    if "compile" in modes:
+        checks += compiled(layer, compile_buckets or buckets[-1:], seed)
+    return checks
+
+
+def run_example(title: str, checks_for) -> int:
+    """One example's main: a Communicator over the initialised group, ``checks_for(comm)``, the
+    report, and teardown whatever happens. Returns the exit status."""
+    comm = symcomm.Communicator()
+    try:
+        passed = report(title, checks_for(comm), comm)
+    finally:
+        comm.close()
+        dist.destroy_process_group()
+    return 0 if passed else 1
+
+
 def report(title: str, checks: list[Check], comm: symcomm.Communicator) -> bool:
     """Print failures on the rank that saw them and one summary line on rank 0; True if every
     rank passed. The vote runs on the CPU over the group so it works with gloo and NCCL alike."""

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 import symcomm
 
-from layer_utils import (Check, add_common_args, bitwise, close_enough, init_distributed, modes_for, report,
-                         rms_norm, seeded)
+from layer_utils import (Check, add_common_args, bitwise, checks_in_modes, close_enough, init_distributed,
+                         modes_for, rms_norm, run_example, seeded)
 
 
 @dataclass(frozen=True)
@@ -227,16 +227,8 @@ def check_compiled(block: TPBlock, buckets: list[int], seed: int) -> list[Check]
 def run_checks(comm: symcomm.Communicator, cfg: TPConfig, capacity: int, modes: tuple[str, ...],
                steps: int = 4, seed: int = 0, buckets: list[int] | None = None,
                compile_buckets: list[int] | None = None) -> list[Check]:
-    block = TPBlock(comm, cfg, capacity)
-    buckets = buckets or sorted({1, max(1, capacity // 2), capacity})
-    checks: list[Check] = []
-    if "eager" in modes:
-        checks += check_eager(block, steps, seed)
-    if "graph" in modes:
-        checks += check_graphs(block, buckets, replays=2 * len(buckets), seed=seed)
-    if "compile" in modes:
-        checks += check_compiled(block, compile_buckets or buckets[-1:], seed)
-    return checks
+    return checks_in_modes(TPBlock(comm, cfg, capacity), capacity, modes, (check_eager, check_graphs, check_compiled),
+                           steps, seed, buckets, compile_buckets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,15 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TPConfig(hidden=args.hidden or (64 if small else 2048), heads=args.heads or (6 if small else 16),
                    head_dim=args.head_dim or (16 if small else 128), ffn=args.ffn or (96 if small else 4096),
                    seed=args.seed)
-    comm = symcomm.Communicator()
-    try:
-        checks = run_checks(comm, cfg, args.max_tokens or (7 if small else 64), modes_for(args, device),
-                            steps=args.steps, seed=args.seed)
-        passed = report("tp_block", checks, comm)
-    finally:
-        comm.close()
-        torch.distributed.destroy_process_group()
-    return 0 if passed else 1
+    return run_example("tp_block", lambda comm: run_checks(
+        comm, cfg, args.max_tokens or (7 if small else 64), modes_for(args, device), steps=args.steps, seed=args.seed))
 
 
 if __name__ == "__main__":
