@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from . import _native, checks, fp4, validate
-from .backends.custom import CAPTURE_CODES, IN_REGION
+from .backends.custom import CAPTURE_CODES, aligned
 from .backends.peer_gather import MAX_TENSORS
 from .base import PUSH, Call
 from .checks import REFUSED
@@ -156,12 +156,6 @@ class Fp4Path:
         raise NotImplementedError
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a 16-byte-aligned copy of it for the kernel's vector loads (a rank-local fix-up, so
-    that alignment never makes ranks choose different paths)."""
-    return t if t.data_ptr() % 16 == 0 or not t.numel() else t.clone()
-
-
 def _push_state(comm):
     """(custom-push's kernel state, None), or (None, why custom-push is off): the fused kernel
     runs on the context, mapped regions and stream order the custom kernels share."""
@@ -210,17 +204,10 @@ class FusedPush(Fp4Path):
         if not total:
             return  # every rank knows: no rank launches
         state, _ = _push_state(comm)
-        session = state.capture
-        capturing = session is not None and torch.cuda.is_current_stream_capturing()
-        x, extra = _aligned(a.x), [_aligned(t) for t in a.extra]
+        session = state.session()
+        x, extra = aligned(a.x), [aligned(t) for t in a.extra]
         n, h = x.shape
-        where = []
-        for _, t in outs.named():
-            ptr = t.data_ptr()
-            base, slot = state.region_of(ptr)
-            where.append((slot, ptr - base))
-            if capturing:
-                session.record(IN_REGION, CAPTURE_CODE, t.nbytes, state.region_numbers[base], ptr - base)
+        where = [state.output_slot(t.data_ptr(), t.nbytes, session, CAPTURE_CODE) for _, t in outs.named()]
         k = len(extra)
         srcs = (_c.c_uint64 * k)(*(t.data_ptr() for t in extra))
         slots = (_c.c_int * k)(*(slot for slot, _ in where[2:]))
@@ -230,7 +217,7 @@ class FusedPush(Fp4Path):
         code = state.lib.symcomm_ar_gatherv_fp4(
             state.ctx, x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, sum(a.sizes[:comm.rank]), total, gs_ptr,
             gs_value, where[0][0], where[0][1], where[1][0], where[1][1], k, srcs, slots, offsets, row_bytes,
-            state.launch_stream(session if capturing else None))
+            state.launch_stream(session))
         if code:
             state.check("fused FP4 dispatch launch", code)
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from . import _native, fp4, validate
 from .backends import fused_norm_ar
+from .backends.custom import aligned
 from .base import TWOSHOT, Call
 from .dispatch import Choice, choose
 from .errors import ArgumentError, CommClosedError, DtypeError, PeerMismatchError, SymcommError
@@ -431,11 +432,8 @@ class Fused(NormPath):
                 _check_replicated(comm, call)
         y, scales = _allocate(call)
         h = call.residual_out if call.residual_out is not None else torch.empty_like(call.x)
-        # A misaligned x is this rank's alone, so it never decides the path (ranks would wait in
-        # different ones): it is copied instead.
-        x = call.x if call.x.data_ptr() % 16 == 0 else call.x.clone()
         if call.tokens:
-            fused_norm_ar.run(custom, x, call.residual, call.weight, call.eps, h, call.quant, y, scales,
+            fused_norm_ar.run(custom, aligned(call.x), call.residual, call.weight, call.eps, h, call.quant, y, scales,
                               call.scale, call.swizzle)
         return NormedResult(y, h, scales)
 

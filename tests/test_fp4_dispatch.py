@@ -106,6 +106,8 @@ class FakeState:
             self.map(t, number)
 
     region_of = custom.CustomAllReduce.region_of
+    session = custom.CustomAllReduce.session
+    output_slot = custom.CustomAllReduce.output_slot
 
     def map(self, t: torch.Tensor, number: int) -> None:
         base = t.data_ptr()
@@ -232,7 +234,7 @@ def test_a_misaligned_input_does_not_change_the_path():
     raw = _alone((a.x.numel() + 8,), torch.bfloat16)
     a = a._replace(x=raw[1:1 + a.x.numel()].view(a.x.shape))
     assert a.x.data_ptr() % 16 and FUSED_PATH.why_not(FakeComm(state=state), a, outs) is None
-    assert fp4_gather._aligned(a.x).data_ptr() % 16 == 0 and torch.equal(fp4_gather._aligned(a.x), a.x)
+    assert custom.aligned(a.x).data_ptr() % 16 == 0 and torch.equal(custom.aligned(a.x), a.x)
 
 
 def test_a_gather_algo_forces_the_unfused_path():

@@ -154,6 +154,20 @@ class CustomAllReduce:
         if code:
             self.check("custom all-reduce launch", code)
 
+    def session(self) -> CaptureSession | None:
+        """The graph_capture() session the current launch is captured in, or None: eager, or a
+        capture outside graph_capture(), which records nothing (one flag test in the eager case)."""
+        session = self.capture
+        return session if session is not None and torch.cuda.is_current_stream_capturing() else None
+
+    def output_slot(self, ptr: int, nbytes: int, session: CaptureSession | None, code: int) -> tuple[int, int]:
+        """(slot, offset) of an output in a mapped region, which a push kernel writes in every
+        rank's copy; recorded, as kernel ``code``, for the ranks' capture comparison."""
+        base, slot = self.region_of(ptr)
+        if session is not None:
+            session.record(IN_REGION, code, nbytes, self.region_numbers[base], ptr - base)
+        return slot, ptr - base
+
     def launch_stream(self, session: CaptureSession | None) -> int:
         """The current stream, once this launch is ordered after the previous one (follow). A
         captured launch also ties its session to the graph (guard): every captured kernel reads
@@ -255,6 +269,13 @@ class CustomAllReduce:
 
 
 STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecorded inputs
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a 16-byte-aligned copy of it for the kernels' vector loads. Alignment is one rank's
+    own business, so it must never decide a path (ranks would wait in different ones): the
+    kernels' callers copy a misaligned input instead of declining it."""
+    return t if t.data_ptr() % 16 == 0 or not t.numel() else t.clone()
 # The kernel field of a captured call (CALL_FIELDS): one code per kernel a context launches, so
 # that ranks which captured different kernels for the same bytes disagree there. The all-reduce
 # kernels' codes are their ALGO_CODES.
@@ -682,14 +703,13 @@ class CustomPath(Path):
         the same offset. A pool input is read in place, any other is staged whole; in place is
         safe here (this rank writes only its own rows, which no peer reads)."""
         state = self._state
-        session = state.capture
-        capturing = session is not None and torch.cuda.is_current_stream_capturing()
+        session = state.session()
         x = call.inputs[0]
         sizes = call.sizes or [x.shape[0] // state.world_size] * state.world_size
         row_bytes = call.nbytes // sum(sizes)
         region = state.region_of(call.in_ptrs[0])
         slot, offset = (region[1], call.in_ptrs[0] - region[0]) if region else (0, 0)
-        if capturing:
+        if session is not None:
             if region:
                 session.record(IN_REGION, SCATTER_CODE, call.nbytes, state.region_numbers[region[0]], offset)
             else:
@@ -697,7 +717,7 @@ class CustomPath(Path):
         code = state.lib.symcomm_ar_reduce_scatterv(
             state.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot, offset, call.nbytes,
             sum(sizes[:state.rank]) * row_bytes, call.out_ptrs[0], sizes[state.rank] * row_bytes,
-            0 if region else 1, state.launch_stream(session if capturing else None))
+            0 if region else 1, state.launch_stream(session))
         if code:
             state.check("custom reduce_scatterv launch", code)
 
@@ -719,10 +739,7 @@ class CustomPath(Path):
         recorded, as kernel ``code``, for the ranks' comparison. ``overwritten``: the launch
         writes its input while peers still read it, so it must be staged."""
         state = self._state
-        session = state.capture
-        # Only inside graph_capture() is there a capture to record for: one flag test otherwise.
-        if session is not None and not torch.cuda.is_current_stream_capturing():
-            session = None
+        session = state.session()
         if self._algo and not overwritten:
             region = state.region_of(ptr)  # None also for a region map_regions could not map
             if region is not None:

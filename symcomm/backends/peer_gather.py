@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
-
 from ..base import PUSH, Call
-from .custom import CAPTURE_CODES, IN_REGION, CustomPath, Kernels
+from .custom import CAPTURE_CODES, CustomPath, Kernels, aligned
 
 _c = ctypes
 MAX_TENSORS = 8  # symcomm.h's SYMCOMM_AR_MAX_PIECES
@@ -52,24 +50,20 @@ class PushPath(CustomPath):
 
     def run(self, call: Call) -> None:
         state = self._state
-        session = state.capture
-        capturing = session is not None and torch.cuda.is_current_stream_capturing()
+        session = state.session()
         world, rank = state.world_size, state.rank
         sizes = call.sizes or [call.inputs[0].shape[0]] * world
         total_rows, before = sum(sizes), sum(sizes[:rank])
         n = len(call.outputs)
         srcs, slots = (_c.c_uint64 * n)(), (_c.c_int * n)()
         offsets, nbytes = (_c.c_uint64 * n)(), (_c.c_uint64 * n)()
-        keep = [x if x.data_ptr() % 16 == 0 or not x.numel() else x.clone() for x in call.inputs]
+        keep = [aligned(x) for x in call.inputs]
         for i, (out, x, dst) in enumerate(zip(call.outputs, keep, call.out_ptrs)):
-            src = x.data_ptr()
-            base, slot = state.region_of(dst)
+            slot, offset = state.output_slot(dst, out.nbytes, session, CAPTURE_CODE)
             row_bytes = out.nbytes // total_rows
-            srcs[i], slots[i] = src, slot
-            offsets[i], nbytes[i] = dst - base + before * row_bytes, sizes[rank] * row_bytes
-            if capturing:
-                session.record(IN_REGION, CAPTURE_CODE, out.nbytes, state.region_numbers[base], dst - base)
+            srcs[i], slots[i] = x.data_ptr(), slot
+            offsets[i], nbytes[i] = offset + before * row_bytes, sizes[rank] * row_bytes
         code = state.lib.symcomm_ar_gatherv(state.ctx, n, srcs, slots, offsets, nbytes, call.nbytes,
-                                            state.launch_stream(session if capturing else None))
+                                            state.launch_stream(session))
         if code:
             state.check("custom all_gatherv launch", code)
