@@ -44,6 +44,7 @@
 
 namespace {
 using namespace symcomm::ar;
+using symcomm::launch;
 
 // ------------------------------------------------------------------ kernels
 template <typename T, int W>
@@ -179,25 +180,35 @@ __global__ void probe_read(Peers signals, int rank, int world, uint32_t* got) {
   }
 }
 
+// Testing programmatic dependent launch: a predecessor that lets its dependents be scheduled
+// at once, then writes its output only after delay_ns. A dependent that read before its
+// griddepcontrol.wait would see the old bytes.
+__global__ void late_copy(uint8_t* dst, const uint8_t* src, size_t nbytes, uint64_t delay_ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const uint64_t t0 = now_ns();
+  while (now_ns() - t0 < delay_ns) {
+  }
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nbytes; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
 template <typename T, int W>
 cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
                          cudaStream_t stream) {
   const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
   switch (algo) {
     case kFlagFree:
-      flag_free<T, W><<<c->flagfree_blocks, kThreads, 0, stream>>>(s, c->flagfree, in, out, nvec, c->flagfree_bytes / 16);
-      break;
+      return launch(c->overlap, flag_free<T, W>, c->flagfree_blocks, kThreads, stream, s, c->flagfree, in, out, nvec,
+                    c->flagfree_bytes / 16);
     case kOneShot:
-      one_shot<T, W><<<blocks_for(c, nvec), kThreads, 0, stream>>>(s, c->slots + slot, in_offset, out, nvec);
-      break;
+      return launch(c->overlap, one_shot<T, W>, blocks_for(c, nvec), kThreads, stream, s, c->slots + slot, in_offset,
+                    out, nvec);
     case kTwoShot:
-      two_shot<T, W><<<blocks_for(c, (nvec + W - 1) / W), kThreads, 0, stream>>>(s, c->scratch, c->slots + slot,
-                                                                                  in_offset, out, nvec);
-      break;
+      return launch(c->overlap, two_shot<T, W>, blocks_for(c, (nvec + W - 1) / W), kThreads, stream, s, c->scratch,
+                    c->slots + slot, in_offset, out, nvec);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 // Maps the allocation behind an IPC handle, or takes one more use of an existing mapping
@@ -441,6 +452,16 @@ int symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch) {
     cur[b] = epoch;
   }
   return cudaMemcpy(dev, cur, sizeof(cur), cudaMemcpyHostToDevice);
+}
+
+int symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled) {
+  ctx->impl.overlap = enabled != 0;
+  return cudaSuccess;
+}
+
+int symcomm_debug_late_copy(void* dst, const void* src, uint64_t nbytes, uint64_t delay_ns, cudaStream_t stream) {
+  late_copy<<<4, 256, 0, stream>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), nbytes, delay_ns);
+  return cudaGetLastError();
 }
 
 int symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token) {
@@ -689,9 +710,8 @@ int symcomm_ar_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const vo
   uint4* dst = static_cast<uint4*>(out);
   return for_dtype(dtype, [&](auto t) {
     return for_world(c->world, [&](auto w) {
-      one_shot<typename decltype(t)::type, decltype(w)::value><<<blocks, kThreads, 0, stream>>>(
-          s, c->slots + slot, in_offset + row_offset, dst, nbytes / 16);
-      return cudaGetLastError();
+      return launch(c->overlap, one_shot<typename decltype(t)::type, decltype(w)::value>, blocks, kThreads, stream, s,
+                    c->slots + slot, in_offset + row_offset, dst, nbytes / 16);
     });
   });
 }

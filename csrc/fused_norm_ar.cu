@@ -25,6 +25,7 @@
 
 namespace {
 using namespace symcomm::ar;
+using symcomm::launch;
 namespace norm = symcomm::norm;
 
 // Everything of one call besides the input: the rows, the norm's arguments, the outputs.
@@ -212,20 +213,17 @@ cudaError_t launch_norm(Context* c, int algo, const uint4* x, int slot, size_t i
   const int blocks = a.rows < c->grid_blocks ? a.rows : c->grid_blocks;
   switch (algo) {
     case SYMCOMM_AR_FLAGFREE:
-      flag_free_norm<T, W, kIters><<<c->flagfree_blocks, norm::kThreads, 0, stream>>>(s, c->flagfree, x,
-                                                                                       c->flagfree_bytes / 16, a);
-      break;
+      return launch(c->overlap, flag_free_norm<T, W, kIters>, c->flagfree_blocks, norm::kThreads, stream, s,
+                    c->flagfree, x, c->flagfree_bytes / 16, a);
     case SYMCOMM_AR_ONESHOT:
-      one_shot_norm<T, W, kIters><<<blocks, norm::kThreads, 0, stream>>>(s, c->slots + slot, in_offset, a);
-      break;
+      return launch(c->overlap, one_shot_norm<T, W, kIters>, blocks, norm::kThreads, stream, s, c->slots + slot,
+                    in_offset, a);
     case SYMCOMM_AR_TWOSHOT:
-      two_shot_norm<T, W, kIters><<<blocks, norm::kThreads, 0, stream>>>(s, c->scratch, c->slots + slot, in_offset, a,
-                                                                         lay);
-      break;
+      return launch(c->overlap, two_shot_norm<T, W, kIters>, blocks, norm::kThreads, stream, s, c->scratch,
+                    c->slots + slot, in_offset, a, lay);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }

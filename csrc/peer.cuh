@@ -8,6 +8,7 @@
 #ifndef SYMCOMM_PEER_CUH_
 #define SYMCOMM_PEER_CUH_
 
+#include "launch.cuh"
 #include "symcomm.h"
 
 #include <cuda_bf16.h>
@@ -140,6 +141,9 @@ struct Context {
   // ranks (symcomm_ar_sim_link) lower them so every rank's blocks fit on one GPU at once.
   int grid_blocks = kGridBlocks;
   int flagfree_blocks = kFlagFreeBlocks;
+  // Launch every kernel as a programmatic dependent launch (launch.cuh). On unless
+  // symcomm_ar_set_overlap turned it off, which only measurements do.
+  bool overlap = true;
   char* base = nullptr;  // this rank's allocation
   size_t total_bytes = 0;
   Peers bases{};        // every rank's allocation, mapped here (own = base)
@@ -263,9 +267,11 @@ __device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epo
 
 // This block's epoch for the call, or 0 (never an epoch) once the rank has given up: then the
 // kernel returns before touching a peer. Both words are read by one thread back to back, so
-// the check adds no round trip to the prologue.
+// the check adds no round trip to the prologue. Every peer kernel but the flag-free ones enters
+// here, so this is where they wait for the kernel before them (launch.cuh).
 __device__ __forceinline__ uint64_t next_epoch(const Sync& s) {
   __shared__ uint64_t epoch;
+  enter_after_predecessor();
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
     const uint64_t e = self->epoch[blockIdx.x] + 1;
@@ -302,6 +308,7 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 // whatever their thread mapping: the clear below covers [0, prev) with the launch's own stride.
 __device__ __forceinline__ void flagfree_turn(const Sync& s, size_t nvec, uint32_t* buf, uint32_t* prev,
                                               bool* stopped) {
+  enter_after_predecessor();  // the flag-free kernels' entry, as next_epoch is the others'
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
     *stopped = has_given_up(s);

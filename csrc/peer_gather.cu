@@ -8,6 +8,7 @@
 
 namespace {
 using namespace symcomm::ar;
+using symcomm::launch;
 
 // The tensors one gather_push launch writes: this rank's rows of each (src, nvec vectors) go to
 // byte dst_offset of slot `slot` on every rank.
@@ -181,8 +182,7 @@ int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, cons
   const int blocks = blocks_for(c, total_bytes / 16 / size_t(c->world));
   const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
   return for_world(c->world, [&](auto w) {
-    gather_push<decltype(w)::value><<<blocks, kThreads, 0, stream>>>(s, c->slots, pieces);
-    return cudaGetLastError();
+    return launch(c->overlap, gather_push<decltype(w)::value>, blocks, kThreads, stream, s, c->slots, pieces);
   });
 }
 
@@ -228,10 +228,8 @@ int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtyp
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     if (dtype == SYMCOMM_BFLOAT16)
-      gather_fp4_push<__nv_bfloat16, W><<<blocks, kThreads, 0, stream>>>(s, c->slots, job, extras);
-    else
-      gather_fp4_push<__half, W><<<blocks, kThreads, 0, stream>>>(s, c->slots, job, extras);
-    return cudaGetLastError();
+      return launch(c->overlap, gather_fp4_push<__nv_bfloat16, W>, blocks, kThreads, stream, s, c->slots, job, extras);
+    return launch(c->overlap, gather_fp4_push<__half, W>, blocks, kThreads, stream, s, c->slots, job, extras);
   });
 }
 

@@ -3,6 +3,7 @@
 // all-reduce kernel is compared with bit for bit. The math and the reduction order are in
 // csrc/rmsnorm.cuh; this file only loads rows, launches, and runs the same code on the host.
 #include "symcomm.h"
+#include "launch.cuh"
 #include "rmsnorm.cuh"
 
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@ template <typename T, int kIters>
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* a, const T* residual, const T* weight,
                                                            T* residual_out, Output out, int nvec, float eps) {
   __shared__ float smem[kWarps];
+  enter_after_predecessor();
   const int64_t row = blockIdx.x;
   // No __restrict__ and no read-only loads: a and residual may be residual_out itself (the
   // caller's in-place residual, or the all-reduce written straight into the new residual).
@@ -69,15 +71,16 @@ Output make_output(int64_t cols, int quant, void* out, void* scales, const float
 template <typename T, int kIters>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
                          const Output& out, int64_t rows, int nvec, float eps, cudaStream_t st) {
-  rmsnorm_kernel<T, kIters><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
-      static_cast<const T*>(a), static_cast<const T*>(residual), static_cast<const T*>(weight),
-      static_cast<T*>(residual_out), out, nvec, eps);
-  return cudaGetLastError();
+  // Always a programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused
+  // path, or behind any kernel of the caller's, the launch overlaps that kernel's tail.
+  return launch(true, rmsnorm_kernel<T, kIters>, static_cast<unsigned>(rows), kThreads, st, static_cast<const T*>(a),
+                static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
+                nvec, eps);
 }
 
 template <typename T>
-cudaError_t launch(const void* a, const void* residual, const void* weight, void* residual_out, const Output& out,
-                   int64_t rows, int64_t cols, float eps, cudaStream_t st) {
+cudaError_t launch_rows(const void* a, const void* residual, const void* weight, void* residual_out, const Output& out,
+                        int64_t rows, int64_t cols, float eps, cudaStream_t st) {
   const int nvec = static_cast<int>(cols / kVec);
   const int iters = (nvec + kThreads - 1) / kThreads;
   if (iters <= 1) return launch_iters<T, 1>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
@@ -169,8 +172,8 @@ int symcomm_rmsnorm(const void* a, const void* residual, const void* weight, sym
   }
   const Output o = make_output(cols, q, out, scales, static_cast<const float*>(scale_ptr), scale_value, swizzle);
   switch (dtype) {
-    case SYMCOMM_FLOAT16: return launch<__half>(a, residual, weight, residual_out, o, rows, cols, eps, st);
-    case SYMCOMM_BFLOAT16: return launch<__nv_bfloat16>(a, residual, weight, residual_out, o, rows, cols, eps, st);
+    case SYMCOMM_FLOAT16: return launch_rows<__half>(a, residual, weight, residual_out, o, rows, cols, eps, st);
+    case SYMCOMM_BFLOAT16: return launch_rows<__nv_bfloat16>(a, residual, weight, residual_out, o, rows, cols, eps, st);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -164,6 +164,18 @@ symcomm_status_t symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_bloc
  * any block's current epoch is refused (invalid value). Blocks for device copies. */
 symcomm_status_t symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch);
 
+/* Whether this context's later launches are programmatic dependent launches (csrc/launch.cuh):
+ * on (nonzero) from symcomm_ar_create. Every rank may choose for itself; the kernels are the
+ * same either way, only when their blocks are scheduled differs. It exists to measure what the
+ * overlap gains. Graphs keep the launches they captured. */
+symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
+
+/* Testing only: copies nbytes from src to dst on stream, but only after delay_ns, in a kernel
+ * that lets a programmatic dependent launch behind it be scheduled at once. A peer kernel
+ * launched next must still read dst's new bytes: it waits for its predecessor first. */
+symcomm_status_t symcomm_debug_late_copy(void* dst, const void* src, uint64_t nbytes, uint64_t delay_ns,
+                                         symcomm_stream_t stream);
+
 /* Peer-to-peer self test, step 1: writes token into every peer's probe word. Blocks until the
  * device is idle. The caller waits for all ranks before step 2. */
 symcomm_status_t symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token);
@@ -343,8 +355,8 @@ typedef enum {
   SYMCOMM_NORM_QUANT_MAX_ENUM = 0x7fffffff
 } symcomm_norm_quant_t;
 
-/* Enqueues one kernel (one block per row) on stream, plus a memset of the swizzled scale
- * padding; returns without waiting. The scale is read on the device from scale_ptr (one float)
+/* Enqueues one kernel (one block per row, a programmatic dependent launch: csrc/launch.cuh) on
+ * stream, plus a memset of the swizzled scale padding; returns without waiting. The scale is read on the device from scale_ptr (one float)
  * when it is not NULL, otherwise scale_value is used (ignored for SYMCOMM_NORM_NONE). */
 symcomm_status_t symcomm_rmsnorm(const void* a, const void* residual, const void* weight, symcomm_dtype_t dtype,
                                  int64_t rows, int64_t cols, float eps, void* residual_out,

@@ -42,6 +42,8 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_open": ([_ar, _bytes], _status),
     "symcomm_ar_sim_link": ([_c.POINTER(_ar), _int, _int], _status),  # testing: simulated ranks
     "symcomm_ar_debug_seed_epochs": ([_ar, _u64], _status),  # testing: epochs near the old wrap
+    "symcomm_ar_set_overlap": ([_ar, _int], _status),  # measuring: programmatic launch on/off
+    "symcomm_debug_late_copy": ([_ptr, _ptr, _u64, _u64, _stream], _status),  # testing: a late predecessor
     "symcomm_ar_probe_write": ([_ar, _u32], _status),
     "symcomm_ar_probe_read": ([_ar, _c.POINTER(_u32)], _status),
     "symcomm_ar_buffer_handle": ([_ar, _ptr, _bytes, _c.POINTER(_u64)], _status),

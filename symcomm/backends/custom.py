@@ -133,6 +133,11 @@ class CustomAllReduce:
         self.check("symcomm_ar_alarm", self.lib.symcomm_ar_alarm(self.ctx, _c.byref(word)))
         self.alarm = Alarm(word.contents, self.describe_abort)
 
+    def set_overlap(self, enabled: bool) -> None:
+        """Launch later kernels as programmatic dependent launches (csrc/launch.cuh), or not. On
+        from the start; only measurements of what the overlap gains turn it off."""
+        self.check("symcomm_ar_set_overlap", self.lib.symcomm_ar_set_overlap(self.ctx, int(enabled)))
+
     def describe_abort(self, code: int) -> str:
         kind, phase, peer = code >> 32, (code >> 16) & 0xFFFF, code & 0xFFFF
         if kind == ABORT_TIMEOUT:

@@ -1,0 +1,63 @@
+// Programmatic dependent launch (PDL) for every kernel that follows model work on a stream:
+// the peer kernels (peer.cuh's next_epoch and flagfree_turn, which every one of them enters
+// through) and the standalone RMSNorm.
+//
+// In a decode step the all-reduce follows a GEMM on the same stream. Launched plainly, the
+// all-reduce's blocks are scheduled only after the GEMM's last block has exited. Launched with
+// PDL, they may be scheduled as soon as every block of the GEMM has signalled
+// launch_dependents (or exited), while its tail still runs: the launch, the block scheduling
+// and the kernel-parameter loads then overlap the GEMM instead of following it.
+//
+// The one rule that keeps this correct: a kernel launched with PDL executes
+// griddepcontrol.wait before it reads or writes anything another kernel may touch. The wait
+// returns once every prerequisite grid has completed and its writes are visible. Our kernels
+// wait first thing, before their epoch word (the previous peer kernel of the context writes it),
+// before their input (the GEMM writes it) and before any peer: a peer can never see this rank
+// arrive before this rank's input is final. After the wait they signal launch_dependents at
+// once. That only lets the next kernel on the stream be *scheduled*; if it was launched with
+// PDL it must wait in turn (the contract of every PDL kernel, ours included), and a kernel
+// launched plainly still starts after we exit. By the time the signal counts, all our blocks
+// are resident (the signal counts only once every block of the grid has given it), so a
+// dependent that occupies SMs cannot keep one of our blocks from starting while its peers spin.
+//
+// Both instructions are no-ops in a kernel launched without PDL; griddepcontrol needs sm_90
+// (setup.py builds sm_90 and newer), and older targets compile them out.
+#ifndef SYMCOMM_LAUNCH_CUH_
+#define SYMCOMM_LAUNCH_CUH_
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace symcomm {
+
+// Wait for the kernel this one may overlap, then let the next one be scheduled. Every thread
+// calls it: the wait makes the predecessor's writes visible to the thread that waited.
+__device__ __forceinline__ void enter_after_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent launch when
+// `overlap` is set. Returns the launch's own error (what cudaGetLastError would report).
+template <typename... Params, typename... Args>
+cudaError_t launch(bool overlap, void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = overlap ? &attr : nullptr;
+  config.numAttrs = overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace symcomm
+
+#endif  // SYMCOMM_LAUNCH_CUH_
