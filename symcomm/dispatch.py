@@ -157,7 +157,9 @@ TUNING_ENV = "SYMCOMM_TUNING_FILE"
 TUNING_VERSION = 1
 PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
 INPLACE_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
-TABLE_KEYS = (*OPS, *INPLACE_KEYS)
+# all_reduce_rmsnorm's row ranks its norm paths (symcomm/fused_norm.py), by x's bytes.
+NORM_KEY = "all_reduce_rmsnorm"
+TABLE_KEYS = (*OPS, *INPLACE_KEYS, NORM_KEY)
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 

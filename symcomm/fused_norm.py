@@ -18,12 +18,15 @@ Rounding contract (csrc/rmsnorm.cuh is the normative text, docs/fused-norm.md th
 
 The op picks one of ``NORM_PATHS`` per call, the way dispatch picks a collective's path: each
 says whether it can serve the call (``why_not``), ``algo="auto"`` takes the first that can,
-and ``select()`` explains the choice. Today there are two, both unfused: ``comm.all_reduce`` on
-whatever path its dispatch picks, then one launch of csrc/rmsnorm.cu's kernel (``unfused``,
-CUDA) or the torch reference (``reference``: CPU, or CUDA without the native library). Fused
-all-reduce kernels plug in as new entries ahead of them, and must produce the bits of
-``unfused`` with the same all-reduce algorithm: csrc/rmsnorm.cuh's ``rmsnorm_row`` is the
-device routine they call.
+and ``select()`` explains the choice. The fused paths (``fused-flagfree``, ``fused-oneshot``,
+``fused-twoshot``: csrc/fused_norm_ar.cu) run the norm inside one of symcomm's all-reduce
+kernels; ``unfused`` is ``comm.all_reduce`` on whatever path its dispatch picks, then one launch
+of csrc/rmsnorm.cu's kernel; ``reference`` the same with the torch reference (CPU, or CUDA
+without the native library). A fused path returns the bits of ``unfused`` with the same
+all-reduce kernel: csrc/rmsnorm.cuh's ``rmsnorm_row`` is the device routine both call. The
+order auto tries them in is the dispatch table's ``all_reduce_rmsnorm`` row where the table
+has one (measured by ``symcomm-bench tune``); without one, a fused path serves exactly where
+the all-reduce of x alone would run on its kernel.
 """
 from __future__ import annotations
 
@@ -38,10 +41,10 @@ from . import _native, fp4, validate
 from .backends import fused_norm_ar
 from .backends.custom import aligned
 from .base import TWOSHOT, Call
-from .dispatch import Choice, choose
+from .dispatch import NORM_KEY, Choice, choose
 from .errors import ArgumentError, CommClosedError, DtypeError, PeerMismatchError, SymcommError
 
-OP = "all_reduce_rmsnorm"
+OP = NORM_KEY  # also the dispatch table's key for this op's row
 DTYPES = (torch.bfloat16, torch.float16)
 QUANTS = ("fp8", "nvfp4")
 # The kernel's geometry, which is also the reduction order (csrc/rmsnorm.cuh): 16-byte vectors
@@ -418,9 +421,12 @@ class Fused(NormPath):
     def why_not(self, comm, call: NormCall, ar_algo: str) -> str | None:
         if self.kernel not in comm._paths:  # a dict test: this runs for every path on every call
             return f"{self.kernel} is off: {comm._off.get(self.kernel, 'not among this communicator paths')}"
-        chosen = _all_reduce_choice(comm, call) if ar_algo == "auto" else ar_algo
-        if chosen != self.kernel:
-            return f"the all-reduce of x alone runs on {chosen}, not {self.kernel}"
+        # A table that measured this op ranks the fused paths itself; otherwise they follow the
+        # all-reduce's choice, as does any call that forces the all-reduce.
+        if ar_algo != "auto" or not _tuned(comm):
+            chosen = _all_reduce_choice(comm, call) if ar_algo == "auto" else ar_algo
+            if chosen != self.kernel:
+                return f"the all-reduce of x alone runs on {chosen}, not {self.kernel}"
         return fused_norm_ar.why_not(comm.path(self.kernel), call.x, call.quant)
 
     def run(self, comm, call: NormCall, ar_algo: str) -> NormedResult:
@@ -470,11 +476,27 @@ def _check_replicated(comm, call: NormCall) -> None:
                                 f"on every rank")
 
 
-# Ordered by preference: a fused path serves only where its kernel is the all-reduce's choice,
-# so at most one of them can, and it goes ahead of the unfused paths.
+def _tuned(comm) -> bool:
+    """Whether the dispatch table has a row for this op (``symcomm-bench tune`` measures the norm
+    paths against each other); the built-in table has none."""
+    return OP in comm.table.rows
+
+
+# Ordered by preference where the table has no row for the op: a fused path then serves only
+# where its kernel is the all-reduce's choice, so at most one of them can, and it goes ahead of
+# the unfused paths.
 NORM_PATHS: tuple[NormPath, ...] = (*(Fused(name) for name in fused_norm_ar.FUSED), Unfused("unfused", _kernel),
                                     Unfused("reference", _torch))
 _BY_NAME = {p.name: p for p in NORM_PATHS}
+
+
+def _preference(comm, call: NormCall) -> tuple[NormPath, ...]:
+    """The order auto tries the paths in: the table's row for x's size (measured), then the
+    paths it leaves out; NORM_PATHS' order without a row."""
+    if not _tuned(comm):
+        return NORM_PATHS
+    ranked = tuple(_BY_NAME[n] for n in comm.table.preference(OP, call.x.nbytes) if n in _BY_NAME)
+    return (*ranked, *(p for p in NORM_PATHS if p not in ranked))
 
 
 def _choose(comm, call: NormCall, algo: object) -> tuple[NormPath, str, dict[str, str]]:
@@ -494,7 +516,7 @@ def _choose(comm, call: NormCall, algo: object) -> tuple[NormPath, str, dict[str
         raise ArgumentError(f"algo must be 'auto', a norm path ({', '.join(_BY_NAME)}) or an all-reduce path of "
                             f"this communicator ({', '.join(comm.algorithms())}), got {algo!r}")
     rejected: dict[str, str] = {}
-    for path in NORM_PATHS:
+    for path in _preference(comm, call) if algo == "auto" else NORM_PATHS:
         reason = path.why_not(comm, call, algo)
         if reason is None:
             return path, algo, rejected
@@ -547,7 +569,9 @@ def select(comm, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tenso
     for other in NORM_PATHS:
         if other is not path and other.name not in rejected:
             rejected[other.name] = (other.why_not(comm, call, ar_algo)
-                                    or f"ranked below {path.name} in fused_norm.NORM_PATHS")
+                                    or f"ranked below {path.name} "
+                                       + (f"by the {comm.table.source} table" if _tuned(comm) and ar_algo == "auto"
+                                          else "in fused_norm.NORM_PATHS"))
     inner = None
     if isinstance(path, Unfused):
         a = torch.empty_like(call.x)

@@ -3,6 +3,8 @@
 cast and symcomm's codec, every argument rule, and the op over gloo at two ranks."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ import symcomm
 from _spawn import run_world
 from symcomm import _native, fp4
 from symcomm import fused_norm as fn
+from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
+from symcomm.dispatch import INF, NORM_KEY, DispatchTable
 from symcomm.errors import ArgumentError, DtypeError
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -373,3 +377,50 @@ def test_check_mode_refuses_a_residual_that_differs_between_ranks():
     call.residual[0, 0] += 1
     fn._check_replicated(same, call)
     assert sent[0] == sent[1] != sent[2], sent
+
+
+# ----------------------------------------------------------------------- choosing a norm path
+class _Kernel:
+    """A custom all-reduce path that can serve any call (capacity far above these tests)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state = SimpleNamespace(staging_bytes=1 << 30, flagfree_bytes=1 << 30)
+
+    def why_not(self, call) -> None:
+        return None
+
+
+def _comm_with(rules: dict) -> SimpleNamespace:
+    kernels = {n: _Kernel(n) for n in (FLAGFREE, ONESHOT, TWOSHOT)}
+    return SimpleNamespace(table=DispatchTable(rules, "test"), _paths=kernels, _off={}, path=kernels.__getitem__,
+                           algorithms=lambda: list(kernels))
+
+
+def _norm_call(tokens: int, hidden: int = 64):
+    x = rows(tokens, hidden, torch.bfloat16, 3)
+    return fn.check_args(CPU, x, weight_for(hidden, torch.bfloat16, 3), None, 1e-6, None, None, None, None, False)
+
+
+def test_without_a_norm_row_the_fused_path_follows_the_all_reduce():
+    comm = _comm_with({"all_reduce": [(INF, (TWOSHOT, ONESHOT))]})
+    path, ar_algo, rejected = fn._choose(comm, _norm_call(4), "auto")
+    assert (path.name, ar_algo) == ("fused-twoshot", "auto")
+    assert "runs on custom-twoshot" in rejected["fused-oneshot"]
+
+
+def test_a_norm_row_ranks_the_norm_paths_by_size():
+    small = 4 * 64 * 2  # x's bytes at 4 tokens of 64 bf16 values
+    rules = {"all_reduce": [(INF, (TWOSHOT,))],
+             NORM_KEY: [(small, ("fused-oneshot", "unfused")), (INF, ("unfused", "fused-twoshot"))]}
+    comm = _comm_with(rules)
+    assert fn._choose(comm, _norm_call(4), "auto")[0].name == "fused-oneshot"  # though the all-reduce picks two-shot
+    order = [p.name for p in fn._preference(comm, _norm_call(5))]
+    assert order == ["unfused", "fused-twoshot", "fused-flagfree", "fused-oneshot", "reference"]
+    # on the CPU the standalone kernel cannot run, so the row's next path serves
+    path, _, rejected = fn._choose(comm, _norm_call(5), "auto")
+    assert path.name == "fused-twoshot" and "CUDA" in rejected["unfused"]
+    # forcing the all-reduce still fuses only with that kernel
+    path, ar_algo, _ = fn._choose(comm, _norm_call(4), ONESHOT)
+    assert (path.name, ar_algo) == ("fused-oneshot", ONESHOT)
+    assert fn._choose(comm, _norm_call(4), TWOSHOT)[0].name == "fused-twoshot"

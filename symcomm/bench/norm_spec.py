@@ -48,7 +48,7 @@ VARIANTS = (BASELINE, *_COLUMNS)
 # y of random rows is within a few units: these keep FP8 codes and NVFP4 block scales in range.
 FP8_SCALE = 2.0**-5
 NVFP4_GLOBAL_SCALE = 448.0 * 6.0 / 8.0
-_NORMABLE = ("bfloat16", "float16")
+NORMABLE = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class AllReduceRmsnorm(AllReduce):
         return Layout(count * itemsize, count, count, count, (count,) * world, HIDDEN)
 
     def validate(self, datatype: str) -> None:
-        if DATATYPES[datatype][1] not in _NORMABLE:
+        if DATATYPES[datatype][1] not in NORMABLE:
             raise BenchError(f"{self.name} normalises bfloat16 or half rows, not {datatype}")
 
     def notes(self, world: int, itemsize: int, path: str) -> list[str]:
@@ -108,7 +108,8 @@ class AllReduceRmsnorm(AllReduce):
                     baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
                     return baseline_y[0]
             else:
-                norm_algo = _COLUMNS[variant][0] or setup.path
+                # A column named after a norm path forces it (tune's columns), bf16 out.
+                norm_algo = _COLUMNS.get(variant, (variant, None))[0] or setup.path
                 if norm_algo == "unfused" and fused_norm.kernel_available(device) is not None:
                     norm_algo = "reference"  # the same unfused path, with the torch reference for the kernel
 

@@ -184,19 +184,22 @@ class Runner:
         return infos
 
     # -- one size ------------------------------------------------------------------------
-    def measure_size(self, op: str, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
+    def measure_size(self, op: str, nbytes: int, progress: report.Progress,
+                     columns: Sequence[str] | None = None) -> list[report.SizeRow]:
+        """One size of ``op``, every column (the runner's, or ``columns``), rank-averaged."""
         cfg = self.cfg
+        algos = list(columns) if columns is not None else self.algos
         spec = ops.spec(op)
         lay = spec.layout(nbytes, self.world, self.dtype.itemsize, self.rank)
         cases = spec.cases(self.setup, lay, spec.inputs(self.setup, lay))
-        stats = torch.zeros(len(self.algos), 4, dtype=torch.float64)
+        stats = torch.zeros(len(algos), 4, dtype=torch.float64)
         # Rounds pass over every path in turn, so a slow spell of the machine (a host hiccup
         # delaying a replay) lands on one sample of each path rather than on all of one path;
         # the median then drops it. Results are checked in the first round only.
-        samples: list[list[list[float]]] = [[[], []] for _ in self.algos]
+        samples: list[list[list[float]]] = [[[], []] for _ in algos]
         for round_ in range(cfg.rounds):
             last = round_ == cfg.rounds - 1
-            for i, algo in enumerate(self.algos):
+            for i, algo in enumerate(algos):
                 for j, inplace in enumerate((False, True)):
                     if math.isnan(stats[i, 2 * j]):  # absent or refused: the same every round
                         continue
@@ -213,7 +216,7 @@ class Runner:
                     except symcomm.ArgumentError as exc:
                         # symcomm refuses a call before any communication, on every rank alike,
                         # so the sweep can go on without this path at this size.
-                        if len(self.algos) == 1:
+                        if len(algos) == 1:
                             raise BenchError(f"{where}: {exc}") from exc
                         stats[i, 2 * j] = math.nan
                         self.refused.setdefault(algo, f"{where}: {exc}")
@@ -227,7 +230,7 @@ class Runner:
         dist.all_reduce(stats)
         stats = stats.cpu()
         rows = []
-        for i, algo in enumerate(self.algos):
+        for i, algo in enumerate(algos):
             t_oop, w_oop, t_ip, w_ip = (float(v) for v in stats[i])
             rows.append(report.SizeRow(algo, lay.nbytes, lay.count,
                                        self._timing(t_oop, w_oop, cfg.check),
