@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import statistics
 import sys
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import symcomm  # noqa: E402
 from symcomm import fp4  # noqa: E402
+from symcomm.bench import norm_spec  # noqa: E402
 
 import dp_moe_step as dp  # noqa: E402
 import tp_block as tp  # noqa: E402
@@ -144,16 +144,8 @@ class TPLocal(tp.TPBlock):
 
 # ------------------------------------------------------------------ building and timing
 def symm_mem_unavailable(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return "needs CUDA"
-    try:
-        importlib.import_module("torch.distributed._symmetric_memory")  # registers torch.ops.symm_mem
-        for op in ("one_shot_all_reduce", "two_shot_all_reduce_", "_low_contention_all_gather",
-                   "_low_contention_reduce_scatter"):
-            getattr(torch.ops.symm_mem, op)
-    except (ImportError, AttributeError, RuntimeError) as exc:
-        return f"this torch lacks it ({type(exc).__name__}: {exc})"
-    return None
+    return norm_spec.symm_mem_unavailable(device, ("one_shot_all_reduce", "two_shot_all_reduce_",
+                                                   "_low_contention_all_gather", "_low_contention_reduce_scatter"))
 
 
 def open_comm(variant: str, symmetric_bytes: int) -> symcomm.Communicator:

@@ -4,6 +4,9 @@ rows, one column per way of doing it, in the same run:
 - ``nccl+torch``: the baseline every peer starts from: ``comm.all_reduce`` forced onto plain
   NCCL (torch.distributed on CPU, which has no NCCL), then ``a + residual`` and PyTorch's own
   ``F.rms_norm``;
+- ``symm_mem+torch``: PyTorch's own symmetric memory, where the installed torch has it
+  (``torch.ops.symm_mem.one_shot_all_reduce`` up to 512 KiB, ``two_shot_all_reduce_`` above, on a
+  buffer from ``symm_mem.empty``, then the same add and ``F.rms_norm``); N/A elsewhere (CPU);
 - ``unfused``: ``comm.all_reduce_rmsnorm(algo="unfused")``: symcomm's all-reduce on the path
   its table picks, then one launch of csrc/rmsnorm.cu (``algo="reference"``, the torch
   reference, on CPU);
@@ -23,10 +26,12 @@ its own way.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from symcomm import fused_norm
@@ -40,11 +45,15 @@ from .spec import Buffers, Case, Cases, Inputs, Setup
 HIDDEN = 8192  # one of the issue's model sizes (7168 is the other): a hidden flag would go here
 EPS = 1e-6
 BASELINE = "nccl+torch"
+SYMM_MEM = "symm_mem+torch"
+# torch's symmetric-memory one-shot all-reduce up to here, two-shot above: torch leaves the
+# choice to its caller, and bench/layer_step.py splits at the same size
+SYMM_MEM_ONE_SHOT_MAX = 512 << 10
 # column -> (the norm path it forces, or None for --algo's path; quant mode)
 _COLUMNS = {"unfused": ("unfused", None), "fused": (None, None), "fused+fp8": (None, "fp8"),
             "fused+nvfp4": (None, "nvfp4")}
 _QUANT = {column: quant for column, (_, quant) in _COLUMNS.items()}
-VARIANTS = (BASELINE, *_COLUMNS)
+VARIANTS = (BASELINE, SYMM_MEM, *_COLUMNS)
 # y of random rows is within a few units: these keep FP8 codes and NVFP4 block scales in range.
 FP8_SCALE = 2.0**-5
 NVFP4_GLOBAL_SCALE = 448.0 * 6.0 / 8.0
@@ -96,15 +105,23 @@ class AllReduceRmsnorm(AllReduce):
             exp_y = _expected_y(exp_h, weight, dtype, setup.world)
         ar = "nccl" if "nccl" in comm.algorithms() else "torch"
         baseline_y: list[torch.Tensor] = [y]
+        symm = _symm_mem_buffer(x) if tokens else None  # collective: every rank, every size
 
-        def case(variant: str, inplace: bool) -> Case:
+        def case(variant: str, inplace: bool) -> Case | None:
             new_h = residual if inplace else h
             quant = _QUANT.get(variant)
             out = y if quant is None else quantized[quant]
+            if variant == SYMM_MEM and symm is None:
+                return None
             if variant == BASELINE:
                 def call() -> object:
                     comm.all_reduce(x, out=a, algo=ar)
                     torch.add(a, residual, out=new_h)
+                    baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
+                    return baseline_y[0]
+            elif variant == SYMM_MEM:
+                def call() -> object:
+                    torch.add(_symm_mem_all_reduce(*symm), residual, out=new_h)
                     baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
                     return baseline_y[0]
             else:
@@ -125,22 +142,56 @@ class AllReduceRmsnorm(AllReduce):
                 for t in _flat(quantized):
                     t.view(torch.uint8).fill_(fill)
                 x.view(-1).copy_(mine)
+                if symm is not None:
+                    symm[0].copy_(x)  # as the GEMM before it would have written it
                 residual.view(-1).copy_(res0)
 
             def count() -> int:
                 wrong = check.count_wrong(new_h, exp_h)
-                if variant == BASELINE:
+                if variant in (BASELINE, SYMM_MEM):
                     return wrong + check.count_wrong(baseline_y[0], exp_y)
                 return wrong + _wrong_bytes(new_h, weight, quant, scales[quant], out, lambda: _rerun(load, call))
 
             def corrupt() -> None:
                 if quant is None:
-                    check.corrupt(baseline_y[0] if variant == BASELINE else y)
+                    check.corrupt(baseline_y[0] if variant in (BASELINE, SYMM_MEM) else y)
                 else:
                     _flat(out)[0].view(torch.uint8).view(-1)[:1].bitwise_not_()
 
             return Case(call=call, load=load, count=count if setup.check else None, corrupt=corrupt)
         return case
+
+
+def symm_mem_unavailable(device: torch.device,
+                         ops: tuple[str, ...] = ("one_shot_all_reduce", "two_shot_all_reduce_")) -> str | None:
+    """None if torch.distributed._symmetric_memory's ``ops`` can run here, else why not."""
+    if device.type != "cuda":
+        return "torch's symmetric memory needs CUDA"
+    try:
+        importlib.import_module("torch.distributed._symmetric_memory")  # registers torch.ops.symm_mem
+        for op in ops:
+            getattr(torch.ops.symm_mem, op)
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        return f"this torch lacks it ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _symm_mem_buffer(x: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+    """A symm_mem.empty buffer like x, rendezvoused over the default group (collective), and
+    the group's name; None where torch's symmetric memory is unavailable."""
+    if symm_mem_unavailable(x.device) is not None:
+        return None
+    from torch.distributed import _symmetric_memory as symm_mem
+    name = dist.group.WORLD.group_name
+    buf = symm_mem.empty(*x.shape, dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, name)
+    return buf, name
+
+
+def _symm_mem_all_reduce(buf: torch.Tensor, name: str) -> torch.Tensor:
+    if buf.nbytes <= SYMM_MEM_ONE_SHOT_MAX:
+        return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", name)
+    return torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", name)  # in place: load() refills it
 
 
 def _flat(out: object) -> list[torch.Tensor]:
