@@ -9,7 +9,8 @@ owns the pool: the Communicator hands it out for use_symmetric_memory.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -18,7 +19,7 @@ from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
 from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Peers, Setup, raw_stream, runner_table
 
 from ..bounded import bounded
-from ..errors import DtypeError, SymcommError
+from ..errors import ArgumentError, DtypeError, SymcommError
 from ..pool import GRANULE_SHIFT, SymmetricPool
 
 _capturing = torch.cuda.is_current_stream_capturing
@@ -31,6 +32,85 @@ _capturing = torch.cuda.is_current_stream_capturing
 # exists (bench/fp4_gather.py's bf16 gather: 128 MiB 465 vs 415 us, 256 MiB 941 vs 745 us with
 # send/recv vs broadcasts), so broadcasts keep the sizes where send/recv was not shown to win.
 SENDRECV_GATHERV_MAX_BYTES = 64 << 20
+
+# Uneven reduce_scatterv schedules (NcclPath._reduce_scatterv; an even call is one
+# ncclReduceScatter whatever the table says):
+RSV_REDUCE_PER_ROOT = "reduce-per-root"  # one ncclReduce per non-empty root, in one group
+RSV_PADDED = "padded"  # every root padded to max(sizes) rows, one ncclReduceScatter
+RSV_SEND_RECV = "send-recv"  # each root receives its rows from every peer and sums them itself
+RSV_SCHEDULES = (RSV_REDUCE_PER_ROOT, RSV_PADDED, RSV_SEND_RECV)
+
+
+class RsvRule(NamedTuple):
+    """One row of RSV_SCHEDULE_RULES: ``schedule`` for calls within both limits."""
+
+    max_bytes: int  # the call's input bytes, sum(sizes) rows (Call.nbytes), at most this
+    # world * max(sizes) / sum(sizes) at most this: the factor by which padding multiplies the
+    # bytes every rank reduces, and the padded schedule's temporary over x (1.0 for even sizes)
+    max_padding: float
+    schedule: str
+
+
+# Uneven reduce_scatterv schedule, by world size. The first rule the call fits picks; a rule
+# whose schedule the call cannot use (send-recv off a float sum) passes to the next; a call that
+# fits no rule, or a world without rules, keeps one ncclReduce per root. Everything it reads
+# (sizes, row bytes, world, dtype, op) is the same on every rank, so every rank runs the same
+# schedule: a rank on another schedule would wait forever for collectives nobody else enqueued.
+# Measured with bench/reduce_scatterv_variants.py (2026-11-23, 2 x H200, NCCL 2.28.9, bf16 rows
+# of 7168, split 1.0 : 0.55, i.e. padding 1.29; two runs within 0.6 us; bench/results/
+# 2026-11-23_session6_2xH200): padded beat reduce-per-root by 1.12x/1.15x/1.16x/1.04x at 56 KiB/
+# 252 KiB/1 MiB/4 MiB and lost from 16 MiB (0.73x, 0.55x at 64 MiB); send-recv won nowhere by
+# more than 1.03x. Only that padding was measured, so padded is kept to it. Other worlds keep
+# reduce-per-root until a run at that world says otherwise.
+RSV_SCHEDULE_RULES: dict[int, tuple[RsvRule, ...]] = {
+    2: (RsvRule(max_bytes=4 << 20, max_padding=1.3, schedule=RSV_PADDED),),
+}
+
+# The send-recv schedule sums on the receiving rank: every peer's rows, in rank order
+# 0..world-1, in the accumulator dtype here, rounded once to the call's dtype on the write to
+# the output. NCCL rounds to the dtype after every step of its own chain (ring or tree order),
+# so for 16-bit floats this is more accurate, and for any dtype not bitwise NCCL's result (an
+# fp32 call accumulates in fp32 like NCCL, in another order). fp8 stays out: torch does not
+# promote fp8 in mixed-dtype arithmetic. Sum only: NCCL's avg premultiplies floats by 1/world,
+# a rounding this sum would not reproduce.
+LOCAL_SUM_ACCUMULATOR: dict[torch.dtype, torch.dtype] = {
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
+}
+
+# schedule -> whether it can run a call of this (dtype, redop); NCCL's own schedules take any
+# call the path accepted.
+_RSV_ELIGIBLE = {
+    RSV_REDUCE_PER_ROOT: lambda dtype, redop: True,
+    RSV_PADDED: lambda dtype, redop: True,
+    RSV_SEND_RECV: lambda dtype, redop: redop == "sum" and dtype in LOCAL_SUM_ACCUMULATOR,
+}
+
+
+def rsv_schedule(sizes: Sequence[int], row_bytes: int, world: int, dtype: torch.dtype, redop: str,
+                 forced: str | None = None) -> str:
+    """The schedule of one uneven reduce_scatterv: ``forced`` where the call can use it, else
+    RSV_SCHEDULE_RULES'. Reads nothing rank-specific, so every rank gets the same answer."""
+    if forced is not None and _RSV_ELIGIBLE[forced](dtype, redop):
+        return forced
+    total = sum(sizes)
+    nbytes = total * row_bytes
+    padding = world * max(sizes) / total if total else 1.0
+    for rule in RSV_SCHEDULE_RULES.get(world, ()):
+        if nbytes <= rule.max_bytes and padding <= rule.max_padding and _RSV_ELIGIBLE[rule.schedule](dtype, redop):
+            return rule.schedule
+    return RSV_REDUCE_PER_ROOT
+
+
+def _sum_in_rank_order(parts: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+    """out = parts[0] + ... + parts[-1], left to right in LOCAL_SUM_ACCUMULATOR's dtype, one
+    rounding to out's dtype. Two parts at least."""
+    acc = parts[0].to(LOCAL_SUM_ACCUMULATOR[out.dtype], copy=True)  # a copy: parts[0] may be x
+    for part in parts[1:-1]:
+        acc.add_(part)  # in place on the accumulator: torch computes in its wider dtype
+    torch.add(acc, parts[-1], out=out)  # computed in the accumulator dtype, rounded on the write
 
 
 def unique_id(nccl: Library, peers: Peers) -> _nccl.UniqueId:
@@ -85,6 +165,9 @@ class NcclPath(Path):
         self._device_index: int | None = None
         self._device: torch.device | None = None
         self._reduce_codes: dict[torch.dtype, int] = {}
+        # An uneven reduce_scatterv schedule forced by an experiment (force_rsv_schedule), or
+        # None: RSV_SCHEDULE_RULES choose.
+        self.rsv_forced: str | None = None
         # Only the symmetric path gets the pool's granule map (SegmentIndex.granules); its
         # presence is what makes why_not demand windows.
         self._granules: dict[int, int] | None = None
@@ -293,15 +376,31 @@ class NcclPath(Path):
             offset += rows * row_bytes
 
     def _reduce_scatterv(self, call: Call, comm: int, stream: int) -> None:
-        x, out = call.inputs[0], call.outputs[0]
+        if call.even:
+            self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
+                call.in_ptrs[0], call.out_ptrs[0], call.outputs[0].numel(), self._reduce_codes[call.dtype],
+                REDUCE_OPS[call.redop], comm, stream))
+            return
+        x, sizes = call.inputs[0], call.sizes
+        row_bytes = x.nbytes // x.shape[0]  # x has sum(sizes) > 0 rows here
+        schedule = rsv_schedule(sizes, row_bytes, len(sizes), call.dtype, call.redop, self.rsv_forced)
+        self._RSV_RUNNERS[schedule](self, call, comm, stream)
+
+    def force_rsv_schedule(self, schedule: str | None) -> None:
+        """For experiments (bench/reduce_scatterv_variants.py): run this path's later uneven
+        reduce_scatterv calls on ``schedule``, one of RSV_SCHEDULES, wherever the call can use it
+        (elsewhere RSV_SCHEDULE_RULES decide); None goes back to the rules. Every rank must force
+        the same schedule before the same calls, or the ranks enqueue different collectives."""
+        if schedule is not None and schedule not in RSV_SCHEDULES:
+            raise ArgumentError(f"schedule must be one of {', '.join(RSV_SCHEDULES)} or None, got {schedule!r}")
+        self.rsv_forced = schedule
+
+    def _rsv_reduce_per_root(self, call: Call, comm: int, stream: int) -> None:
+        x = call.inputs[0]
         x_ptr, out_ptr = call.in_ptrs[0], call.out_ptrs[0]
         dtype = self._reduce_codes[call.dtype]
         op = REDUCE_OPS[call.redop]
-        if call.even:
-            self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
-                x_ptr, out_ptr, out.numel(), dtype, op, comm, stream))
-            return
-        row_elems = x.numel() // x.shape[0]  # x has sum(sizes) > 0 rows here
+        row_elems = x.numel() // x.shape[0]
         row_bytes = row_elems * x.element_size()
         lib = self._lib
         self._check("ncclGroupStart", lib.ncclGroupStart())
@@ -318,7 +417,66 @@ class NcclPath(Path):
         finally:
             self._check("ncclGroupEnd", lib.ncclGroupEnd())
 
+    def _rsv_padded(self, call: Call, comm: int, stream: int) -> None:
+        # Every root's rows padded to max(sizes) at root * max_rows, so one even ncclReduceScatter
+        # does the whole call. The padding rows hold whatever torch.empty left there and reduce to
+        # garbage, harmlessly: an element-wise reduction never mixes rows, and only this rank's
+        # sizes[rank] leading rows reach out. Temporaries come from torch's allocator on the
+        # current stream (NCCL's too), so they are reused only after NCCL is done with them, and
+        # are graph-private memory under CUDA-graph capture.
+        x, out, sizes, me = call.inputs[0], call.outputs[0], call.sizes, self._rank
+        max_rows, row = max(sizes), x.shape[1:]
+        padded = torch.empty((len(sizes) * max_rows, *row), dtype=x.dtype, device=x.device)
+        start = 0
+        for root, rows in enumerate(sizes):
+            if rows:
+                padded.narrow(0, root * max_rows, rows).copy_(x.narrow(0, start, rows))
+            start += rows
+        # out (contiguous, validated) takes the result directly when it has all max_rows rows.
+        direct = sizes[me] == max_rows
+        result = out if direct else torch.empty((max_rows, *row), dtype=x.dtype, device=x.device)
+        self._check("ncclReduceScatter", self._lib.ncclReduceScatter(
+            padded.data_ptr(), call.out_ptrs[0] if direct else result.data_ptr(), result.numel(),
+            self._reduce_codes[call.dtype], REDUCE_OPS[call.redop], comm, stream))
+        if not direct and sizes[me]:
+            out.copy_(result.narrow(0, 0, sizes[me]))
+
+    def _rsv_send_recv(self, call: Call, comm: int, stream: int) -> None:
+        # Each rank sends every non-empty root its slice of x and, as a root, receives its own
+        # slice from every peer into a temporary (one slot per peer, in rank order, skipping this
+        # rank, whose rows are read from x in place), then sums them (_sum_in_rank_order). Both
+        # ends of a pair know sizes, so both skip an empty root alike: a zero-row rank only sends.
+        # Temporaries: as in _rsv_padded.
+        x, out, sizes, me, lib = call.inputs[0], call.outputs[0], call.sizes, self._rank, self._lib
+        mine, x_ptr = sizes[me], call.in_ptrs[0]
+        row_bytes = x.nbytes // x.shape[0]
+        slot_bytes = mine * row_bytes
+        inbox = torch.empty((len(sizes) - 1, mine, *x.shape[1:]), dtype=x.dtype, device=x.device) if mine else None
+        inbox_ptr = inbox.data_ptr() if mine else 0
+        own = x.narrow(0, sum(sizes[:me]), mine)
+        self._check("ncclGroupStart", lib.ncclGroupStart())
+        try:
+            start = 0
+            for peer, rows in enumerate(sizes):
+                if peer != me:
+                    if rows:
+                        self._check("ncclSend", lib.ncclSend(x_ptr + start * row_bytes, rows * row_bytes, UINT8,
+                                                             peer, comm, stream))
+                    if mine:
+                        slot = peer - (peer > me)
+                        self._check("ncclRecv", lib.ncclRecv(inbox_ptr + slot * slot_bytes, slot_bytes, UINT8,
+                                                             peer, comm, stream))
+                start += rows
+        finally:
+            self._check("ncclGroupEnd", lib.ncclGroupEnd())
+        if mine:
+            _sum_in_rank_order([own if peer == me else inbox[peer - (peer > me)] for peer in range(len(sizes))],
+                               out)
+
     _RUNNERS = runner_table(locals())
+    # schedule -> its function, unbound for the reason runner_table gives
+    _RSV_RUNNERS = {RSV_REDUCE_PER_ROOT: _rsv_reduce_per_root, RSV_PADDED: _rsv_padded,
+                    RSV_SEND_RECV: _rsv_send_recv}
 
 
 
