@@ -155,10 +155,21 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
   const int rank = s.rank;
   flagfree_turn(s, size_t(a.rows) * a.nvec, &buf, &prev, &stopped);
   if (stopped) return;
-  // Push every row of this block first, so no peer waits on data this rank has yet to send.
-  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    for (int j = threadIdx.x; j < a.nvec; j += blockDim.x) {
-      const size_t idx = size_t(row) * a.nvec + j;
+  // Push everything first, so no peer waits on data this rank has yet to send. The push is
+  // spread over the whole grid in runs of 32 vectors, one warp's coalesced 512 bytes, not by
+  // row: at decode sizes there are fewer rows than blocks, and a row pushed by its own block
+  // alone left one SM to write it to every peer. Measured 2026-11-23, world 2, H200, with the
+  // receive below: 7.68 -> 7.57 us at one 8192-value row, 10.01 -> 8.74 us at 16 rows (the
+  // flag-free all-reduce + standalone norm: 6.86 and 7.82, so still ahead). Which
+  // block pushes a vector does not matter to the receivers, who wait for each vector's sentinel
+  // to go; nor to the clears (flagfree_clear): a peer rewrites this call's buffer only two calls
+  // later, after its kernel of the next call, which waits on data this rank sends only once
+  // this whole kernel (every block's clear) has finished.
+  {
+    const size_t total = size_t(a.rows) * a.nvec;
+    const size_t warps = size_t(gridDim.x) * (blockDim.x / 32);
+    const size_t warp = size_t(threadIdx.x / 32) * gridDim.x + blockIdx.x;  // neighbours on different SMs
+    for (size_t idx = warp * 32 + threadIdx.x % 32; idx < total; idx += warps * 32) {
       const uint4 v = without_sentinel(x[idx]);
       for (int p = 0; p < W; ++p)
         if (p != rank) reinterpret_cast<uint4*>(recv.ptr[p])[(buf * W + rank) * slot_vecs + idx] = v;
@@ -166,6 +177,19 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
   }
   const uint4* mine = reinterpret_cast<const uint4*>(recv.ptr[rank]);
   for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    // Every slot of every vector of the row is looked at first (one round of loads in flight),
+    // then only the slots still unwritten are waited on, as flag_free does: waiting vector by
+    // vector kept a thread's kIters trips to memory one after another.
+    uint4 v[kIters][W];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * norm::kThreads;
+      if (j >= a.nvec) continue;
+      const size_t idx = size_t(row) * a.nvec + j;
+#pragma unroll
+      for (int r = 0; r < W; ++r)
+        v[i][r] = r == rank ? without_sentinel(x[idx]) : load_volatile(mine + (buf * W + r) * slot_vecs + idx);
+    }
     norm::Vec<T> h[kIters];
     bool gave_up = false;
 #pragma unroll
@@ -173,12 +197,9 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
       const int j = threadIdx.x + i * norm::kThreads;
       if (j >= a.nvec || gave_up) continue;
       const size_t idx = size_t(row) * a.nvec + j;
-      uint4 v[W];
-#pragma unroll
-      for (int r = 0; r < W; ++r) v[r] = r == rank ? without_sentinel(x[idx]) : load_volatile(mine + (buf * W + r) * slot_vecs + idx);
 #pragma unroll
       for (int r = 0; r < W; ++r) {
-        if (r == rank || !has_sentinel(v[r]) || gave_up) continue;
+        if (r == rank || !has_sentinel(v[i][r]) || gave_up) continue;
         const uint4* p = mine + (buf * W + r) * slot_vecs + idx;
         const uint64_t t0 = now_ns();
         do {
@@ -188,14 +209,14 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
             give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kFlagFreePhase, r));
             gave_up = true;
           } else {
-            v[r] = load_volatile(p);
+            v[i][r] = load_volatile(p);
           }
-        } while (!gave_up && has_sentinel(v[r]));
+        } while (!gave_up && has_sentinel(v[i][r]));
       }
       float acc[Lanes<T>::kN];
-      Lanes<T>::load(v[0], acc);
+      Lanes<T>::load(v[i][0], acc);
 #pragma unroll
-      for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
+      for (int r = 1; r < W; ++r) Lanes<T>::add(v[i][r], acc);
       if (!gave_up) h[i] = finish_h(Lanes<T>::pack(acc), a, int64_t(idx));
     }
     // rmsnorm_row synchronises the block: every thread leaves together, or none does.
