@@ -504,8 +504,9 @@ def _choose(comm, call: NormCall, algo: object) -> tuple[NormPath, str, dict[str
     if not isinstance(algo, str):
         raise ArgumentError(f"algo must be a string, got {type(algo).__name__}")
     if algo in _BY_NAME:
+        # Forcing a fused path forces its all-reduce kernel too (tune times each path so).
         path = _BY_NAME[algo]
-        reason = path.why_not(comm, call, "auto")
+        reason = path.why_not(comm, call, getattr(path, "kernel", "auto"))
         if reason is not None:
             raise ArgumentError(f"algo={algo!r} cannot serve this {OP}: {reason}")
         return path, "auto", {}

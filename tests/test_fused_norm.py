@@ -407,6 +407,8 @@ def test_without_a_norm_row_the_fused_path_follows_the_all_reduce():
     path, ar_algo, rejected = fn._choose(comm, _norm_call(4), "auto")
     assert (path.name, ar_algo) == ("fused-twoshot", "auto")
     assert "runs on custom-twoshot" in rejected["fused-oneshot"]
+    # naming a fused path forces its kernel, whatever the all-reduce alone would pick
+    assert fn._choose(comm, _norm_call(4), "fused-oneshot")[0].name == "fused-oneshot"
 
 
 def test_a_norm_row_ranks_the_norm_paths_by_size():
