@@ -200,10 +200,13 @@ def test_all_gatherv_fp4_matches_reference(comm, pattern, symmetric, dtype):
     choice = comm.select("all_gatherv", ins, out=outs, sizes=sizes)
     fp4_choice = comm.select("all_gatherv_fp4", x, sizes=sizes, global_scale=gs, extra=extra,
                              out=symcomm.Fp4Gathered(got.packed, got.scales, got.extra, None, None))
-    if symmetric and "custom-push" in comm.algorithms():
-        assert fp4_choice.algo == "fused-push", fp4_choice  # the outputs were allocated in the pool
+    fusable = symmetric and "custom-push" in comm.algorithms()  # the outputs were allocated in the pool
+    if fusable and dtype in (torch.bfloat16, torch.float16):
+        assert fp4_choice.algo == "fused-push", fp4_choice
     else:
         assert fp4_choice.algo == "unfused" and fp4_choice.gather.algo == choice.algo, fp4_choice
+        if fusable:  # fp32 rows: the fused kernel quantizes 16-bit floats only, and says so
+            assert "bfloat16 and float16" in fp4_choice.rejected["fused-push"], fp4_choice
     xs = [_rank_rows(r, sizes[r], dtype, seed).cpu() for r in range(w)]
     gs_cpu = gs.cpu()
     ref_packed, ref_scales = fp4.quantize_reference(torch.cat(xs), gs_cpu)
