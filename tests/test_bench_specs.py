@@ -116,7 +116,8 @@ def test_labels(name):
 def test_only_the_fp4_gather_and_the_norm_have_variant_columns():
     assert {n: ops.spec(n).variants for n in ops.NAMES if ops.spec(n).variants} == {
         "all_gatherv_fp4": ("unquantized", "fp4", "fp4+dequant"),
-        "all_reduce_rmsnorm": ("nccl+torch", "symm_mem+torch", "unfused", "fused", "fused+fp8", "fused+nvfp4")}
+        "all_reduce_rmsnorm": ("nccl+torch", "symm_mem+torch", "unfused", "fused-flagfree", "fused-oneshot",
+                               "fused-twoshot", "auto", "auto+fp8", "auto+nvfp4")}
 
 
 # -- static guards ------------------------------------------------------------------------------

@@ -10,10 +10,12 @@ rows, one column per way of doing it, in the same run:
 - ``unfused``: ``comm.all_reduce_rmsnorm(algo="unfused")``: symcomm's all-reduce on the path
   its table picks, then one launch of csrc/rmsnorm.cu (``algo="reference"``, the torch
   reference, on CPU);
-- ``fused``: ``comm.all_reduce_rmsnorm`` with --algo's path (auto with --algo all): a fused
-  all-reduce + RMSNorm kernel where the all-reduce would run on one of symcomm's kernels, the
-  unfused path elsewhere; so fused against unfused is the fusion's gain, size by size;
-- ``fused+fp8``, ``fused+nvfp4``: the same with a quantized y, whose cost against ``fused`` is
+- ``fused-flagfree``, ``fused-oneshot``, ``fused-twoshot``: each fused all-reduce + RMSNorm
+  kernel forced (N/A where it cannot serve: the CPU, sizes past its limit), so fused against
+  unfused is the fusion's gain, size by size;
+- ``auto``: ``comm.all_reduce_rmsnorm`` with --algo's path (auto with --algo all): what a
+  user gets, and which of the columns above the tuned table picks;
+- ``auto+fp8``, ``auto+nvfp4``: the same with a quantized y, whose cost against ``auto`` is
   the quantization's.
 
 The size column counts x's bytes (the all-reduced tensor), so sizes and bus bandwidths line up
@@ -49,9 +51,12 @@ SYMM_MEM = "symm_mem+torch"
 # torch's symmetric-memory one-shot all-reduce up to here, two-shot above: torch leaves the
 # choice to its caller, and bench/layer_step.py splits at the same size
 SYMM_MEM_ONE_SHOT_MAX = 512 << 10
-# column -> (the norm path it forces, or None for --algo's path; quant mode)
-_COLUMNS = {"unfused": ("unfused", None), "fused": (None, None), "fused+fp8": (None, "fp8"),
-            "fused+nvfp4": (None, "nvfp4")}
+# column -> (the norm path it forces, or None for --algo's path; quant mode). Each fused path
+# has a column of its own: once the tuned table prefers the unfused path, the auto columns
+# alone would no longer show what fusing costs or gains (N/A where a path cannot serve).
+_COLUMNS = {"unfused": ("unfused", None),
+            **{p.name: (p.name, None) for p in fused_norm.NORM_PATHS if p.name.startswith("fused-")},
+            "auto": (None, None), "auto+fp8": (None, "fp8"), "auto+nvfp4": (None, "nvfp4")}
 _QUANT = {column: quant for column, (_, quant) in _COLUMNS.items()}
 VARIANTS = (BASELINE, SYMM_MEM, *_COLUMNS)
 # y of random rows is within a few units: these keep FP8 codes and NVFP4 block scales in range.
@@ -76,7 +81,7 @@ class AllReduceRmsnorm(AllReduce):
 
     def notes(self, world: int, itemsize: int, path: str) -> list[str]:
         return [f"RMSNorm: x is [tokens, {HIDDEN}] (size / {HIDDEN * itemsize} B = tokens), eps {EPS}; columns "
-                f"{', '.join(VARIANTS)}; the fused columns take --algo {path}, the unfused ones the table's all-reduce; "
+                f"{', '.join(VARIANTS)}; the auto columns take --algo {path}, the others force their norm path; "
                 f"in place = residual_out is "
                 f"residual; FP8 scale {FP8_SCALE}, NVFP4 global scale {NVFP4_GLOBAL_SCALE}",
                 f"RMSNorm check: h against float64 within the all-reduce's rounding; symcomm's outputs bit for bit "

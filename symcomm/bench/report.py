@@ -263,7 +263,8 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
     from rich.table import Table
 
     baseline = pick_baseline(algos)
-    contenders = [a for a in algos if a != "auto"] or list(algos)
+    # auto's columns (auto+fp8 too: a quantized output is another result, not a rival) are judged, not judges
+    contenders = [a for a in algos if a.split("+")[0] != "auto"] or list(algos)
     judge_auto = "auto" in algos and len(algos) > 1
     table = Table()
     table.add_column("size (B)", justify="right")
@@ -316,7 +317,10 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
     out = out or sys.stdout
     # Piped output gets a fixed width so the table is never folded at rich's 80-column default;
     # the clean columns get room of their own rather than squeezing the numbers into ellipses.
-    width = 160 if clean is None else 160 + CLEAN_WIDTH * (1 + len(clean_compared(algos)))
+    table = summary_table(rows, algos, clean)
+    # 15 characters a column keep a header like "symm_mem+torch" whole in the norm op's wide table.
+    width = max(160, 15 * len(table.columns))
+    width += 0 if clean is None else CLEAN_WIDTH * (1 + len(clean_compared(algos)))
     console = Console(file=out, width=None if out.isatty() else width, highlight=False)
     baseline = pick_baseline(algos)
     note = "; 'auto vs best' = winner's time / auto's time" if "auto" in algos and len(algos) > 1 else ""
@@ -327,7 +331,7 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
         console.print(f"# 'nccl clean' = NCCL alone in its process, its faster buffer mode "
                       f"({clean.source}); '<path> vs clean' = clean time / path time",
                       markup=False, soft_wrap=True)
-    console.print(summary_table(rows, algos, clean))
+    console.print(table)
 
 
 class Emitter:
