@@ -8,6 +8,8 @@
 #   quick = tests, then membership and eager costs, no sweeps; release = the published
 #   numbers in one bounded call: the sweeps, FP4 tests and bench, eager, the stall tests,
 #   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere);
+#   fused = issue 12/13's numbers per world: tune (all_reduce_rmsnorm row included), the
+#   norm op with --algo all and that table, bench/gemm_overlap.py (overlap on/off);
 #   single = what one GPU can show: the README's two commands exactly as written (tests,
 #   benchmark) and scripts/world1_check.py (every op, symmetric memory, graphs, FP4 at world 1).
 #   Every step has its own timeout and re-packs $OUT/partial.tgz, so what finished comes back
@@ -114,6 +116,20 @@ if [[ $MODE == release ]]; then  # most important first: later steps are skipped
   sweep 2
   eager 4
   gpu_tests 2 stall 200 "tests/gpu/test_custom_ar.py -k missing_peer"
+fi
+if [[ $MODE == fused ]]; then
+  for world in ${WORLDS:-2}; do
+    if ((world > NGPU)); then note "fused_w$world: NOT RUN ($NGPU GPUs)"; continue; fi
+    table="$OUT/results/${GPU_SLUG}_w$world.json"
+    step "tune_w$world" 300 torchrun --nproc-per-node="$world" -m symcomm.bench tune -d bfloat16 \
+      -b 1K -e "${BENCH_MAX:-64M}" -n 20 -w 5 -G 10 -R "$ROUNDS" -o "$table"
+    tuned=(); [[ -f $table ]] && tuned=(env SYMCOMM_TUNING_FILE="$table")
+    step "norm_w$world" 150 "${tuned[@]}" torchrun --nproc-per-node="$world" -m symcomm.bench \
+      all_reduce_rmsnorm -b 16K -e 64M -f 4 -n 20 -w 5 -G 10 -R "$ROUNDS" --algo all \
+      --json "$OUT/results/norm_w$world.json"
+    step "gemm_overlap_w$world" 120 "${tuned[@]}" torchrun --nproc-per-node="$world" \
+      bench/gemm_overlap.py --json "$OUT/results/gemm_overlap_w$world.json"
+  done
 fi
 if [[ $MODE == single ]]; then
   # The README's test command, exactly as written (its `pip install` half needs a network).
