@@ -188,6 +188,7 @@ def run(cfg: TuneConfig, comm) -> int:
             labels = ops.spec(op).labels(cfg.type_name, cfg.redop)
             info = dataclasses.replace(base, op=op, **labels._asdict())
             emit([f"# Collective test starting: {report.test_name(op)}", "#"])
+            runner.refused.clear()  # each op's blocks name its own refusals, not an earlier op's
             rows = sweep(runner, op, progress)
             report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
             emit.summary(rows, runner.algos)
@@ -230,6 +231,7 @@ def _tune_norm(runner: Runner, emit: report.Emitter, base: report.RunInfo, sizes
     labels = ops.spec(NORM_KEY).labels(runner.cfg.type_name, "sum")
     info = dataclasses.replace(base, op=NORM_KEY, **labels._asdict())
     emit([f"# Collective test starting: {report.test_name(NORM_KEY)} (norm paths, each forced)", "#"])
+    runner.refused.clear()
     rows = [row for n in sizes for row in runner.measure_size(NORM_KEY, n, progress, columns)]
     report.emit_blocks(emit, info, rows, columns, runner.refused)
     emit.summary(rows, columns)
