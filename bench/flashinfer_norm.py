@@ -20,6 +20,9 @@ graph, 10 replays), median of --rounds interleaved rounds, slowest rank, microse
 - ``fi-oneshot``, ``fi-twoshot``: FlashInfer's kernel with use_oneshot forced each way, PDL on,
   fp32 accumulation (the kernel's own heuristic picks one of these two).
 
+The last columns: the path auto picked, and 'vs best fi', symcomm auto's time over the faster
+FlashInfer column's (below 1.00: symcomm is faster).
+
 Checks, every token count: FlashInfer's h and y against symcomm's within bf16 rounding (they
 sum and normalise in fp32 but round in different places), so a column that computes something
 else cannot pass for fast.
@@ -139,7 +142,7 @@ def main() -> None:
               f"bf16, torch {torch.__version__}, flashinfer {flashinfer.__version__}; graph replay, 20 calls "
               f"per graph, 10 replays, median of {args.rounds} rounds, slowest rank; us")
         print(f"{'tokens':>6s} {'bytes':>9s} " + " ".join(f"{c:>14s}" for c in columns)
-              + f" {'auto':>14s} {'symcomm/fi':>10s}  fi_ok")
+              + f" {'auto':>14s} {'vs best fi':>10s}  fi_ok")
         for r in rows_out:
             us = r["us"]
             best_fi = min(us.get("fi-oneshot", float("inf")), us.get("fi-twoshot", float("inf")))

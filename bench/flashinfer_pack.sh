@@ -34,12 +34,13 @@ mkdir -p "$WORK/full" "$WORK/site"
 
 # Trim: every .py, the dist-info, the headers under data/ except the kernel sources, of which
 # only the all-reduce ones (and csrc's own headers) stay.
+KERNELS=flashinfer/data/csrc
 (cd "$WORK/full" && find . -type f | sed 's|^\./||' | while read -r f; do
   case $f in
     *.py|*.dist-info/*) echo "$f" ;;
-    flashinfer/data/csrc/trtllm_allreduce.cu|flashinfer/data/csrc/trtllm_allreduce_fusion.cu|\
-    flashinfer/data/csrc/trtllm_moe_allreduce_fusion.cu|flashinfer/data/csrc/*.h) echo "$f" ;;
-    flashinfer/data/csrc/*) ;;
+    "$KERNELS"/trtllm_allreduce.cu|"$KERNELS"/trtllm_allreduce_fusion.cu|\
+    "$KERNELS"/trtllm_moe_allreduce_fusion.cu|"$KERNELS"/*.h) echo "$f" ;;
+    "$KERNELS"/*) ;;
     flashinfer/data/*) echo "$f" ;;
     *.cu|*.cuh|*.cubin|*.so) ;;
     *) [[ $(stat -c %s "$f") -lt 200000 ]] && echo "$f" ;;
