@@ -41,7 +41,8 @@ __device__ __forceinline__ void enter_after_predecessor() {
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent launch when
-// `overlap` is set. Returns the launch's own error (what cudaGetLastError would report).
+// `overlap` is set. Returns the launch's own error, and clears it as cudaGetLastError does after
+// <<<>>>: callers that check cudaGetLastError later must not see this launch's error again.
 template <typename... Params, typename... Args>
 cudaError_t launch(bool overlap, void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
                    Args&&... args) {
@@ -55,7 +56,9 @@ cudaError_t launch(bool overlap, void (*kernel)(Params...), unsigned grid, unsig
   config.stream = stream;
   config.attrs = overlap ? &attr : nullptr;
   config.numAttrs = overlap ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
 }
 
 }  // namespace symcomm
