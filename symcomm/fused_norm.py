@@ -409,10 +409,11 @@ class Unfused(NormPath):
 
 
 class Fused(NormPath):
-    """An all-reduce kernel of symcomm's with the norm in the same launch (csrc/fused_norm_ar.cu).
-    It serves where the all-reduce alone would run on that kernel (the tuning table's choice for
-    x, or ``algo=`` naming the kernel), so it returns the bits of ``unfused`` with the same
-    all-reduce, only sooner; elsewhere the unfused path keeps the table's all-reduce choice."""
+    """An all-reduce kernel of symcomm's with the norm in the same launch (csrc/fused_norm_ar.cu),
+    giving the bits of ``unfused`` with the same all-reduce kernel. Where it serves: wherever its
+    kernel can take the call when the table has an all_reduce_rmsnorm row (which ranks it) or
+    when ``algo=`` names it; without a row, only where the all-reduce alone would run on that
+    kernel (the table's choice for x, or ``algo=`` naming the kernel)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -567,9 +568,11 @@ def select(comm, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tenso
     all-reduce's choice. Local: nothing is communicated."""
     call = _validate(comm, x, weight, residual, eps, out, residual_out, quant, scale, swizzle)
     path, ar_algo, rejected = _choose(comm, call, algo)
+    forced = algo in _BY_NAME  # a named norm path: no table or ranking was consulted
     for other in NORM_PATHS:
         if other is not path and other.name not in rejected:
-            rejected[other.name] = (other.why_not(comm, call, ar_algo)
+            rejected[other.name] = (f"not requested (algo={algo!r})" if forced else
+                                    other.why_not(comm, call, ar_algo)
                                     or f"ranked below {path.name} "
                                        + (f"by the {comm.table.source} table" if _tuned(comm) and ar_algo == "auto"
                                           else "in fused_norm.NORM_PATHS"))

@@ -333,6 +333,9 @@ def _gloo_world(rank, world):
     choice = comm.select("all_reduce_rmsnorm", x, weight=w)
     assert choice.algo == "reference" and "CUDA" in choice.rejected["unfused"]
     assert choice.all_reduce is not None and choice.all_reduce.algo == "torch"
+    # a named path was asked for: the others were not ranked, and select says so
+    forced = comm.select("all_reduce_rmsnorm", x, weight=w, algo="reference")
+    assert forced.algo == "reference" and forced.rejected["fused-oneshot"] == "not requested (algo='reference')"
     with pytest.raises(ArgumentError, match="algo='unfused' cannot serve this all_reduce_rmsnorm: .*CUDA"):
         comm.all_reduce_rmsnorm(x, w, algo="unfused")
     with pytest.raises(ArgumentError, match="algo='nccl' is unavailable"):
