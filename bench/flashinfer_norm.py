@@ -148,7 +148,8 @@ def main() -> None:
             best_fi = min(us.get("fi-oneshot", float("inf")), us.get("fi-twoshot", float("inf")))
             cells = " ".join(f"{us[c]:14.2f}" if c in us else f"{'-':>14s}" for c in columns)
             ok = all(r.get(f"{n}_ok", True) for n in ("fi-oneshot", "fi-twoshot"))
-            print(f"{r['tokens']:6d} {r['bytes']:9d} {cells} {r['auto']:>14s} {us['symcomm'] / best_fi:10.2f}  {ok}")
+            ratio = f"{us['symcomm'] / best_fi:10.2f}" if best_fi < float("inf") else f"{'-':>10s}"
+            print(f"{r['tokens']:6d} {r['bytes']:9d} {cells} {r['auto']:>14s} {ratio}  {ok}")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"world_size": world, "device": torch.cuda.get_device_name(), "hidden": hidden,

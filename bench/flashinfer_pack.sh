@@ -43,7 +43,7 @@ KERNELS=flashinfer/data/csrc
     "$KERNELS"/*) ;;
     flashinfer/data/*) echo "$f" ;;
     *.cu|*.cuh|*.cubin|*.so) ;;
-    *) [[ $(stat -c %s "$f") -lt 200000 ]] && echo "$f" ;;
+    *) if [[ $(stat -c %s "$f") -lt 200000 ]]; then echo "$f"; fi ;;  # not `&&`: set -e
   esac
 done) >"$WORK/keep.txt"
 tar -C "$WORK/full" -cf - -T "$WORK/keep.txt" | tar -C "$WORK/site" -xf -

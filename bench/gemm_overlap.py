@@ -11,9 +11,14 @@ with the overlap and without it (CustomAllReduce.set_overlap), alternating per s
   cost as a decode step sees it.
 - nccl-tests view: the same all-reduce, back to back (Timer's 20 calls per graph).
 
-Checks, every size: the overlapped and plain outputs are equal bit for bit (the same kernel,
-only scheduled differently), and the all-reduce is within bf16 rounding of NCCL's. Where auto
-picks NCCL (large sizes), on and off are the same launch and the rows say so. Timings from
+set_overlap switches the peer kernels (fused norm kernels included) but not the standalone
+RMSNorm kernel, which is always launched overlapped: where the norm rows run unfused, "+norm
+off" turns off the all-reduce's overlap only.
+
+Checks, every size: the all-reduce's overlapped and plain outputs are equal bit for bit (the
+same kernel, only scheduled differently), and within bf16 rounding of NCCL's; the norm rows
+are timed, not checked (the norm op's own tests and bench check it). Where auto picks NCCL
+(large sizes), on and off are the same launch and the rows say so. Timings from
 simulated ranks or a single GPU mean nothing: run it on N >= 2 GPUs.
 """
 from __future__ import annotations

@@ -110,13 +110,20 @@ class AllReduceRmsnorm(AllReduce):
             exp_y = _expected_y(exp_h, weight, dtype, setup.world)
         ar = "nccl" if "nccl" in comm.algorithms() else "torch"
         baseline_y: list[torch.Tensor] = [y]
-        symm = _symm_mem_buffer(x) if tokens else None  # collective: every rank, every size
+        symm_cache: list[tuple[torch.Tensor, str] | None] = []
+
+        def symm() -> tuple[torch.Tensor, str] | None:
+            # Made when the symm_mem+torch column is first asked for (tune never asks): the
+            # rendezvous is collective, and every rank asks for the columns in the same order.
+            if not symm_cache:
+                symm_cache.append(_symm_mem_buffer(x) if tokens else None)
+            return symm_cache[0]
 
         def case(variant: str, inplace: bool) -> Case | None:
             new_h = residual if inplace else h
             quant = _QUANT.get(variant)
             out = y if quant is None else quantized[quant]
-            if variant == SYMM_MEM and symm is None:
+            if variant == SYMM_MEM and symm() is None:
                 return None
             if variant == BASELINE:
                 def call() -> object:
@@ -126,7 +133,7 @@ class AllReduceRmsnorm(AllReduce):
                     return baseline_y[0]
             elif variant == SYMM_MEM:
                 def call() -> object:
-                    torch.add(_symm_mem_all_reduce(*symm), residual, out=new_h)
+                    torch.add(_symm_mem_all_reduce(*symm()), residual, out=new_h)
                     baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
                     return baseline_y[0]
             else:
@@ -147,8 +154,8 @@ class AllReduceRmsnorm(AllReduce):
                 for t in _flat(quantized):
                     t.view(torch.uint8).fill_(fill)
                 x.view(-1).copy_(mine)
-                if symm is not None:
-                    symm[0].copy_(x)  # as the GEMM before it would have written it
+                if variant == SYMM_MEM:
+                    symm()[0].copy_(x)  # as the GEMM before it would have written it
                 residual.view(-1).copy_(res0)
 
             def count() -> int:
