@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from symcomm import fused_norm
+from symcomm.backends import fused_norm_ar
 
 from . import check
 from .collectives import AllReduce, all_reduce_call
@@ -55,7 +56,7 @@ SYMM_MEM_ONE_SHOT_MAX = 512 << 10
 # has a column of its own: once the tuned table prefers the unfused path, the auto columns
 # alone would no longer show what fusing costs or gains (N/A where a path cannot serve).
 _COLUMNS = {"unfused": ("unfused", None),
-            **{p.name: (p.name, None) for p in fused_norm.NORM_PATHS if p.name.startswith("fused-")},
+            **{name: (name, None) for name in fused_norm_ar.FUSED},
             "auto": (None, None), "auto+fp8": (None, "fp8"), "auto+nvfp4": (None, "nvfp4")}
 _QUANT = {column: quant for column, (_, quant) in _COLUMNS.items()}
 VARIANTS = (BASELINE, SYMM_MEM, *_COLUMNS)
