@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from symcomm import _nccl, settings
 from symcomm.backends.nccl import new_comm
-from symcomm.base import Peers
+from symcomm.peers import Peers
 
 ITERS, REPLAYS = 20, 10
 
@@ -74,7 +74,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     nccl = _nccl.load()
     # Fresh communicators made as symcomm's paths make theirs; the id travels over the gloo group.
-    peers, device = Peers(dist.group.WORLD, torch.device("cuda", local)), torch.device("cuda", local)
+    device = torch.device("cuda", local)
+    peers = Peers(dist.group.WORLD, settings.timeout_s())
     timed, other1, other2, clean = (new_comm(nccl, peers, settings.timeout_s(), device) for _ in range(4))
     rows = []
     for text in args.sizes.split(","):

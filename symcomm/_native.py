@@ -103,14 +103,18 @@ def library_path() -> str | None:
     return str(matches[0]) if matches else None
 
 
-def _bind(lib: ctypes.CDLL, path: str) -> None:
+def bind(lib: ctypes.CDLL, path: str) -> None:
+    """Declare every SIGNATURES entry on ``lib``; OSError saying why ``lib`` is not usable."""
+    missing = [name for name in SIGNATURES if not hasattr(lib, name)]
+    # OSError like a missing library: callers treat both as "native code unavailable".
+    if len(missing) == len(SIGNATURES):
+        raise OSError(f"{path} is not symcomm's native library: it exports none of its functions "
+                      f"(check SYMCOMM_NATIVE_LIBRARY)")
+    if missing:
+        raise OSError(f"{path} lacks {len(missing)} of symcomm's functions (first: {missing[0]}): it predates "
+                      f"this symcomm; rebuild it (pip install -e .)")
     for name, (argtypes, restype) in SIGNATURES.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            # OSError like a missing library: callers treat both as "native code unavailable".
-            raise OSError(f"{path} has no {name}: it predates this symcomm, rebuild it "
-                          "(pip install -e .)") from None
+        fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
 
 
@@ -125,7 +129,7 @@ def load() -> Native:
         if path is None:
             raise OSError("symcomm's native library was not built (install with nvcc on PATH)")
         lib = ctypes.CDLL(path)
-        _bind(lib, path)
+        bind(lib, path)
         _LOADED = Native(lib, path)
     return _LOADED
 

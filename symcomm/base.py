@@ -1,5 +1,5 @@
-"""The vocabulary every module shares: op names, the validated call, the path interface, and
-the peer exchange. It imports nothing of symcomm's, so any module may import it.
+"""The vocabulary every module shares: op names, the validated call, and the path interface.
+It imports nothing of symcomm's at run time, so any module may import it.
 
 A *path* is one way to run a collective (plain NCCL, NCCL on symmetric windows, one of
 symcomm's kernels, torch.distributed). Each is one object with its whole life:
@@ -13,15 +13,17 @@ symcomm's kernels, torch.distributed). Each is one object with its whole life:
     alarm              None, or an Alarm the path's kernels set when they gave up on a peer
 
 Every collective step of a path's life runs on every rank in the same order, so a path that
-must give up votes first (Peers.exchange) and gives up everywhere.
+must give up votes first (peers.Peers.exchange) and gives up everywhere.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .peers import Peers
 
 OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
 SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
@@ -34,9 +36,6 @@ PUSH = "custom-push"
 # The current cudaStream_t as an int, without building a torch.cuda.Stream (about 1 us saved per
 # eager call). Absent from CPU builds, where nothing that launches GPU work is opened.
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-Exchange = Callable[[list[int]], list[list[int]]]
-
 
 class Alarm:
     """A word in host memory that a path's kernels set, instead of trapping, when they give up
@@ -95,42 +94,6 @@ def runner_table(namespace: dict) -> dict:
     Kept on the class, unbound: a dict of bound methods on the instance would form a
     reference cycle that keeps the process group alive past destroy_process_group()."""
     return {op: namespace[f"_{op}"] for op in OPS}
-
-
-class Peers:
-    """The ranks of one group, for the small host-side exchanges of setup and check mode.
-
-    Never on the per-call path of a collective: every method is a blocking collective over the
-    user's torch.distributed group, which every rank must enter in the same order.
-    """
-
-    def __init__(self, group: dist.ProcessGroup, device: torch.device) -> None:
-        self.group: dist.ProcessGroup | None = group
-        self.rank: int = dist.get_rank(group)
-        self.world_size: int = dist.get_world_size(group)
-        # gloo carries CPU tensors only; a group with an NCCL backend takes the CUDA device.
-        self.device = torch.device("cpu") if "gloo" in str(dist.get_backend(group)) else device
-
-    def exchange(self, values: list[int]) -> list[list[int]]:
-        """All-gather a short int vector (same length on every rank): row r is rank r's."""
-        local = torch.tensor(values, dtype=torch.int64, device=self.device)
-        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(gathered, local, group=self.group)
-        return [row.tolist() for row in gathered]
-
-    def broadcast(self, data: bytes | None, nbytes: int) -> bytes:
-        """Rank 0's ``nbytes`` bytes on every rank (other ranks pass None). A plain uint8
-        broadcast: broadcast_object_list would need numpy."""
-        buf = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
-        if self.rank == 0 and data:
-            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        dist.broadcast(buf, src=dist.get_global_rank(self.group, 0), group=self.group)
-        return bytes(buf.tolist())
-
-    def close(self) -> None:
-        # A ProcessGroup that outlives destroy_process_group() is torn down during interpreter
-        # shutdown, where gloo's threads abort the process: hold it no longer than needed.
-        self.group = None
 
 
 class Setup:

@@ -1,4 +1,5 @@
-"""Blocking native calls that wait on peers, given up after a bound instead of hanging."""
+"""Blocking native calls that wait on peers, given up after a bound instead of hanging; and
+the list of what a communicator's timeout bounds, which capabilities() and the README state."""
 from __future__ import annotations
 
 import threading
@@ -35,3 +36,23 @@ def bounded(what: str, fn: Callable[[], Any], timeout_s: float, device: torch.de
     if "error" in result:
         raise result["error"]
     return result.get("value")
+
+
+# What Communicator(timeout_s=...) / SYMCOMM_TIMEOUT_S bounds, and what it does not. Each entry
+# names the wait and who gives up when the bound runs out.
+BOUNDED_WAITS = (
+    "every host-side exchange of symcomm's with its peers: the constructor's votes, check mode, "
+    "graph_capture() registration, reserve_symmetric() (peers.Peers; CommTimeoutError)",
+    "NCCL communicator setup and teardown, close() (CommTimeoutError; the paths are aborted)",
+    "the descriptor channel that maps peers' pool memory (setup falls back to staging)",
+    "every barrier and wait of symcomm's own kernels (the kernel gives up; the next call raises "
+    "CommTimeoutError)",
+    "collectives of the torch path over gloo, i.e. CPU tensors (CommTimeoutError)",
+)
+UNBOUNDED_WAITS = (
+    "NCCL collectives on symcomm's own NCCL communicators (paths nccl and nccl-symm): NCCL itself "
+    "waits for a missing peer; the kernel stays in the stream",
+    "collectives of the torch path on CUDA tensors: the process group's own timeout (its watchdog) "
+    "bounds them",
+    "the caller's own torch.distributed calls",
+)

@@ -10,40 +10,64 @@ would need the GPU.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Collection, Sequence
 
 import torch
 
 from ._nccl import DTYPES
-from .base import OPS, Call, Peers
+from .base import OPS, Call
+from .validate import REDOPS
+from .peers import PeerRefusal, Peers
 from .errors import PeerMismatchError
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
+MAX_SCALARS = 6  # an operation's own result-changing scalars (fp4's global scale, the norm's eps...)
+KIND = "check"  # the exchange's kind (peers.Peers frames every exchange with one)
 # Codes for the signature only: every dtype NCCL knows, then bool; any other shares the next.
 _DTYPE_LIST = (*DTYPES, torch.bool)
 _DTYPES = {d: i for i, d in enumerate(_DTYPE_LIST)}
+# Every operation that check mode compares; one code each, the same on every rank.
+CHECKED_OPS = (*OPS, "all_gatherv_fp4", "all_reduce_rmsnorm")
+# The reduction, where one changes the result: "none" for gathers.
+_REDOPS = ("none", *REDOPS)
 
 
-REFUSED = -1  # first entry of a rank that rejected the call before communicating
+def float_bits(value: float) -> int:
+    """A float's fp32 bits, for comparing scales and eps exactly (they reach the kernels as fp32)."""
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def bits_float(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
 def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tuple[int, int]] | None,
-              compared: Collection[str] = ("x", "out")) -> tuple[list[int], list[str]]:
-    """A fixed-length vector (same length on every rank) and the name of each entry. ``path``
+              compared: Collection[str] = ("x", "out"), op: str | None = None,
+              scalars: Sequence[tuple[str, int]] = ()) -> tuple[list[int], list[str]]:
+    """A fixed-length vector (the same length on every rank and for every operation, so ranks in
+    different operations compare op codes, not lengths) and the name of each entry. ``path``
     is the chosen path's index among the communicator's paths (the same list on every rank);
     ``locate`` maps an address to (window region, offset) for paths that need equal offsets,
     applied to the tensors named in ``compared`` ("x" inputs, "out" outputs): a path that
     reads inputs only locally (custom-push) leaves per-rank inputs free to sit anywhere.
+    ``op`` overrides the call's op (a composite operation checks the collective it makes under
+    its own name); ``scalars`` are the operation's own result-changing values, by name.
 
     Window offsets are compared where the symmetric kernels need them equal. An in-place
     gather's input is this rank's slice of the output, at an offset that differs by rank by
     design, so it is recorded as the output's offset; likewise a reduce-scatter's output that
     is a slice of its input.
     """
+    if len(scalars) > MAX_SCALARS:
+        raise ValueError(f"at most {MAX_SCALARS} checked scalars, got {len(scalars)}")
     # Causes before symptoms: the path follows from the op, dtype, size and alignment, so a
     # size mismatch is reported as one, not as the path disagreement it also causes.
-    values = [OPS.index(call.op), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs)]
-    names = ["op", "dtype", "number of tensors"]
+    values = [CHECKED_OPS.index(op or call.op), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs),
+              _REDOPS.index(call.redop or "none")]
+    names = ["op", "dtype", "number of tensors", "reduction op"]
+    values += [v for _, v in scalars] + [0] * (MAX_SCALARS - len(scalars))
+    names += [n for n, _ in scalars] + [f"unused scalar {i}" for i in range(len(scalars), MAX_SCALARS)]
     # sizes before the byte count: a disagreement there is the cause, the byte count the symptom
     values += call.sizes if call.sizes is not None else [-1] * world_size
     names += [f"sizes[{r}]" for r in range(world_size)]
@@ -73,38 +97,55 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
     return values, names
 
 
-def refusal(world_size: int) -> list[int]:
-    """What a rank that rejected the call sends instead of its signature (same length)."""
-    return [REFUSED] * (6 + world_size + 4 * MAX_CHECKED_TENSORS)
-
-
-def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequence[str]) -> str | None:
-    refused = [r for r, row in enumerate(table) if row[0] == REFUSED]
-    if refused:
-        return (f"rank(s) {', '.join(map(str, refused))} rejected the call before communicating "
-                f"(their own error names the argument)")
+def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequence[str],
+                   decode: dict[str, Callable[[int], object]] | None = None) -> str | None:
+    """The first entry the ranks disagree on, with every rank's value, or None. ``decode``
+    shows an entry's raw value readably (by name), for an operation's own scalars."""
+    readable: dict[str, Callable[[int], object]] = {
+        "op": lambda v: CHECKED_OPS[v], "path": lambda v: path_names[v] if 0 <= v < len(path_names) else v,
+        "dtype": lambda v: [*map(str, _DTYPE_LIST), "other"][v], "reduction op": lambda v: _REDOPS[v],
+        **(decode or {})}
     for column, name in enumerate(names):
         seen = [row[column] for row in table]
         if any(v != seen[0] for v in seen):
-            decode = {"op": OPS, "path": path_names, "dtype": [*map(str, _DTYPE_LIST), "other"]}.get(name)
-            shown = [decode[v] for v in seen] if decode is not None else seen
-            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
+            show = readable.get(name, lambda v: v)
+            per_rank = ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(seen))
             return f"ranks disagree on the {name} ({per_rank})"
     return None
 
 
 def verify(peers: Peers, call: Call, path: str, path_names: Sequence[str],
-           locate: Callable[[int], tuple[int, int]] | None, compared: Collection[str] = ("x", "out")) -> None:
+           locate: Callable[[int], tuple[int, int]] | None, compared: Collection[str] = ("x", "out"), *,
+           op: str | None = None, scalars: Sequence[tuple[str, int]] = (),
+           decode: dict[str, Callable[[int], object]] | None = None) -> None:
     """Collective: compare this call's signature with every rank's; raise the same
-    PeerMismatchError on every rank when they differ."""
-    values, names = signature(call, path_names.index(path), peers.world_size, locate, compared)
-    problem = first_mismatch(peers.exchange(values), names, path_names)
+    PeerMismatchError on every rank when they differ. A rank that refused (``refuse``) makes
+    the others raise with its reason."""
+    values, names = signature(call, path_names.index(path), peers.world_size, locate, compared, op, scalars)
+    compare(peers, op or call.op, values, names, path_names, decode)
+
+
+def compare(peers: Peers, op: str, values: list[int], names: list[str], path_names: Sequence[str],
+            decode: dict[str, Callable[[int], object]] | None = None, rule: str | None = None) -> None:
+    """verify's exchange and verdict, for a signature built (and its names adjusted) by the
+    caller. ``rule`` replaces the default advice where the first mismatch names a window."""
+    try:
+        table = peers.exchange(values, kind=KIND)
+    except PeerRefusal as exc:
+        raise PeerMismatchError(f"SYMCOMM_CHECK: {op}: rank(s) {', '.join(map(str, exc.reasons))} rejected the "
+                                f"call before communicating (" + "; ".join(f"rank {r}: {why}" for r, why in
+                                                                         exc.reasons.items()) + ")") from None
+    except PeerMismatchError as exc:
+        raise PeerMismatchError(f"SYMCOMM_CHECK: {op}: {exc}") from None
+    problem = first_mismatch(table, names, path_names, decode)
     if problem is not None:
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {call.op}: {problem}. Every rank must make the same call, "
-                                f"and symmetric tensors must be allocated in the same order and sizes on every rank")
+        advice = (rule if rule is not None and "window" in problem else
+                  "Every rank must make the same call, and symmetric tensors must be allocated in the same order and "
+                  "sizes on every rank")
+        raise PeerMismatchError(f"SYMCOMM_CHECK: {op}: {problem}. {advice}")
 
 
-def refuse(peers: Peers) -> None:
-    """A rank whose call failed its own checks still joins the exchange its peers wait in, so
-    they raise too instead of waiting for it."""
-    peers.exchange(refusal(peers.world_size))
+def refuse(peers: Peers, reason: str) -> None:
+    """A rank whose call failed before communicating still joins the exchange its peers wait
+    in, so they raise too, with ``reason``, instead of waiting for it."""
+    peers.refuse(KIND, reason)

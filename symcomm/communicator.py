@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,11 +11,14 @@ import torch.distributed as dist
 from . import capture, checks, fp4_gather, fused_norm, ops, registry, settings, validate
 from .backends import PATHS
 from .backends.custom import DEFAULT_STAGING_BYTES
-from .base import NCCL_SYMM, Call, Path, PathFactory, Peers, Setup
-from .bounded import bounded
+from .base import NCCL_SYMM, Call, Path, PathFactory, Setup
+from .bounded import BOUNDED_WAITS, UNBOUNDED_WAITS
+from .lifecycle import close_paths, open_paths
 from .dispatch import Choice, DispatchTable, choose, load_table
-from .errors import ArgumentError, CommClosedError, CommTimeoutError, SymcommError, SymmetricMemoryError
+from .errors import (ArgumentError, CommClosedError, CommTimeoutError, PeerMismatchError, SymcommError,
+                     SymmetricMemoryError)
 from .fp4_gather import Fp4Gathered, all_gatherv_fp4 as _all_gatherv_fp4
+from .peers import Peers
 from .pool import SymmetricPool
 
 # Enough for the activations of a typical TP layer at serving batch sizes; grow it with
@@ -24,6 +26,7 @@ from .pool import SymmetricPool
 DEFAULT_SYMMETRIC_CAPACITY = 256 << 20
 _is_compiling = torch.compiler.is_compiling
 _capturing = torch.cuda.is_current_stream_capturing
+_SETUP = "setup"  # the kind of every constructor vote (peers.Peers frames each exchange with one)
 
 
 class Communicator:
@@ -49,17 +52,8 @@ class Communicator:
         group = group if group is not None else dist.group.WORLD
         if dist.get_rank(group) < 0:
             raise ArgumentError("this process is not a member of the given group")
-        options = {"symmetric": bool(symmetric),
-                   "symmetric_capacity": validate.capacity("symmetric_capacity", symmetric_capacity, 1),
-                   "custom_ar_capacity": validate.capacity("custom_ar_capacity", custom_ar_capacity, 16)}
         self.group: dist.ProcessGroup | None = group
-        self.device = validate.resolve_device(device, group)
-        self.timeout_s = (float(timeout_s) if timeout_s is not None
-                          else settings.timeout_s(default=validate.group_timeout_s(group)))
-        self.check = settings.check_mode() if check is None else bool(check)
-        self.peers = Peers(group, self.device)
-        self.rank: int = self.peers.rank
-        self.world_size: int = self.peers.world_size
+        self.device: torch.device | None = None  # until validated: close() then bounds no device
         self.closed = False
         self.key: int | None = None
         self._opened: list[Path] = []  # every path tried, in order: closed in reverse
@@ -69,21 +63,36 @@ class Communicator:
         self._find = None
         self._capturing = False
         self._alarm = None
-        # Before any NCCL setup, so a bad tuning file fails without leaving communicators behind.
-        self.table: DispatchTable = load_table(self.world_size, self.device)
-        setup = Setup(self.peers, self.device, self.timeout_s, options)
+        # Local checks first. A rank that fails one still joins the first vote (as a refusal), so
+        # its peers raise with its reason instead of waiting for it in the next step.
+        self.peers = Peers(group, validate.timeout(None, group)[0])
+        self.timeout_s = self.peers.timeout_s
         try:
-            for factory in PATHS if paths is None else paths:
-                path = factory()
-                self._opened.append(path)
-                reason = path.open(setup)
-                if reason is None:
-                    self._paths[path.name] = setup.opened[path.name] = path
-                else:
-                    self._off[path.name] = setup.off[path.name] = reason
-        except BaseException:
+            options = {"symmetric": bool(symmetric),
+                       "symmetric_capacity": validate.capacity("symmetric_capacity", symmetric_capacity, 1),
+                       "custom_ar_capacity": validate.capacity("custom_ar_capacity", custom_ar_capacity, 16)}
+            self.timeout_s, self.timeout_source = validate.timeout(timeout_s, group)
+            self.peers.timeout_s = self.timeout_s
+            self.check = settings.check_mode() if check is None else bool(check)
+            self.device = validate.resolve_device(device, group)
+            # Before any NCCL setup, so a bad tuning file fails without leaving communicators behind.
+            self.table: DispatchTable = load_table(self.peers.world_size, self.device)
+            # The first vote: every rank is here, and agrees on what must be equal everywhere.
+            self.peers.agree(_SETUP, "Communicator(): every rank must pass the same arguments and settings",
+                             {"check mode": int(self.check), "symmetric": int(options["symmetric"]),
+                              "symmetric_capacity": options["symmetric_capacity"],
+                              "custom_ar_capacity": options["custom_ar_capacity"]})
+            setup = Setup(self.peers, self.device, self.timeout_s, options)
+            setup.opened, setup.off = self._paths, self._off
+            open_paths(PATHS if paths is None else paths, setup, self._opened)
+        except BaseException as exc:
+            if not isinstance(exc, (PeerMismatchError, CommTimeoutError)):
+                # A failure of this rank alone: peers waiting in the next vote learn why from it.
+                self.peers.refuse(_SETUP, f"{type(exc).__name__}: {exc}")
             self.close()  # release what the paths opened so far
             raise
+        self.rank: int = self.peers.rank
+        self.world_size: int = self.peers.world_size
         self._names = [path.name for path in self._opened]  # check mode's path codes
         self._pool = getattr(self._paths.get(NCCL_SYMM), "pool", None)
         self._find = None if self._pool is None else self._pool.index.find
@@ -131,10 +140,13 @@ class Communicator:
         self.check_health()
 
     def check_health(self) -> None:
-        """Raise CommTimeoutError if symcomm's kernels gave up waiting for a peer. Every call
-        checks this first (a host read, no synchronisation); graph replays cannot, so check
-        after replaying where a rank may be late. Once raised, it raises for good."""
-        reason = None if self.closed or self._alarm is None else self._alarm.reason()
+        """Raise CommTimeoutError if symcomm's kernels gave up waiting for a peer, or one of its
+        host-side waits on peers ran out. Every call checks this first (a host read, no
+        synchronisation); graph replays cannot, so check after replaying where a rank may be
+        late. Once raised, it raises for good."""
+        if self.closed:
+            return
+        reason = self.peers.broken or (None if self._alarm is None else self._alarm.reason())
         if reason is not None:
             raise CommTimeoutError(reason)
 
@@ -147,7 +159,8 @@ class Communicator:
         if op == fp4_gather.OP:
             return fp4_gather.select(self, x, sizes, out=out, **norm_args)
         if op not in validate.BUILDERS:
-            raise ArgumentError(f"op must be one of {', '.join(validate.BUILDERS)}; got {op!r}")
+            known = (*validate.BUILDERS, fp4_gather.OP, fused_norm.OP)
+            raise ArgumentError(f"op must be one of {', '.join(known)}; got {op!r}")
         call = validate.BUILDERS[op](self, x, out, sizes, reduce_op)
         return choose(self.table, self._paths, self._off, call, explain=True)[1]
 
@@ -155,38 +168,39 @@ class Communicator:
         try:
             if self.closed:  # inline: this is every eager call's path, a frame costs ~0.1 us
                 raise CommClosedError("this Communicator is closed")
-            if self._alarm is not None and self._alarm.word.value:
+            if self.peers.broken is not None or (self._alarm is not None and self._alarm.word.value):
                 self.check_health()
             path = choose(self.table, self._paths, self._off, call, algo)[0]
-        except SymcommError:
-            self.refused()
+        except Exception as exc:
+            self.refused(exc)
             raise
         if self.check:
             self._verify(call, path)
         if call.nbytes:
             path.run(call)
 
-    def _checking(self) -> bool:
+    def checking(self) -> bool:
         # Check mode's exchange synchronises with the host: never inside a capture, nor once
         # closed (every rank then raises CommClosedError on its own; close is collective).
         return self.check and not self.closed and not (self.peers.device.type == "cuda" and _capturing())
 
     def _verify(self, call: Call, path: Path) -> None:
-        if self._checking():
+        if self.checking():
             locate = self._pool.locate if self._pool is not None and path.needs_equal_offsets else None
             checks.verify(self.peers, call, path.name, self._names, locate, path.equal_offsets)
 
-    def refused(self) -> None:
-        """Check mode: this rank rejected a call before communicating. It still joins the
-        exchange its peers wait in, so they raise too instead of waiting for it."""
-        if self._checking():
-            checks.refuse(self.peers)
+    def refused(self, error: BaseException) -> None:
+        """Check mode: this rank's call failed before communicating (any exception: a broken
+        rule, an allocation that failed). It still joins the exchange its peers wait in, so
+        they raise too, with its reason, instead of waiting for it."""
+        if self.checking():
+            checks.refuse(self.peers, f"{type(error).__name__}: {error}")
 
     def _run(self, build, *args: Any, algo: str) -> Call:
         try:
             call = build(*args)
-        except SymcommError:
-            self.refused()
+        except Exception as exc:
+            self.refused(exc)
             raise
         self._launch(call, algo)
         return call
@@ -286,6 +300,8 @@ class Communicator:
             "symmetric_memory": {"enabled": False, "reason": self._off.get(NCCL_SYMM),
                                  "capacity": 0, "bytes_in_use": 0, "regions": 0},
             "tuning_table": self.table.source, "check_mode": self.check,
+            "timeout": {"seconds": self.timeout_s, "source": self.timeout_source, "bounds": list(BOUNDED_WAITS),
+                        "does_not_bound": list(UNBOUNDED_WAITS)},
         }
         for path in self._opened:
             caps.update(path.info())
@@ -306,31 +322,9 @@ class Communicator:
         self.closed = True
         if self.key is not None:
             registry.unregister(self.key)
-        opened, self._opened, self._paths, self._find, self._pool = self._opened[::-1], [], {}, None, None
-        abandoned = threading.Event()  # set when close() gave up: the thread must stop touching things
-
-        def teardown() -> None:
-            failures = []
-            for path in opened:
-                if abandoned.is_set():
-                    return
-                try:
-                    path.close()
-                except Exception as exc:  # noqa: BLE001 - finish the other (collective) closes first
-                    failures.append(exc)
-            if failures:
-                raise failures[0]
-
+        opened, self._opened, self._paths, self._find, self._pool = self._opened, [], {}, None, None
         try:
-            bounded("close", teardown, self.timeout_s, self.device)
-        except CommTimeoutError:
-            abandoned.set()
-            for path in opened:
-                try:
-                    bounded(f"abort {path.name}", path.abort, self.timeout_s, self.device)
-                except Exception:  # noqa: BLE001 - best effort after a timeout already reported
-                    pass
-            raise
+            close_paths(opened, self.timeout_s, self.device)
         finally:
             self.peers.close()
             self.group = None

@@ -32,7 +32,6 @@ across ranks.
 from __future__ import annotations
 
 import ctypes
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -43,9 +42,8 @@ from . import _native, checks, fp4, validate
 from .backends.custom import CAPTURE_CODES, aligned
 from .backends.peer_gather import MAX_TENSORS
 from .base import PUSH, Call
-from .checks import REFUSED
 from .dispatch import Choice
-from .errors import ArgumentError, CommClosedError, PeerMismatchError, SymcommError
+from .errors import ArgumentError, CommClosedError
 
 OP = "all_gatherv_fp4"
 FUSED, UNFUSED = "fused-push", "unfused"
@@ -72,10 +70,6 @@ class _Args(NamedTuple):
     out: Fp4Gathered | None
 
 
-def _capturing(comm) -> bool:
-    return comm.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def _validate(comm, x: object, sizes: object, global_scale: object, extra: object, out: object,
               dequantize: bool) -> _Args:
     if comm.closed:
@@ -86,6 +80,7 @@ def _validate(comm, x: object, sizes: object, global_scale: object, extra: objec
     sizes = validate.sizes_arg(sizes, comm.world_size)
     if n != sizes[comm.rank]:
         raise ArgumentError(f"x has {n} rows, but sizes[{comm.rank}] (this rank) is {sizes[comm.rank]}")
+    validate.check_extent("the gathered outputs", sum(sizes), x)
     gs = fp4.check_global_scale(global_scale, device)
     if isinstance(extra, torch.Tensor) or not isinstance(extra, (list, tuple)):
         raise ArgumentError("extra must be a list or tuple of tensors (each with this rank's rows in dim 0)")
@@ -290,55 +285,37 @@ def _choose(comm, a: _Args, outs: _Outs, algo: object) -> tuple[Fp4Path, str, di
 
 
 # ------------------------------------------------------------------------------ check mode
-def _scale_bits(gs: fp4.GlobalScale) -> int:
-    value = float(gs.item()) if isinstance(gs, torch.Tensor) else gs
-    return struct.unpack("<I", struct.pack("<f", value))[0]
-
-
-_OFFSETS_RULE = ("the fused path writes every peer's gathered outputs at this rank's offsets, so they must sit at "
+_OFFSETS_RULE = ("The fused path writes every peer's gathered outputs at this rank's offsets, so they must sit at "
                  "equal pool offsets: allocate them (equal shapes everywhere) inside use_symmetric_memory in the "
                  "same order on every rank, and tensors sized by this rank's rows (x, extra) outside it "
                  "(README, 'Offsets stay symmetric')")
 
 
 def signature(comm, a: _Args, outs: _Outs, path: Fp4Path) -> tuple[list[int], list[str]]:
-    """Check mode's vector for one call (the same length on every rank) and each entry's name:
-    the global scale, then checks.signature of the gather the path makes. For the fused path
-    the outputs' pool regions and offsets are compared (peers write at them); the inputs are
-    read locally and may sit anywhere. The unfused path's gather checks its own offsets."""
+    """Check mode's vector for one call and each entry's name: checks.signature of the gather
+    the path makes, under this op's name, with the global scale as its own scalar (every rank
+    must quantize with the same one). For the fused path the outputs' pool regions and offsets
+    are compared (peers write at them); the inputs are read locally and may sit anywhere. The
+    unfused path's gather checks its own offsets. ``dequantize`` and ``swizzle`` act on this
+    rank's copy only: they may differ by rank."""
     outputs = [t for _, t in outs.named()]
     inputs = [a.x, a.x, *a.extra]  # the payload and the scales both come from x
     call = Call("all_gatherv", inputs, outputs, [t.data_ptr() for t in inputs], [t.data_ptr() for t in outputs],
                 a.sizes, None, sum(t.nbytes for t in outputs))
     pool = comm.symmetric_pool
     locate = pool.locate if path.name == FUSED and pool is not None else None
-    values, names = checks.signature(call, _NAMES.index(path.name), comm.world_size, locate, ("out",))
+    scale = float(a.gs.item()) if isinstance(a.gs, torch.Tensor) else a.gs
+    values, names = checks.signature(call, _NAMES.index(path.name), comm.world_size, locate, ("out",), OP,
+                                     [("global_scale", checks.float_bits(scale))])
     for i, (name, _) in enumerate(outs.named()):
         names = [n.replace(f"'out[{i}]'", f"'{name}'") for n in names]
-    return [_scale_bits(a.gs), *values], ["global_scale", *names]
+    return values, names
 
 
-def _agree(comm, mine: tuple[_Args, _Outs, Fp4Path] | None) -> None:
-    """Check mode: every rank sends its signature, or REFUSED when its own checks failed (it
-    then raises its own error; the others raise here instead of waiting for it)."""
-    length = 1 + len(checks.refusal(comm.world_size))
-    values, names = signature(comm, *mine) if mine is not None else ([REFUSED] * length, [])
-    table = comm.peers.exchange([0 if mine is not None else REFUSED, *values])
-    if mine is None:
-        return
-    refused = [r for r, row in enumerate(table) if row[0] == REFUSED]
-    if refused:
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: rank(s) {', '.join(map(str, refused))} "
-                                f"rejected the call before communicating (their own error names the argument)")
-    scales = [struct.unpack("<f", struct.pack("<I", row[1]))[0] for row in table]
-    if any(v != scales[0] for v in scales):
-        per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(scales))
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: ranks disagree on global_scale ({per_rank}); "
-                                f"every rank must quantize with the same one (see fp4.global_scale_for)")
-    problem = checks.first_mismatch([row[2:] for row in table], names[1:], _NAMES)
-    if problem is not None:
-        rule = _OFFSETS_RULE if "window" in problem else "every rank must make the same call"
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: {problem}; {rule}")
+def verify(comm, a: _Args, outs: _Outs, path: Fp4Path) -> None:
+    """Check mode, collective: this call's signature against every rank's."""
+    values, names = signature(comm, a, outs, path)
+    checks.compare(comm.peers, OP, values, names, _NAMES, {"global_scale": checks.bits_float}, _OFFSETS_RULE)
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -357,19 +334,15 @@ def all_gatherv_fp4(comm, x: torch.Tensor, sizes: Sequence[int], global_scale: f
     unfused path with that gather. ``select(comm, ...)`` (or ``comm.select("all_gatherv_fp4",
     ...)``) explains the choice.
     """
-    checking = comm.check and not _capturing(comm)
     try:
         a = _validate(comm, x, sizes, global_scale, extra, out, dequantize)
         outs = _outputs(a)
         path, gather_algo, _ = _choose(comm, a, outs, algo)
-    except SymcommError:
-        if checking:
-            _agree(comm, None)
-        else:
-            comm.refused()  # during capture the Communicator may still check over a gloo group
+    except Exception as exc:
+        comm.refused(exc)  # check mode: peers waiting in this op's exchange raise too
         raise
-    if checking:
-        _agree(comm, (a, outs, path))
+    if comm.checking():
+        verify(comm, a, outs, path)
     path.run(comm, a, outs, gather_algo)
     values = None
     if dequantize:

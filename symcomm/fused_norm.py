@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import _native, fp4, validate
+from . import _native, checks, fp4, validate
 from .backends import fused_norm_ar
 from .backends.custom import aligned
 from .base import TWOSHOT, Call
@@ -432,11 +432,9 @@ class Fused(NormPath):
 
     def run(self, comm, call: NormCall, ar_algo: str) -> NormedResult:
         custom = comm.path(self.kernel)
-        comm._require_open()  # what an all-reduce call checks first: closed, or a peer gave up
-        if comm._checking():
-            comm._verify(_all_reduce_call(call.x), custom)
-            if self.kernel == TWOSHOT:
-                _check_replicated(comm, call)
+        comm.check_health()  # what an all-reduce call checks first: a peer gave up
+        if self.kernel == TWOSHOT and comm.checking():
+            _check_replicated(comm, call)
         y, scales = _allocate(call)
         h = call.residual_out if call.residual_out is not None else torch.empty_like(call.x)
         if call.tokens:
@@ -469,7 +467,7 @@ def _check_replicated(comm, call: NormCall) -> None:
             bits = t.contiguous().view(torch.int16).reshape(-1).to(torch.int64)
             digest = digest * 1_000_003 + int((bits * torch.arange(1, bits.numel() + 1, device=bits.device)).sum())
     digest &= (1 << 63) - 1
-    rows = comm.peers.exchange([digest])
+    rows = comm.peers.exchange([digest], kind="check:replicated")
     if any(row[0] != rows[0][0] for row in rows):
         differ = [r for r, row in enumerate(rows) if row[0] != rows[0][0]]
         raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: residual or weight differs between rank 0 and rank(s) "
@@ -489,6 +487,7 @@ def _tuned(comm) -> bool:
 NORM_PATHS: tuple[NormPath, ...] = (*(Fused(name) for name in fused_norm_ar.FUSED), Unfused("unfused", _kernel),
                                     Unfused("reference", _torch))
 _BY_NAME = {p.name: p for p in NORM_PATHS}
+_NAMES = [p.name for p in NORM_PATHS]
 
 
 def _preference(comm, call: NormCall) -> tuple[NormPath, ...]:
@@ -554,10 +553,34 @@ def all_reduce_rmsnorm(comm, x: torch.Tensor, weight: torch.Tensor, *, residual:
     try:
         call = _validate(comm, x, weight, residual, eps, out, residual_out, quant, scale, swizzle)
         path, ar_algo, _ = _choose(comm, call, algo)
-    except SymcommError:
-        comm.refused()  # check mode: peers waiting in the all-reduce's exchange raise too
+    except Exception as exc:
+        comm.refused(exc)  # check mode: peers waiting in this op's exchange raise too
         raise
+    if comm.checking():
+        _verify(comm, call, path)
     return path.run(comm, call, ar_algo)
+
+
+_DECODE = {"eps": checks.bits_float, "scale": checks.bits_float, "quant": lambda v: (None, *QUANTS)[v],
+           "swizzle": bool, "residual": lambda v: "given" if v else "none"}
+
+
+def _verify(comm, call: NormCall, path: NormPath) -> None:
+    """Check mode: the all-reduce of x under this op's name, with the norm path and every scalar
+    that changes a result compared. Free per rank, and not compared: ``weight`` and the
+    ``residual`` values (this rank normalises its own rows with them; fused two-shot, which
+    normalises each row on one rank for all, compares them in _check_replicated) and where the
+    outputs sit (written locally)."""
+    scale = call.scale
+    scale_bits = 0 if scale is None else checks.float_bits(float(scale.item()) if isinstance(scale, torch.Tensor)
+                                                            else scale)
+    scalars = [("eps", checks.float_bits(call.eps)), ("quant", (None, *QUANTS).index(call.quant)),
+               ("scale", scale_bits), ("swizzle", int(call.swizzle)), ("residual", int(call.residual is not None))]
+    pool = comm.symmetric_pool
+    # A fused kernel reads x in peers' pool regions at this rank's offset; unfused checks its own.
+    locate = pool.locate if isinstance(path, Fused) and pool is not None else None
+    checks.verify(comm.peers, _all_reduce_call(call.x), path.name, _NAMES, locate, ("x",), op=OP, scalars=scalars,
+                  decode=_DECODE)
 
 
 def select(comm, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None, eps: float = 1e-6,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,14 +18,12 @@ import torch
 from ._native import Native
 from ._nccl import Library
 from .errors import PeerMismatchError, SymcommError, SymmetricMemoryError
+from .peers import Exchange
 
 # ncclMemAlloc rounds to the cuMem granularity (2 MiB on Hopper); registering whole
 # granules keeps the window size equal to what was really mapped.
 GRANULE_SHIFT = 21
 REGION_GRANULE = 1 << GRANULE_SHIFT
-
-Exchange = Callable[[list[int]], list[list[int]]]
-
 
 class SegmentIndex:
     """Maps an address to the registered segment holding it, in O(1).

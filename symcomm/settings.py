@@ -6,19 +6,27 @@ settings table must match (tests/test_structure.py compares them).
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple
+
+from .errors import ArgumentError
 
 # The bound on waits on peers where no process group says otherwise (the benchmarks' own NCCL
 # communicators): generous against a healthy peer (NCCL init takes seconds), short enough that
 # a dead one is reported while someone is still watching. A Communicator defaults to its
 # group's own timeout instead (validate.group_timeout_s).
 DEFAULT_TIMEOUT_S = 30.0
+# The largest timeout symcomm accepts: a week. Every consumer holds it: the kernels count
+# nanoseconds in 64 bits (584 years), threading and sockets take any finite float, and a
+# timedelta a billion days. A longer wait is no bound a person would watch for.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 VARIABLES: dict[str, str] = {
-    "SYMCOMM_CHECK": "1 turns check mode on: every call is compared across ranks before it runs",
-    "SYMCOMM_TIMEOUT_S": "bound in seconds on every wait on peers (NCCL init/teardown, custom kernels); default: the process group's timeout",
-    "SYMCOMM_DISABLE_CUSTOM_AR": "1 turns symcomm's own all-reduce kernels off",
+    "SYMCOMM_CHECK": "1 (or true/yes/on) turns check mode on: every call is compared across ranks before it runs (what is compared: Errors)",
+    "SYMCOMM_TIMEOUT_S": "bound in seconds (> 0, at most a week) on symcomm's waits on peers (what it bounds: Errors); default: the process group's timeout",
+    "SYMCOMM_DISABLE_CUSTOM_AR": "1 (or true/yes/on) turns symcomm's own all-reduce kernels off",
     "SYMCOMM_TUNING_FILE": "dispatch table to load (written by `symcomm-bench tune`)",
     "SYMCOMM_NCCL_LIBRARY": "libnccl to load; otherwise the one torch loaded, then the `nvidia-nccl` wheel, then the system's",
     "SYMCOMM_NATIVE_LIBRARY": "csrc/ library to load instead of the packaged one",
@@ -38,26 +46,43 @@ def _get(name: str) -> str | None:
 
 
 def _flag(name: str) -> bool:
-    return _get(name) == "1"
+    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case); unset is false. Any other
+    value is an error, not silently false."""
+    raw = _get(name)
+    if raw is None:
+        return False
+    word = raw.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ArgumentError(f"{name} must be one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}, got {raw!r}")
 
 
 def check_mode() -> bool:
     return _flag("SYMCOMM_CHECK")
 
 
-def timeout_s(default: float = DEFAULT_TIMEOUT_S) -> float:
-    """SYMCOMM_TIMEOUT_S, or ``default``; a value that is not a positive number is an error,
-    not silently replaced."""
+def checked_timeout(value: object, name: str) -> float:
+    """The one rule for every timeout symcomm takes, from an argument or a variable: a finite
+    number of seconds, > 0 and at most MAX_TIMEOUT_S. ``name`` is what the error calls it."""
+    rule = f"{name} must be a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentError(rule)
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise ArgumentError(rule)
+    return float(value)
+
+
+def timeout_s(default: float | None = DEFAULT_TIMEOUT_S) -> float | None:
+    """SYMCOMM_TIMEOUT_S under checked_timeout's rule, or ``default`` where it is unset."""
     raw = _get("SYMCOMM_TIMEOUT_S")
     if raw is None:
         return default
     try:
-        value = float(raw)
+        number = float(raw)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"SYMCOMM_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
-    return value
+        number = math.nan  # refused below, with the variable's text in the message
+    checked_timeout(number, "SYMCOMM_TIMEOUT_S")
+    return number
 
 
 def custom_kernels_disabled() -> bool:

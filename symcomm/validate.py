@@ -6,11 +6,14 @@ use_symmetric_memory it lands in the symmetric pool like any other tensor.
 """
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
+from . import settings
 from .base import Call
 from .errors import ArgumentError, DtypeError
 
@@ -53,6 +56,18 @@ def group_timeout_s(group: dist.ProcessGroup) -> float:
         except (AttributeError, RuntimeError):
             continue
     return dist.default_pg_timeout.total_seconds()
+
+
+def timeout(timeout_s: object, group: dist.ProcessGroup) -> tuple[float, str]:
+    """(seconds, where they came from): the argument, else SYMCOMM_TIMEOUT_S (both under
+    settings.checked_timeout's rule), else the group's own timeout, capped at
+    settings.MAX_TIMEOUT_S (a group may wait longer than symcomm will)."""
+    if timeout_s is not None:
+        return settings.checked_timeout(timeout_s, "timeout_s"), "argument"
+    from_env = settings.timeout_s(default=None)
+    if from_env is not None:
+        return from_env, "SYMCOMM_TIMEOUT_S"
+    return min(group_timeout_s(group), settings.MAX_TIMEOUT_S), "process group"
 
 
 def capacity(name: str, value: object, multiple: int) -> int:
@@ -105,6 +120,11 @@ def rows(name: str, t: torch.Tensor) -> int:
     return t.shape[0]
 
 
+# The most rows or bytes a size may name: beyond it no tensor can exist (torch counts in int64),
+# so such a call is refused here rather than by torch.empty (RuntimeError, or TypeError past int64).
+MAX_EXTENT = 1 << 62
+
+
 def sizes_arg(sizes: object, world_size: int) -> list[int]:
     if isinstance(sizes, torch.Tensor):
         sizes = sizes.tolist()
@@ -114,12 +134,28 @@ def sizes_arg(sizes: object, world_size: int) -> list[int]:
         raise ArgumentError(f"sizes must have one entry per rank ({world_size}), got {len(sizes)}")
     clean = []
     for i, s in enumerate(sizes):
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise ArgumentError(f"sizes[{i}] must be an int, got {type(s).__name__}")
+        try:
+            if isinstance(s, bool):
+                raise TypeError
+            s = operator.index(s)  # any integral: int, a NumPy integer, a 0-d integer tensor
+        except TypeError:
+            raise ArgumentError(f"sizes[{i}] must be an int, got {type(s).__name__}") from None
         if s < 0:
             raise ArgumentError(f"sizes[{i}] must be >= 0, got {s}")
+        if s > MAX_EXTENT:
+            raise ArgumentError(f"sizes[{i}] = {s} rows is more than any tensor can hold (at most 2**62)")
         clean.append(s)
+    if sum(clean) > MAX_EXTENT:
+        raise ArgumentError(f"sizes add up to {sum(clean)} rows, more than any tensor can hold (at most 2**62)")
     return clean
+
+
+def check_extent(name: str, rows: int, like: torch.Tensor) -> None:
+    """Refuse an output of ``rows`` rows shaped like ``like`` that no allocation could hold."""
+    row_bytes = like.element_size() * math.prod(like.shape[1:])
+    if rows * row_bytes > MAX_EXTENT:
+        raise ArgumentError(f"{name} would need {rows} rows of {row_bytes} bytes: more than any tensor can hold "
+                            f"(2**62 bytes); check sizes")
 
 
 def _in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr: int,
@@ -204,6 +240,7 @@ def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_si
         xs[i] = x = tensor(name, x, device)
         if rows(name, x) != sizes[rank]:
             raise ArgumentError(f"{name} has {x.shape[0]} rows, but sizes[{rank}] (this rank) is {sizes[rank]}")
+        check_extent(out_name, total, x)
         outs[i] = o = output(out_name, outs[i], (total, *x.shape[1:]), x)
         row_bytes = o.nbytes // total if total else 0
         _in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)

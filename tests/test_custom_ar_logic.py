@@ -241,12 +241,14 @@ def test_builtin_table_puts_the_kernels_first_up_to_their_capacity(world):
         assert not table.preference("all_gather", nbytes)[0].startswith("custom-")
 
 
-def test_check_mode_compares_alignment_and_refusals_keep_the_length():
+def test_check_mode_compares_alignment_and_signatures_share_one_length():
     """A view misaligned on one rank only would send that rank to NCCL and its peers to a
-    kernel; check mode's signature carries the misalignment so ranks compare it."""
+    kernel; check mode's signature carries the misalignment so ranks compare it. Every
+    operation's signature has one length, so ranks in different operations compare op codes."""
     from symcomm import checks
     values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), 1, 2, None)
-    assert len(values) == len(names) == len(checks.refusal(2))
+    other, _ = checks.signature(_call(), 1, 2, None, op="all_gatherv_fp4", scalars=[("global_scale", 7)])
+    assert len(values) == len(names) == len(other)
     assert values[names.index("16-byte misalignment of the all_reduce input/output")] == 8
     table = [values, checks.signature(_call(), 1, 2, None)[0]]
     assert "misalignment" in checks.first_mismatch(table, names, ["nccl", "custom-oneshot"])

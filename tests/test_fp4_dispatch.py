@@ -9,10 +9,11 @@ import torch
 
 import symcomm
 from _spawn import run_world
-from symcomm import fp4, fp4_gather
+from symcomm import checks, fp4, fp4_gather
 from symcomm.backends import custom
 from symcomm.base import PUSH
 from symcomm.fp4_gather import FUSED, UNFUSED, Fp4Gathered, _Args, _Outs
+from symcomm.peers import PeerRefusal
 
 NATIVE, WHY_NOT = fp4.native_available()
 needs_native = pytest.mark.skipif(not NATIVE, reason=f"csrc/ is not built: {WHY_NOT}")
@@ -293,8 +294,8 @@ class Table:
     def __init__(self, rows):
         self.rows = rows
 
-    def exchange(self, values):
-        assert len(values) == len(self.rows[0])
+    def exchange(self, values, kind="setup"):
+        assert len(values) == len(self.rows[0]) and kind == "check"
         return self.rows
 
 
@@ -311,11 +312,11 @@ def _signature_of(rank, sizes, shift=0):
 
 def test_check_mode_names_the_output_at_another_offset():
     sizes = (3, 0, 5, 1)
-    rows = [[0, *_signature_of(r, sizes, shift=512 if r == 2 else 0)[3][0]] for r in range(4)]
+    rows = [_signature_of(r, sizes, shift=512 if r == 2 else 0)[3][0] for r in range(4)]
     comm, a, outs, _ = _signature_of(0, sizes)
     comm.peers = Table(rows)
     with pytest.raises(symcomm.PeerMismatchError) as info:
-        fp4_gather._agree(comm, (a, outs, FUSED_PATH))
+        fp4_gather.verify(comm, a, outs, FUSED_PATH)
     message = str(info.value)
     assert "window offset of 'out.scales'" in message and "rank 2: 512" in message, message
     assert "outside it" in message and "Offsets stay symmetric" in message
@@ -326,23 +327,32 @@ def test_check_mode_leaves_per_rank_inputs_free_and_compares_the_rest():
     signatures = [_signature_of(r, sizes) for r in range(4)]
     comm, a, outs, _ = signatures[0]
     # Every rank's x and extras sit elsewhere (their own allocations): no mismatch.
-    comm.peers = Table([[0, *sig[0]] for *_, sig in signatures])
-    fp4_gather._agree(comm, (a, outs, FUSED_PATH))
+    comm.peers = Table([sig[0] for *_, sig in signatures])
+    fp4_gather.verify(comm, a, outs, FUSED_PATH)
     # Another global scale, another path, a refusal: each named.
     values, names = signatures[0][3]
-    other_scale = [0, fp4_gather._scale_bits(3.0), *values[1:]]
-    comm.peers = Table([[0, *values], other_scale, [0, *values], [0, *values]])
-    with pytest.raises(symcomm.PeerMismatchError, match="disagree on global_scale"):
-        fp4_gather._agree(comm, (a, outs, FUSED_PATH))
+    other_scale = list(values)
+    other_scale[names.index("global_scale")] = checks.float_bits(3.0)
+    comm.peers = Table([values, other_scale, values, values])
+    with pytest.raises(symcomm.PeerMismatchError, match=r"disagree on the global_scale .rank 0: 2\.5, rank 1: 3\.0"):
+        fp4_gather.verify(comm, a, outs, FUSED_PATH)
     unfused = fp4_gather.signature(comm, a, outs, fp4_gather._BY_NAME[UNFUSED])[0]
-    comm.peers = Table([[0, *values], [0, *unfused], [0, *values], [0, *values]])
+    comm.peers = Table([values, unfused, values, values])
     with pytest.raises(symcomm.PeerMismatchError, match="disagree on the path .rank 0: fused-push, rank 1: unfused"):
-        fp4_gather._agree(comm, (a, outs, FUSED_PATH))
-    refused = [fp4_gather.REFUSED] * (1 + len(values))
-    comm.peers = Table([[0, *values], refused, [0, *values], [0, *values]])
-    with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) 1 rejected"):
-        fp4_gather._agree(comm, (a, outs, FUSED_PATH))
-    fp4_gather._agree(comm, None)  # a refusing rank sends its row and raises its own error
+        fp4_gather.verify(comm, a, outs, FUSED_PATH)
+    comm.peers = Refusing({1: "ArgumentError: x has 4 rows"})
+    with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) 1 rejected.*x has 4 rows"):
+        fp4_gather.verify(comm, a, outs, FUSED_PATH)
+
+
+class Refusing:
+    """Peers whose exchange finds that some ranks refused (peers.Peers raises PeerRefusal)."""
+
+    def __init__(self, reasons):
+        self.reasons = reasons
+
+    def exchange(self, values, kind="setup"):
+        raise PeerRefusal(kind, self.reasons)
 
 
 # ------------------------------------------------------------------------ over gloo

@@ -372,9 +372,9 @@ def test_check_mode_refuses_a_residual_that_differs_between_ranks():
         sent.append(values[0])
         return [values, [values[0] + differ]]
 
-    same = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v: exchange(v, 0)))
+    same = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v, kind: exchange(v, 0)))
     fn._check_replicated(same, call)
-    other = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v: exchange(v, 1)))
+    other = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v, kind: exchange(v, 1)))
     with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) \[1\]"):
         fn._check_replicated(other, call)
     call.residual[0, 0] += 1

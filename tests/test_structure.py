@@ -18,13 +18,27 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _typing_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:``: they name types for annotations and
+    never run, so they are not edges of the run-time import graph."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skipped
+
+
 def _imports(path: Path) -> set[str]:
     """symcomm modules imported anywhere in the file, function bodies included (an import
-    hidden in a function to dodge a cycle is still a cycle)."""
+    hidden in a function to dodge a cycle is still a cycle), ``if TYPE_CHECKING:`` excluded."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = _typing_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("symcomm")}
         elif isinstance(node, ast.ImportFrom):

@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import _native, settings
-from ..base import (FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, SCATTERING_OPS as SCATTERS, TWOSHOT, Alarm, Call, Exchange,
+from ..base import (FLAGFREE, NCCL, NCCL_SYMM, ONESHOT, SCATTERING_OPS as SCATTERS, TWOSHOT, Alarm, Call,
                     Path, Setup, raw_stream)
 from ..errors import ArgumentError, CudaError
 from ..fd_channel import IDENTITY_INTS, FdChannel, Identity
+from ..peers import Exchange
 from ..pool import GRANULE_SHIFT, Region
 
 _c = ctypes

@@ -16,7 +16,8 @@ import torch
 
 from .. import _native, _nccl
 from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
-from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Peers, Setup, raw_stream, runner_table
+from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Setup, raw_stream, runner_table
+from ..peers import Peers
 
 from ..bounded import bounded
 from ..errors import ArgumentError, DtypeError, SymcommError

@@ -3,6 +3,11 @@
 gloo lacks some collectives and dtypes that NCCL has, so the v-variants and reduce-scatters
 are composed from all_gather / all_reduce. That costs bandwidth, which is fine for the path
 whose job is to make the same API work on a laptop and in CI.
+
+Waits: over gloo (CPU tensors) each collective waits at most the communicator's timeout
+(peers.Peers.wait), then raises CommTimeoutError. On CUDA tensors (an NCCL group) the work is
+stream-ordered, as torch.distributed enqueues it; the group's own timeout (its watchdog) bounds
+it, not symcomm's.
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..base import TORCH, Call, Path, Setup, runner_table
+from ..peers import Peers
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -26,16 +32,19 @@ class TorchPath(Path):
 
     def __init__(self) -> None:
         self._group: dist.ProcessGroup | None = None
+        self._peers: Peers | None = None
         self._rank = 0
         self._world = 1
 
     def open(self, setup: Setup) -> str | None:
+        self._peers = setup.peers
         self._group = setup.peers.group
         self._rank, self._world = setup.peers.rank, setup.peers.world_size
         return None
 
     def close(self) -> None:
         self._group = None  # see Peers.close: the group must not outlive the user's teardown
+        self._peers = None
 
     abort = close
 
@@ -47,9 +56,16 @@ class TorchPath(Path):
     def run(self, call: Call) -> None:
         self._RUNNERS[call.op](self, call)
 
+    def _wait(self, work, t: torch.Tensor, what: str) -> None:
+        if t.device.type == "cpu":
+            self._peers.wait(work, f"torch.distributed {what}")
+        else:
+            work.wait()  # stream-ordered: the NCCL group's own timeout bounds it
+
     def _reduce_in_place(self, t: torch.Tensor, redop: str) -> None:
         # gloo has no AVG: sum, then divide (callers only allow avg on floating dtypes).
-        dist.all_reduce(t, op=_REDUCE_OPS["sum" if redop == "avg" else redop], group=self._group)
+        self._wait(dist.all_reduce(t, op=_REDUCE_OPS["sum" if redop == "avg" else redop], group=self._group,
+                                   async_op=True), t, "all_reduce")
         if redop == "avg":
             t.div_(self._world)
 
@@ -62,7 +78,7 @@ class TorchPath(Path):
     def _all_gather(self, call: Call) -> None:
         x, out = call.inputs[0], call.outputs[0]
         chunks = list(_bytes(out).chunk(self._world))
-        dist.all_gather(chunks, _bytes(x).clone(), group=self._group)
+        self._wait(dist.all_gather(chunks, _bytes(x).clone(), group=self._group, async_op=True), x, "all_gather")
 
     def _all_gatherv(self, call: Call) -> None:
         longest = max(call.sizes)
@@ -71,7 +87,7 @@ class TorchPath(Path):
             padded = torch.zeros(longest * row, dtype=torch.uint8, device=x.device)
             padded[: x.numel() * x.element_size()] = _bytes(x)
             gathered = [torch.empty_like(padded) for _ in range(self._world)]
-            dist.all_gather(gathered, padded, group=self._group)
+            self._wait(dist.all_gather(gathered, padded, group=self._group, async_op=True), x, "all_gather")
             flat, offset = _bytes(out), 0
             for rows, part in zip(call.sizes, gathered):
                 flat[offset: offset + rows * row] = part[: rows * row]

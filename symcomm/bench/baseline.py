@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from .. import _nccl, settings
 from ..backends.nccl import new_comm
-from ..base import Peers
+from ..peers import Peers
 from ..errors import DtypeError
 from . import ops, report
 from .config import BaselineConfig, BenchConfig, BenchError
@@ -83,8 +83,9 @@ class RawNccl:
     @classmethod
     def open(cls, nccl: _nccl.Library, device: torch.device) -> "RawNccl":
         """Collective over torch's (gloo) group, which carries rank 0's unique id to the others."""
-        peers = Peers(dist.group.WORLD, device)
-        return cls(nccl, new_comm(nccl, peers, settings.timeout_s(), device), device)
+        timeout_s = settings.timeout_s()
+        peers = Peers(dist.group.WORLD, timeout_s)
+        return cls(nccl, new_comm(nccl, peers, timeout_s, device), device)
 
     def all_reduce(self, x: torch.Tensor, *, out: torch.Tensor, op: str, algo: str) -> None:
         self._call("ncclAllReduce", x, out, x.numel(), _nccl.REDUCE_OPS[op])
