@@ -116,7 +116,7 @@ class SymmetricPool:
                 "during CUDA-graph capture; reserve before capturing")
         # Agree first, check after: a rank that raised on its own would leave the others
         # waiting in the exchange.
-        asked = self._exchange([nbytes, len(self.regions)])
+        asked = self._exchange([nbytes, len(self.regions)], kind="reserve_symmetric")
         if any(row != asked[0] for row in asked):
             raise PeerMismatchError(
                 "reserve_symmetric(nbytes): ranks disagree on (nbytes, regions so far): "
@@ -133,7 +133,7 @@ class SymmetricPool:
             except SymcommError as exc:
                 failure = str(exc)
             # Every rank must enter the register collective, or none: agree on success first.
-            if not all(ok for ok, in self._exchange([0 if failure else 1])):
+            if not all(ok for ok, in self._exchange([0 if failure else 1], kind="reserve_symmetric")):
                 if ptr:
                     self._nccl.mem_free(ptr)
                 raise SymmetricMemoryError(

@@ -637,7 +637,8 @@ class CustomPath(Path):
         session, state.capture = state.capture, None
         if session is None:  # a sibling already registered this session
             return None
-        problem = register_captured(state, session, failed, self._kernels.exchange)
+        exchange = self._kernels.exchange
+        problem = register_captured(state, session, failed, lambda values: exchange(values, kind="graph_capture"))
         if session.out_of_slots:
             warnings.warn(f"graph_capture(): all {state.graph_slots - 1} buffer slots are in use; later "
                           f"captured custom all-reduces copy their input to the staging buffer instead",
@@ -825,7 +826,8 @@ class Kernels:
         if region.base in self._regions_seen:
             return
         self._regions_seen.add(region.base)
-        map_regions(self.state, [(region.base, region.nbytes)], self.exchange)
+        map_regions(self.state, [(region.base, region.nbytes)],
+                    lambda values: self.exchange(values, kind="reserve_symmetric"))
 
     def release(self) -> None:
         self.users -= 1
