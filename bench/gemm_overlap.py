@@ -63,7 +63,7 @@ def main() -> None:
     custom = next((comm.path(n) for n in comm.algorithms() if n.startswith("custom-")), None)
     if custom is None:
         raise SystemExit(f"symcomm's kernels are off here: {comm.capabilities()['paths']}")
-    state = custom.state
+    state = custom.context
     timer = Timer(torch.device("cuda", local), iters=20, warmup=3, graph_replays=10, capture=comm.graph_capture)
     gen = torch.Generator(device="cuda").manual_seed(17 + rank)
     rows_out = []

@@ -1,5 +1,5 @@
 // Uneven all-gather by push (symcomm/backends/peer_gather.py) and the fused NVFP4 dispatch
-// (symcomm/fp4_gather.py): their kernels and entry points, over the peer machinery of peer.cuh
+// (symcomm/operations/all_gatherv_fp4.py): their kernels and entry points, over the peer machinery of peer.cuh
 // and, for the dispatch, the codec of fp4.cuh.
 #include "peer.cuh"
 #include "fp4.cuh"

@@ -1,5 +1,5 @@
 // Standalone residual add + RMSNorm (+ FP8 / NVFP4 output) over all-reduced rows: the unfused
-// path of Communicator.all_reduce_rmsnorm (symcomm/fused_norm.py), and the reference a fused
+// path of Communicator.all_reduce_rmsnorm (symcomm/rmsnorm.py), and the reference a fused
 // all-reduce kernel is compared with bit for bit. The math and the reduction order are in
 // csrc/rmsnorm.cuh; this file only loads rows, launches, and runs the same code on the host.
 #include "symcomm.h"
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* a, const T* 
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
-// The argument rules symcomm/fused_norm.py also checks, kept here so that a direct C caller
+// The argument rules symcomm/rmsnorm.py also checks, kept here so that a direct C caller
 // cannot launch out of bounds.
 bool valid(const void* a, const void* residual, const void* weight, int64_t rows, int64_t cols, void* residual_out,
            int quant, const void* out, const void* scales) {

@@ -127,7 +127,7 @@ void symcomm_free(void* ptr, size_t size, int device, symcomm_stream_t stream);
 
 /* ------------------------------------------------------------------------------------------
  * Custom all-reduce (custom_ar.cu). Setup is a sequence of local calls; the caller exchanges
- * the handles between ranks (symcomm/backends/custom.py does it by vote). Every call selects
+ * the handles between ranks (symcomm/peer/setup.py does it by vote). Every call selects
  * the context's device itself.
  */
 

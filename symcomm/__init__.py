@@ -9,16 +9,16 @@ from .communicator import Communicator
 from .dispatch import Choice
 from .errors import (ArgumentError, CommClosedError, CommTimeoutError, CudaError, DtypeError, NcclError,
                      NcclUnavailableError, PeerMismatchError, SymcommError, SymmetricMemoryError)
-from . import fp4
-from .fp4_gather import Fp4Gathered
-from . import fused_norm
-from .fused_norm import NormChoice, NormedResult
+from . import fp4, rmsnorm
 from .memory import use_symmetric_memory
+from .operations.all_gatherv_fp4 import Fp4Choice, Fp4Gathered
+from .operations.all_reduce_rmsnorm import NormChoice
+from .rmsnorm import NormedResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "CudaError", "DtypeError",
-    "Fp4Gathered", "NcclError", "NcclUnavailableError", "NormChoice", "NormedResult", "PeerMismatchError",
-    "SymcommError", "SymmetricMemoryError", "fp4", "fused_norm", "use_symmetric_memory",
+    "Fp4Choice", "Fp4Gathered", "NcclError", "NcclUnavailableError", "NormChoice", "NormedResult",
+    "PeerMismatchError", "SymcommError", "SymmetricMemoryError", "fp4", "rmsnorm", "use_symmetric_memory",
 ]

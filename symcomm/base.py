@@ -1,14 +1,17 @@
 """The vocabulary every module shares: op names, the validated call, and the path interface.
 It imports nothing of symcomm's at run time, so any module may import it.
 
-A *path* is one way to run a collective (plain NCCL, NCCL on symmetric windows, one of
-symcomm's kernels, torch.distributed). Each is one object with its whole life:
+A *path* is one way to run an operation (plain NCCL, NCCL on symmetric windows, one of
+symcomm's kernels, torch.distributed, a fused or composite form of an operation). Each is one
+object with its whole life:
 
     open(setup)        collective; returns None, or the reason it is off (the same on every rank)
     add_region(region) collective; the symmetric pool grew by one registered region
     begin_capture() / end_capture(failed)   around a CUDA-graph capture (Communicator.graph_capture)
     why_not(call)      per call: None if it can serve the call, else the reason, for people
     run(call)          per call: enqueue on the current stream (CUDA) or run (CPU)
+    ops                the operations whose dispatch lists it (the collectives by default)
+    compared_offsets(call)  which tensors check mode compares the pool offsets of
     close() / abort()  teardown, bounded by the Communicator; abort() after a timeout
     alarm              None, or an Alarm the path's kernels set when they gave up on a peer
 
@@ -23,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from .operations.base import Dispatcher
     from .peers import Peers
 
-OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")
+OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")  # the collectives
 SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 
 # The paths symcomm ships, in the order a Communicator opens them (symcomm.backends.PATHS).
@@ -36,6 +40,13 @@ PUSH = "custom-push"
 # The current cudaStream_t as an int, without building a torch.cuda.Stream (about 1 us saved per
 # eager call). Absent from CPU builds, where nothing that launches GPU work is opened.
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_stream_capturing = torch.cuda.is_current_stream_capturing
+
+
+def capturing(device: torch.device | None = None) -> bool:
+    """Whether the current CUDA stream is being captured into a graph (never, for a CPU device):
+    the one test every module asks."""
+    return (device is None or device.type == "cuda") and _stream_capturing()
 
 class Alarm:
     """A word in host memory that a path's kernels set, instead of trapping, when they give up
@@ -64,7 +75,7 @@ class Call:
     """
 
     __slots__ = ("op", "inputs", "outputs", "in_ptrs", "out_ptrs", "sizes", "redop", "nbytes", "dtype",
-                 "table_key", "_symmetric")
+                 "table_key", "single", "_symmetric")
 
     def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                  in_ptrs: Sequence[int], out_ptrs: Sequence[int], sizes: list[int] | None,
@@ -79,6 +90,7 @@ class Call:
         self.nbytes = nbytes
         self.dtype = inputs[0].dtype
         self.table_key = table_key or op
+        self.single = True  # all_gatherv: given one tensor (not a list), so it returns one
         self._symmetric: bool | None = None  # memo of the symmetric path's window test
 
     @property
@@ -98,10 +110,13 @@ def runner_table(namespace: dict) -> dict:
 
 class Setup:
     """What a path's open() may use: the peers, the device, the caller's options, the wait
-    bound, and the paths opened before it (by name, open ones only)."""
+    bound, the paths opened before it (by name, open ones only), and the Communicator as the
+    Dispatcher a composite path runs its inner calls through."""
 
-    def __init__(self, peers: Peers, device: torch.device, timeout_s: float, options: dict[str, Any]) -> None:
+    def __init__(self, peers: Peers, device: torch.device, timeout_s: float, options: dict[str, Any],
+                 dispatcher: Dispatcher | None = None) -> None:
         self.peers = peers
+        self.dispatcher = dispatcher
         self.device = device
         self.timeout_s = timeout_s
         self.options = options
@@ -122,6 +137,12 @@ class Path:
     needs_equal_offsets: bool = False
     equal_offsets: tuple[str, ...] = ("x", "out")  # which of them: inputs ("x"), outputs ("out")
     alarm: Alarm | None = None
+    ops: frozenset[str] = frozenset(OPS)
+
+    def compared_offsets(self, call: Call) -> tuple[str, ...]:
+        """The tensors ("x" inputs, "out" outputs) whose pool offsets check mode compares for
+        this call: those this path's kernels read or write at this rank's offset on peers."""
+        return self.equal_offsets if self.needs_equal_offsets else ()
 
     def open(self, setup: Setup) -> str | None:
         return None

@@ -9,53 +9,51 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import torch
 
+from . import base
 from .base import Path
 from .errors import ArgumentError, PeerMismatchError
 
 
-_stream_capturing = torch.cuda.is_current_stream_capturing
+class CaptureBracket:
+    """One Communicator's bracket: at most one session at a time."""
 
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.active = False
 
-def _capturing(comm: Any) -> bool:
-    return comm.device.type == "cuda" and _stream_capturing()
-
-
-@contextlib.contextmanager
-def session(comm: Any, paths: Sequence[Path]) -> Iterator[None]:
-    """``comm`` is the Communicator (not imported: it imports this module)."""
-    comm._require_open()
-    if comm._capturing:
-        raise ArgumentError("graph_capture() is already active on this communicator (it does not nest)")
-    # Every rank raises alike: setup steps inside a capture would end up in the graph.
-    misplaced = ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit "
-                              "inside it: buffers can be registered only outside a capture")
-    if _capturing(comm):
-        raise misplaced
-    comm._capturing = True
-    try:
-        for path in paths:
-            path.begin_capture()
-    except BaseException:
-        comm._capturing = False
-        for path in paths:
-            path.discard_capture()
-        raise
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        comm._capturing = False
-        if _capturing(comm):
+    @contextlib.contextmanager
+    def session(self, paths: Sequence[Path]) -> Iterator[None]:
+        if self.active:
+            raise ArgumentError("graph_capture() is already active on this communicator (it does not nest)")
+        # Every rank raises alike: setup steps inside a capture would end up in the graph.
+        misplaced = ArgumentError("graph_capture() must enclose the torch.cuda.graph(...) block, not sit "
+                                  "inside it: buffers can be registered only outside a capture")
+        if base.capturing(self.device):
+            raise misplaced
+        self.active = True
+        try:
+            for path in paths:
+                path.begin_capture()
+        except BaseException:
+            self.active = False
             for path in paths:
                 path.discard_capture()
-            raise misplaced
-        problems = [p for p in (path.end_capture(failed) for path in paths) if p is not None]
-        if problems and not failed:
-            raise PeerMismatchError(f"graph_capture(): {'; '.join(problems)}. Do not replay the captured "
-                                    f"graph: its custom all-reduces on unregistered buffers refuse to run (the "
-                                    f"next call raises CommTimeoutError), the rest would meet mismatched peers")
+            raise
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            self.active = False
+            if base.capturing(self.device):
+                for path in paths:
+                    path.discard_capture()
+                raise misplaced
+            problems = [p for p in (path.end_capture(failed) for path in paths) if p is not None]
+            if problems and not failed:
+                raise PeerMismatchError(f"graph_capture(): {'; '.join(problems)}. Do not replay the captured "
+                                        f"graph: its custom all-reduces on unregistered buffers refuse to run (the "
+                                        f"next call raises CommTimeoutError), the rest would meet mismatched peers")

@@ -17,26 +17,32 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from typing import TYPE_CHECKING
+
+from . import settings
 from .base import OPS, Call
 from .base import Path as CommPath
-from . import settings
 from .errors import ArgumentError
 
-SYMM = ("nccl-symm", "nccl", "torch")
-PLAIN = ("nccl", "nccl-symm", "torch")
+if TYPE_CHECKING:
+    from .operations.base import Operation
+
+SYMM_FIRST = ("nccl-symm", "nccl", "torch")
+PLAIN_FIRST = ("nccl", "nccl-symm", "torch")
 # symcomm's all-reduce kernels, each followed by the others: a kernel that declines a call
 # (odd size, over capacity) hands it to the next, and NCCL comes last.
-FLAGFREE = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
-ONESHOT = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
-TWOSHOT = ("custom-twoshot", "custom-oneshot")
+FLAGFREE_FIRST = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
+ONESHOT_FIRST = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
+TWOSHOT_FIRST = ("custom-twoshot", "custom-oneshot")
 INF = float("inf")
-PLAIN_ROW = ([INF], [PLAIN])  # a key with no rules: plain NCCL first
+PLAIN_ROW = ([INF], [PLAIN_FIRST])  # a key with no rules: plain NCCL first
 
 # world size -> op -> [(max nbytes, preference)]. World sizes not listed use the nearest
 # smaller one that is.
@@ -46,24 +52,24 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
     # power-of-two size, bf16, CUDA-graph replay, out-of-place.
     2: {
         # Custom kernels: extrapolated from world 4 until `symcomm-bench tune -g 2` replaces them.
-        "all_reduce": [(32 * _KiB, FLAGFREE + SYMM), (512 * _KiB, FLAGFREE + PLAIN), (1 * _MiB, TWOSHOT + PLAIN),
-                       (4 * _MiB, TWOSHOT + SYMM), (8 * _MiB, TWOSHOT + PLAIN), (INF, PLAIN)],
-        "all_gather": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (16 * _MiB, SYMM), (INF, PLAIN)],
+        "all_reduce": [(32 * _KiB, FLAGFREE_FIRST + SYMM_FIRST), (512 * _KiB, FLAGFREE_FIRST + PLAIN_FIRST), (1 * _MiB, TWOSHOT_FIRST + PLAIN_FIRST),
+                       (4 * _MiB, TWOSHOT_FIRST + SYMM_FIRST), (8 * _MiB, TWOSHOT_FIRST + PLAIN_FIRST), (INF, PLAIN_FIRST)],
+        "all_gather": [(128 * _KiB, SYMM_FIRST), (512 * _KiB, PLAIN_FIRST), (16 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
         # In place, the symmetric kernel keeps winning up to 128 MiB (220 vs 225 us), unlike
         # out of place (304 vs 234 us).
-        "all_gather:inplace": [(128 * _MiB, SYMM), (INF, PLAIN)],
-        "reduce_scatter": [(64 * _KiB, SYMM), (1 * _MiB, PLAIN), (4 * _MiB, SYMM), (INF, PLAIN)],
+        "all_gather:inplace": [(128 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
+        "reduce_scatter": [(64 * _KiB, SYMM_FIRST), (1 * _MiB, PLAIN_FIRST), (4 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
     },
     4: {
         # Custom kernels (2026-11-22 sweep, bf16, graph replay): flag-free fastest to 512 KiB
         # (5.5 us at 64 KiB vs 15.0 for NCCL), two-shot from 1 MiB to 4 MiB (39 vs 42 us).
-        "all_reduce": [(64 * _KiB, FLAGFREE + SYMM), (512 * _KiB, FLAGFREE + PLAIN), (1 * _MiB, TWOSHOT + PLAIN),
-                       (8 * _MiB, TWOSHOT + SYMM), (INF, PLAIN)],
-        "all_gather": [(INF, SYMM)],
+        "all_reduce": [(64 * _KiB, FLAGFREE_FIRST + SYMM_FIRST), (512 * _KiB, FLAGFREE_FIRST + PLAIN_FIRST), (1 * _MiB, TWOSHOT_FIRST + PLAIN_FIRST),
+                       (8 * _MiB, TWOSHOT_FIRST + SYMM_FIRST), (INF, PLAIN_FIRST)],
+        "all_gather": [(INF, SYMM_FIRST)],
         # In place (x is this rank's slice of out), NCCL's symmetric all-gather loses from
         # 64 MiB: 181 vs 174 us there, 682 vs 606 us at 256 MiB.
-        "all_gather:inplace": [(32 * _MiB, SYMM), (INF, PLAIN)],
-        "reduce_scatter": [(128 * _KiB, SYMM), (512 * _KiB, PLAIN), (8 * _MiB, SYMM), (INF, PLAIN)],
+        "all_gather:inplace": [(32 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
+        "reduce_scatter": [(128 * _KiB, SYMM_FIRST), (512 * _KiB, PLAIN_FIRST), (8 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
     },
 }
 # Rows a table may leave out, and the row that stands in: the v-variants with equal sizes
@@ -102,18 +108,21 @@ class DispatchTable:
 
 
 def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str], call: Call,
-           algo: str = "auto", explain: bool = False) -> tuple[CommPath | None, Choice | None]:
-    """The one place a path is chosen: the launch, Communicator.select() and the benchmark's
-    ``auto`` all come through here.
+           algo: str = "auto", explain: bool = False, operation: Operation | None = None,
+           asked: str | None = None) -> tuple[CommPath | None, Choice | None]:
+    """The one place a path is chosen: every operation's launch, Communicator.select() and the
+    benchmark's ``auto`` all come through here.
 
-    ``paths`` are the open paths by name, ``off`` the others with the reason they are off.
-    ``algo="auto"`` takes the first path of the table's preference that can serve the call; a
-    path name forces that path. Returns (path, None), or with ``explain`` (path, Choice) where
-    the Choice names every other path and why it was passed over. Raises ArgumentError when
-    nothing can serve the call, before any communication.
+    ``paths`` are the operation's open paths by name, ``off`` the others with the reason they are
+    off. ``algo="auto"`` takes the first path of the operation's order (its table row) that can
+    serve the call; a path name forces that path (the operation resolved what ``algo=`` named
+    before, from what the caller ``asked``). Returns (path, None), or with ``explain`` (path,
+    Choice) where the Choice names every other path and why it was passed over. Raises
+    ArgumentError when nothing can serve the call, before any communication.
     """
     if algo == "auto":
-        preference = table.preference(call.table_key, call.nbytes)
+        preference = (operation.order(table, call) if operation is not None
+                      else table.preference(call.table_key, call.nbytes))
         if not explain:
             for name in preference:
                 path = paths.get(name)
@@ -121,6 +130,8 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
                     return path, None
         chosen: CommPath | None = None
         rejected: dict[str, str] = {}
+        ranking = (operation.ranking(table, call) if operation is not None
+                   else f"at {call.nbytes} bytes by the {table.source} table")
         for name in (*preference, *(n for n in (*paths, *off) if n not in preference)):
             path = paths.get(name)
             reason = off.get(name, "not opened") if path is None else path.why_not(call)
@@ -128,9 +139,7 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
                 chosen = path
             elif name not in rejected and (chosen is None or name != chosen.name):
                 rejected[name] = reason or (f"not in the {table.source} table's row for {call.table_key}"
-                                            if name not in preference else
-                                            f"ranked below {chosen.name} at {call.nbytes} bytes by the "
-                                            f"{table.source} table")
+                                            if name not in preference else f"ranked below {chosen.name} {ranking}")
         if chosen is None:
             raise ArgumentError(f"no path can serve this {call.op}: "
                                 + "; ".join(f"{n}: {r}" for n, r in rejected.items()))
@@ -143,7 +152,64 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
     reason = path.why_not(call)
     if reason is not None:
         raise ArgumentError(f"algo={algo!r} cannot serve this {call.op}: {reason}")
-    return path, (Choice(algo, {}) if explain else None)
+    if not explain:
+        return path, None
+    why = (f"not requested (algo={algo!r})" if asked in (None, algo) else
+           f"algo={asked!r} forces {algo} (with that path inside it)")
+    return path, Choice(algo, {n: why for n in (*paths, *off) if n != algo})
+
+
+class Router:
+    """One communicator's dispatch: its table and, per operation, its paths (the open ones by
+    name, the others with their reason, and all of them in open order: check mode's codes). It
+    is the Dispatcher composite paths and operations' resolve() ask (operations/base.py)."""
+
+    def __init__(self, table: DispatchTable, operations: dict[str, Operation], rank: int) -> None:
+        self.table = table
+        self.operations = operations
+        self.rank = rank
+        self._paths: dict[str, dict[str, CommPath]] = {op: {} for op in operations}
+        self._off: dict[str, dict[str, str]] = {op: {} for op in operations}
+        self._names: dict[str, list[str]] = {op: [] for op in operations}
+
+    def add(self, path: CommPath, reason: str | None) -> None:
+        """List ``path`` (open when ``reason`` is None) under every operation it serves."""
+        for op in path.ops & self.operations.keys():
+            self._names[op].append(path.name)
+            if reason is None:
+                self._paths[op][path.name] = path
+            else:
+                self._off[op][path.name] = reason
+
+    def clear(self) -> None:
+        for paths in self._paths.values():
+            paths.clear()
+
+    def paths_of(self, op: str) -> dict[str, CommPath]:
+        return self._paths[op]
+
+    def off_of(self, op: str) -> dict[str, str]:
+        return self._off[op]
+
+    def names_of(self, op: str) -> list[str]:
+        return self._names[op]
+
+    def choose(self, operation: Operation, call: Call, algo: str = "auto",
+               explain: bool = False) -> tuple[CommPath | None, Choice | None]:
+        """choose() for a call of ``operation``, after the operation resolved what ``algo`` names."""
+        asked = algo
+        if algo != "auto":
+            algo = operation.resolve(call, algo, self)
+        name = operation.name
+        return choose(self.table, self._paths[name], self._off[name], call, algo, explain, operation, asked)
+
+    def choose_inner(self, call: Call, algo: str) -> CommPath:
+        """The path for ``call``, already validated by the composite operation that makes it: no
+        second validation, no check-mode exchange (the composite's own check covers it)."""
+        return self.choose(self.operations[call.op], call, algo)[0]
+
+    def explain_inner(self, call: Call, algo: str) -> Choice:
+        return self.choose(self.operations[call.op], call, algo, explain=True)[1]
 
 
 def builtin_table(world_size: int) -> DispatchTable:
@@ -157,9 +223,9 @@ TUNING_ENV = "SYMCOMM_TUNING_FILE"
 TUNING_VERSION = 1
 PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
 INPLACE_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
-# all_reduce_rmsnorm's row ranks its norm paths (symcomm/fused_norm.py), by x's bytes.
-NORM_KEY = "all_reduce_rmsnorm"
-TABLE_KEYS = (*OPS, *INPLACE_KEYS, NORM_KEY)
+# The rows a table may hold: the shipped operations' (all_reduce_rmsnorm's ranks its norm paths
+# by x's bytes); a Communicator built with more operations accepts their rows too.
+TABLE_KEYS = (*OPS, *INPLACE_KEYS, "all_reduce_rmsnorm")
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -179,7 +245,7 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def check_tuning(payload: Any) -> TuningFile:
+def check_tuning(payload: Any, keys: Sequence[str] = TABLE_KEYS) -> TuningFile:
     """Validates a tuning file's JSON and converts its rules; raises ValueError saying what is
     wrong. Only the fields dispatch needs are required: the rest (versions, date, command,
     raw times) is a record for people."""
@@ -195,12 +261,12 @@ def check_tuning(payload: Any) -> TuningFile:
     rules = payload.get("rules")
     if not isinstance(rules, dict) or not rules:
         raise ValueError("rules must be a non-empty object")
-    return TuningFile(gpu, world, {key: _check_steps(key, steps) for key, steps in rules.items()})
+    return TuningFile(gpu, world, {key: _check_steps(key, steps, keys) for key, steps in rules.items()})
 
 
-def _check_steps(key: str, steps: Any) -> list[tuple[float, tuple[str, ...]]]:
-    if key not in TABLE_KEYS:
-        raise ValueError(f"unknown rule key {key!r} (known: {', '.join(TABLE_KEYS)})")
+def _check_steps(key: str, steps: Any, keys: Sequence[str]) -> list[tuple[float, tuple[str, ...]]]:
+    if key not in keys:
+        raise ValueError(f"unknown rule key {key!r} (known: {', '.join(keys)})")
     if not isinstance(steps, list) or not steps:
         raise ValueError(f"rules[{key!r}] must be a non-empty list of [max_bytes, [paths]]")
     out: list[tuple[float, tuple[str, ...]]] = []
@@ -229,26 +295,26 @@ def _check_steps(key: str, steps: Any) -> list[tuple[float, tuple[str, ...]]]:
     return out
 
 
-def read_tuning(path: str | Path) -> TuningFile:
+def read_tuning(path: str | Path, keys: Sequence[str] = TABLE_KEYS) -> TuningFile:
     """Reads and checks one tuning file; ArgumentError names the file and the problem."""
     try:
         with open(path, encoding="utf-8") as fh:
             payload = json.load(fh)
-        return check_tuning(payload)
+        return check_tuning(payload, keys)
     except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ArgumentError(f"tuning file {path}: {detail}") from None
 
 
 def load_table(world_size: int, device: torch.device, env: dict[str, str] | None = None,
-               packaged: Path = PACKAGED_DIR) -> DispatchTable:
+               packaged: Path = PACKAGED_DIR, keys: Sequence[str] = TABLE_KEYS) -> DispatchTable:
     """The table a communicator dispatches with. In order: the file named by
     SYMCOMM_TUNING_FILE (which must match this GPU and world size, else ArgumentError); a
     packaged table measured on this GPU at this world size; the built-in table."""
     name = device_name(device)
     path = settings.tuning_file() if env is None else env.get(TUNING_ENV)
     if path:
-        tuned = read_tuning(path)
+        tuned = read_tuning(path, keys)
         if tuned.world_size != world_size:
             raise ArgumentError(f"tuning file {path}: measured at world size {tuned.world_size}, "
                                 f"but this communicator has {world_size} ranks ({TUNING_ENV})")

@@ -66,7 +66,7 @@ def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:
     return _round_up(rows, 128), _round_up(cols, 4)
 
 
-def _check_x(x: object, name: str = "x") -> tuple[int, int]:
+def check_rows(x: object, name: str = "x") -> tuple[int, int]:
     if not isinstance(x, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
@@ -113,12 +113,12 @@ def _check_value(value: float, name: str) -> None:
         raise ArgumentError(f"{name} must be finite and > 0 in float32, got {value}")
 
 
-def _gs_tensor(gs: GlobalScale) -> torch.Tensor:
+def scale_tensor(gs: GlobalScale) -> torch.Tensor:
     """0-dim fp32 for the reference; a CPU scalar tensor mixes with tensors on any device."""
     return gs.reshape(()) if isinstance(gs, torch.Tensor) else torch.tensor(gs, dtype=torch.float32)
 
 
-def _scales_shape(n: int, h: int, swizzled: bool) -> tuple[int, int]:
+def scales_shape(n: int, h: int, swizzled: bool) -> tuple[int, int]:
     return swizzled_shape(n, h // BLOCK) if swizzled else (n, h // BLOCK)
 
 
@@ -135,7 +135,7 @@ def _check_quantized(packed: object, scales: object, swizzled: bool) -> tuple[in
     n, h = packed.shape[0], packed.shape[1] * 2
     if not isinstance(scales, torch.Tensor):
         raise ArgumentError(f"scales must be a torch.Tensor, got {type(scales).__name__}")
-    validate.given("scales", scales, _scales_shape(n, h, swizzled), torch.float8_e4m3fn, packed.device)
+    validate.given("scales", scales, scales_shape(n, h, swizzled), torch.float8_e4m3fn, packed.device)
     return n, h
 
 
@@ -162,8 +162,8 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
 def quantize_reference(x: torch.Tensor, global_scale: GlobalScale,
                        swizzle: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The format's definition in plain torch (any device, slow): (packed, scales)."""
-    n, h = _check_x(x)
-    gs = _gs_tensor(check_global_scale(global_scale, x.device))
+    n, h = check_rows(x)
+    gs = scale_tensor(check_global_scale(global_scale, x.device))
     xf = x.float().reshape(n, h // BLOCK, BLOCK)
     amax = xf.abs().amax(dim=-1)  # NaN propagates
     s = (gs * amax / 6.0).clamp(max=E4M3_MAX)
@@ -181,7 +181,7 @@ def dequantize_reference(packed: torch.Tensor, scales: torch.Tensor, global_scal
     """Inverse of quantize_reference, in plain torch: [rows, H] of ``dtype``."""
     n, h = _check_quantized(packed, scales, swizzled)
     dtype = _check_dtype(dtype)
-    gs = _gs_tensor(check_global_scale(global_scale, packed.device))
+    gs = scale_tensor(check_global_scale(global_scale, packed.device))
     if swizzled:
         scales = unswizzle_scales(scales, n, h // BLOCK)
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(n, h // BLOCK, BLOCK).long()
@@ -256,7 +256,7 @@ def global_scale_for(x: torch.Tensor, comm=None) -> torch.Tensor:
 _NATIVE: list = []  # [lib or None, reason], filled once
 
 
-def _native_lib() -> ctypes.CDLL | None:
+def native_lib() -> ctypes.CDLL | None:
     if not _NATIVE:
         try:
             _NATIVE[:] = [_native.load().lib, None]
@@ -267,7 +267,7 @@ def _native_lib() -> ctypes.CDLL | None:
 
 def native_available() -> tuple[bool, str | None]:
     """Whether csrc/fp4.cu's kernels are loaded, and if not, why."""
-    _native_lib()
+    native_lib()
     return _NATIVE[0] is not None, _NATIVE[1]
 
 
@@ -275,13 +275,13 @@ def _check_rc(lib: ctypes.CDLL, what: str, rc: int) -> None:
     _native.check(lib, what, rc)
 
 
-def _stream(device: torch.device) -> int:
+def current_stream(device: torch.device) -> int:
     if raw_stream is not None:
         return raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _on(device: torch.device):
+def on_device(device: torch.device):
     """Kernels launch on the current device: switch only when the tensor lives elsewhere."""
     return _SAME_DEVICE if device.index == torch.cuda.current_device() else torch.cuda.device(device)
 
@@ -289,7 +289,7 @@ def _on(device: torch.device):
 _SAME_DEVICE = contextlib.nullcontext()
 
 
-def _scale_args(gs: GlobalScale) -> tuple[int | None, float]:
+def launch_scale(gs: GlobalScale) -> tuple[int | None, float]:
     return (gs.data_ptr(), 0.0) if isinstance(gs, torch.Tensor) else (None, gs)
 
 
@@ -304,9 +304,9 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     with torch.empty, so inside ``use_symmetric_memory`` they land in symmetric memory; or
     pass ``out=(packed, scales)``.
     """
-    n, h = _check_x(x)
+    n, h = check_rows(x)
     gs = check_global_scale(global_scale, x.device)
-    s_shape = _scales_shape(n, h, swizzle)
+    s_shape = scales_shape(n, h, swizzle)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ArgumentError("out must be a (packed, scales) pair")
@@ -315,16 +315,16 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     else:
         packed = torch.empty((n, h // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty(s_shape, dtype=torch.float8_e4m3fn, device=x.device)
-    lib = _native_lib() if x.is_cuda else None
+    lib = native_lib() if x.is_cuda else None
     if lib is None:
         ref_packed, ref_scales = quantize_reference(x, gs, swizzle)
         packed.copy_(ref_packed)
         scales.view(torch.uint8).copy_(ref_scales.view(torch.uint8))
         return packed, scales
-    gs_ptr, gs_value = _scale_args(gs)
-    with _on(x.device):
+    gs_ptr, gs_value = launch_scale(gs)
+    with on_device(x.device):
         rc = lib.symcomm_fp4_quantize(x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, gs_ptr, gs_value,
-                                      packed.data_ptr(), scales.data_ptr(), int(swizzle), _stream(x.device))
+                                      packed.data_ptr(), scales.data_ptr(), int(swizzle), current_stream(x.device))
     _check_rc(lib, "symcomm_fp4_quantize", rc)
     return packed, scales
 
@@ -340,20 +340,20 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
         out = torch.empty((n, h), dtype=dtype, device=packed.device)
     else:
         out = validate.given("out", out, (n, h), dtype, packed.device)
-    lib = _native_lib() if packed.is_cuda else None
+    lib = native_lib() if packed.is_cuda else None
     if lib is None:
         return out.copy_(dequantize_reference(packed, scales, gs, dtype, swizzled))
-    gs_ptr, gs_value = _scale_args(gs)
-    with _on(packed.device):
+    gs_ptr, gs_value = launch_scale(gs)
+    with on_device(packed.device):
         rc = lib.symcomm_fp4_dequantize(packed.data_ptr(), scales.data_ptr(), n, h, gs_ptr, gs_value, int(swizzled),
-                                        out.data_ptr(), _native.DTYPE_CODES[dtype], _stream(packed.device))
+                                        out.data_ptr(), _native.DTYPE_CODES[dtype], current_stream(packed.device))
     _check_rc(lib, "symcomm_fp4_dequantize", rc)
     return out
 
 
 # ------------------------------------------------------------------------------ host entries
-def _host_lib() -> ctypes.CDLL:
-    lib = _native_lib()
+def host_lib() -> ctypes.CDLL:
+    lib = native_lib()
     if lib is None:
         raise SymcommError(f"csrc/fp4.cu is not loaded: {_NATIVE[1]}")
     return lib
@@ -362,14 +362,14 @@ def _host_lib() -> ctypes.CDLL:
 def quantize_host(x: torch.Tensor, global_scale: float, swizzle: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """csrc/fp4.cu's per-block code run on the CPU, for CPU tensors. It exists so that machines
     without a GPU can check the kernel's math against ``quantize_reference``."""
-    n, h = _check_x(x)
+    n, h = check_rows(x)
     if x.device.type != "cpu":
         raise ArgumentError(f"x must be on the CPU for quantize_host, got {x.device}")
     gs = check_global_scale(global_scale, x.device)
     gs = float(gs.item()) if isinstance(gs, torch.Tensor) else gs
     packed = torch.empty((n, h // 2), dtype=torch.uint8)
-    scales = torch.empty(_scales_shape(n, h, swizzle), dtype=torch.float8_e4m3fn)
-    lib = _host_lib()
+    scales = torch.empty(scales_shape(n, h, swizzle), dtype=torch.float8_e4m3fn)
+    lib = host_lib()
     _check_rc(lib, "symcomm_fp4_quantize_host", lib.symcomm_fp4_quantize_host(
         x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, gs, packed.data_ptr(), scales.data_ptr(), int(swizzle)))
     return packed, scales
@@ -385,7 +385,7 @@ def dequantize_host(packed: torch.Tensor, scales: torch.Tensor, global_scale: fl
     gs = check_global_scale(global_scale, packed.device)
     gs = float(gs.item()) if isinstance(gs, torch.Tensor) else gs
     out = torch.empty((n, h), dtype=dtype)
-    lib = _host_lib()
+    lib = host_lib()
     _check_rc(lib, "symcomm_fp4_dequantize_host", lib.symcomm_fp4_dequantize_host(
         packed.data_ptr(), scales.data_ptr(), n, h, gs, int(swizzled), out.data_ptr(), _native.DTYPE_CODES[dtype]))
     return out

@@ -12,18 +12,21 @@ from .bounded import bounded
 from .errors import CommTimeoutError
 
 
-def open_paths(factories: Sequence[PathFactory], setup: Setup, opened: list[Path]) -> None:
+def open_paths(factories: Sequence[PathFactory], setup: Setup, opened: list[Path],
+               reasons: list[str | None]) -> None:
     """Collective: build and open each path in order. Every path tried is appended to ``opened``
-    as soon as it exists (so a failure part way leaves the caller able to close it); the open
-    ones land in ``setup.opened`` and the others, with their reason, in ``setup.off``."""
+    as soon as it exists (so a failure part way leaves the caller able to close it), and its
+    reason to stay off (None: open) to ``reasons``. Later paths find the earlier ones by name in
+    ``setup.opened`` and ``setup.off`` (the collectives' paths: composite ones share names)."""
     for factory in factories:
         path = factory()
         opened.append(path)
         reason = path.open(setup)
+        reasons.append(reason)
         if reason is None:
-            setup.opened[path.name] = path
+            setup.opened.setdefault(path.name, path)
         else:
-            setup.off[path.name] = reason
+            setup.off.setdefault(path.name, reason)
 
 
 def close_paths(opened: Sequence[Path], timeout_s: float, device: torch.device | None) -> None:

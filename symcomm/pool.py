@@ -17,6 +17,7 @@ import torch
 
 from ._native import Native
 from ._nccl import Library
+from .base import capturing
 from .errors import PeerMismatchError, SymcommError, SymmetricMemoryError
 from .peers import Exchange
 
@@ -110,7 +111,7 @@ class SymmetricPool:
 
     def reserve(self, nbytes: int) -> Region:
         """Collective: add one region of ``nbytes`` (rounded up to 2 MiB) on every rank."""
-        if torch.cuda.is_current_stream_capturing():
+        if capturing():
             raise SymmetricMemoryError(
                 "reserve_symmetric() registers an NCCL window, a collective that cannot run "
                 "during CUDA-graph capture; reserve before capturing")

@@ -1,4 +1,4 @@
-"""Argument checks that turn a collective's arguments into a Call, before any communication.
+"""The argument rules operations are built from (symcomm/operations/), before any communication.
 
 Each rule raises ArgumentError (a ValueError) or DtypeError (also a TypeError) naming the
 argument and the rule. ``out=None`` allocates the output with torch.empty, so inside
@@ -14,12 +14,11 @@ import torch
 import torch.distributed as dist
 
 from . import settings
-from .base import Call
 from .errors import ArgumentError, DtypeError
 
 REDOPS = ("sum", "prod", "max", "min", "avg")
-_REDOP_SET = frozenset(REDOPS)
-_UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
+REDOP_SET = frozenset(REDOPS)
+UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
 
 # These checks run on every eager call, inside the <= 3 us budget symcomm may add over a raw
 # ctypes NCCL call (bench/eager_overhead.py). So the happy path reads a few cheap attributes
@@ -105,9 +104,9 @@ def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -
 
 
 def redop(op: object, dtype: torch.dtype) -> str:
-    if op not in _REDOP_SET:
+    if op not in REDOP_SET:
         raise ArgumentError(f"op must be one of {', '.join(REDOPS)}, got {op!r}")
-    if dtype in _UNREDUCIBLE:
+    if dtype in UNREDUCIBLE:
         raise DtypeError(f"cannot reduce dtype {dtype}")
     if op == "avg" and not dtype.is_floating_point:
         raise DtypeError(f"op='avg' needs a floating-point dtype, got {dtype}")
@@ -158,7 +157,7 @@ def check_extent(name: str, rows: int, like: torch.Tensor) -> None:
                             f"(2**62 bytes); check sizes")
 
 
-def _in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr: int,
+def in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr: int,
               whole_nbytes: int, slot_ptr: int) -> bool:
     """True if ``part`` sits exactly at this rank's slot of ``whole`` (an in-place call), False
     if the two are disjoint. Any other overlap would let NCCL overwrite what it still reads."""
@@ -168,108 +167,3 @@ def _in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr:
         return True
     raise ArgumentError(f"{part} overlaps {whole} but is not this rank's slice of it: pass this "
                         f"rank's slice for an in-place call, or non-overlapping tensors")
-
-
-def all_reduce(x: object, out: object, op: object, device: torch.device) -> Call:
-    # The hottest eager path: the common case is inlined, the helpers only raise.
-    x = tensor("x", x, device)
-    dtype = x.dtype
-    if op not in _REDOP_SET or dtype in _UNREDUCIBLE or (op == "avg" and not dtype.is_floating_point):
-        redop(op, dtype)
-    x_ptr, nbytes = x.data_ptr(), x.nbytes
-    if out is None:
-        out = torch.empty_like(x)
-        out_ptr = out.data_ptr()
-    elif out is x:
-        out_ptr = x_ptr
-    else:
-        out = tensor("out", out, device)
-        if out.dtype is not dtype or out.shape != x.shape:
-            output("out", out, x.shape, x)
-        out_ptr = out.data_ptr()
-        if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
-            _in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)  # raises: partial overlap
-    # In place measured differently (one-shot stages an in-place input): its own table row.
-    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes,
-                "all_reduce:inplace" if out_ptr == x_ptr else None)
-
-
-def all_gather(x: object, out: object, rank: int, world_size: int, device: torch.device) -> Call:
-    x = tensor("x", x, device)
-    n = rows("x", x)
-    out = output("out", out, (world_size * n, *x.shape[1:]), x)
-    x_ptr, out_ptr, nbytes = x.data_ptr(), out.data_ptr(), out.nbytes
-    call = Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, nbytes)
-    if _in_place("x", x_ptr, x.nbytes, "out", out_ptr, nbytes, out_ptr + rank * x.nbytes):
-        call.table_key = "all_gather:inplace"
-    return call
-
-
-def reduce_scatter(x: object, out: object, op: object, rank: int, world_size: int,
-                   device: torch.device) -> Call:
-    x = tensor("x", x, device)
-    op = redop(op, x.dtype)
-    n = rows("x", x)
-    if n % world_size:
-        raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
-    out = output("out", out, (n // world_size, *x.shape[1:]), x)
-    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    inplace = _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
-    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes,
-                "reduce_scatter:inplace" if inplace else None)
-
-
-def all_gatherv(tensors: object, sizes: object, out: object, rank: int, world_size: int,
-                device: torch.device) -> Call:
-    single = isinstance(tensors, torch.Tensor)
-    xs = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) else None
-    if not xs:
-        raise ArgumentError("tensors must be a tensor or a non-empty list of tensors")
-    sizes = sizes_arg(sizes, world_size)
-    if out is None:
-        outs = [None] * len(xs)
-    elif single:
-        outs = [out]
-    elif isinstance(out, (list, tuple)) and len(out) == len(xs):
-        outs = list(out)
-    else:
-        raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
-    total, before = sum(sizes), sum(sizes[:rank])
-    for i, x in enumerate(xs):
-        name, out_name = ("tensors", "out") if single else (f"tensors[{i}]", f"out[{i}]")
-        xs[i] = x = tensor(name, x, device)
-        if rows(name, x) != sizes[rank]:
-            raise ArgumentError(f"{name} has {x.shape[0]} rows, but sizes[{rank}] (this rank) is {sizes[rank]}")
-        check_extent(out_name, total, x)
-        outs[i] = o = output(out_name, outs[i], (total, *x.shape[1:]), x)
-        row_bytes = o.nbytes // total if total else 0
-        _in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)
-    in_ptrs, out_ptrs = [x.data_ptr() for x in xs], [o.data_ptr() for o in outs]
-    return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs))
-
-
-def reduce_scatterv(x: object, sizes: object, out: object, op: object, rank: int, world_size: int,
-                    device: torch.device) -> Call:
-    x = tensor("x", x, device)
-    op = redop(op, x.dtype)
-    sizes = sizes_arg(sizes, world_size)
-    total = sum(sizes)
-    if rows("x", x) != total:
-        raise ArgumentError(f"x has {x.shape[0]} rows, but sizes add up to {total}")
-    out = output("out", out, (sizes[rank], *x.shape[1:]), x)
-    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    row_bytes = x.nbytes // total if total else 0
-    _in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + sum(sizes[:rank]) * row_bytes)
-    return Call("reduce_scatterv", (x,), (out,), (x_ptr,), (out_ptr,), sizes, op, x.nbytes)
-
-
-# op -> builder(comm, x, out, sizes, reduce_op), for Communicator.select(), which names the op
-# as a string; the collectives call their own builder directly.
-BUILDERS = {
-    "all_reduce": lambda c, x, out, sizes, redop: all_reduce(x, out, redop, c.device),
-    "all_gather": lambda c, x, out, sizes, redop: all_gather(x, out, c.rank, c.world_size, c.device),
-    "all_gatherv": lambda c, x, out, sizes, redop: all_gatherv(x, sizes, out, c.rank, c.world_size, c.device),
-    "reduce_scatter": lambda c, x, out, sizes, redop: reduce_scatter(x, out, redop, c.rank, c.world_size, c.device),
-    "reduce_scatterv": lambda c, x, out, sizes, redop: reduce_scatterv(x, sizes, out, redop, c.rank, c.world_size,
-                                                                       c.device),
-}

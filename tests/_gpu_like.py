@@ -14,12 +14,16 @@ import torch
 
 import symcomm
 from symcomm import _nccl
-from symcomm.backends import custom
-from symcomm.backends.custom import CustomAllReduce, CustomPath, Kernels
+from symcomm.backends.composite import UnfusedFp4Path, reference_norm, unfused_norm
+from symcomm.backends.custom_ar import AllReduceKernelPath
+from symcomm.backends.fp4_push import FusedPushFp4Path
+from symcomm.backends.fused_norm_ar import FusedNormPath
 from symcomm.backends.nccl import NcclPath, NcclSymmPath
 from symcomm.backends.peer_gather import PushPath
 from symcomm.backends.torch_dist import TorchPath
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
+from symcomm.peer import context as peer_context
+from symcomm.peer.setup import SHARED_KEY, SharedContext
 
 GRANULE = 1 << 21
 POOL_BYTES = 600 << 20  # holds a 256 MiB input and output side by side
@@ -50,11 +54,12 @@ def communicator(pool: Pool) -> symcomm.Communicator:
     GPUs of one host, with ``pool`` mapped."""
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     cpu = torch.device("cpu")
-    state = CustomAllReduce(SimpleNamespace(), 1, rank, world, cpu, custom.DEFAULT_STAGING_BYTES,
-                            custom.DEFAULT_FLAGFREE_BYTES, custom.DEFAULT_GRAPH_SLOTS, pool.granules, 30.0)
+    state = peer_context.PeerContext(SimpleNamespace(), 1, rank, world, cpu, peer_context.DEFAULT_STAGING_BYTES,
+                                     peer_context.DEFAULT_FLAGFREE_BYTES, peer_context.DEFAULT_GRAPH_SLOTS,
+                                     pool.granules, 30.0)
     state.region_slots[pool.base] = 1
     state.region_numbers[pool.base] = 0
-    kernels = Kernels(state)
+    shared = SharedContext(state)
 
     class Nccl(NcclPath):
         def open(self, setup):
@@ -71,20 +76,21 @@ def communicator(pool: Pool) -> symcomm.Communicator:
         def close(self):
             pass
 
-    class Kernel(CustomPath):
-        def open(self, setup):
-            return None
+    def on_shared(cls, *args):
+        """``cls`` over the fake context: its open() finds the context already shared (as the
+        first peer path's open would leave it), and its close() touches no device."""
+        class Fake(cls):
+            def open(self, setup):
+                setup.shared[SHARED_KEY] = shared
+                return super().open(setup)
 
-        def close(self):
-            pass
+            def close(self):
+                pass
+        return lambda: Fake(*args)
 
-    class Push(PushPath):
-        def open(self, setup):
-            return None
-
-        def close(self):
-            pass
-
-    paths = (Nccl, Symm, lambda: Kernel(FLAGFREE, kernels), lambda: Kernel(ONESHOT, kernels),
-             lambda: Kernel(TWOSHOT, kernels), lambda: Push(kernels), TorchPath)
+    paths = (Nccl, Symm, on_shared(AllReduceKernelPath, FLAGFREE), on_shared(AllReduceKernelPath, ONESHOT),
+             on_shared(AllReduceKernelPath, TWOSHOT), on_shared(PushPath), TorchPath,
+             on_shared(FusedNormPath, "fused-flagfree"), on_shared(FusedNormPath, "fused-oneshot"),
+             on_shared(FusedNormPath, "fused-twoshot"), unfused_norm, reference_norm, on_shared(FusedPushFp4Path),
+             UnfusedFp4Path)
     return symcomm.Communicator(paths=paths, timeout_s=60)

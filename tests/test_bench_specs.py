@@ -13,6 +13,7 @@ import torch
 
 import symcomm
 from symcomm.bench import ops
+from symcomm.operations import OPERATIONS
 from symcomm.bench.spec import Buffers
 
 BENCH = Path(ops.__file__).resolve().parent
@@ -23,9 +24,10 @@ CONSUMERS = ("runner", "report", "tune", "baseline", "cli", "plot", "timing", "d
 
 
 def communicator_collectives() -> set[str]:
-    """Public Communicator methods that take ``algo``: the collectives a caller can time."""
-    return {name for name, fn in inspect.getmembers(symcomm.Communicator, inspect.isfunction)
-            if not name.startswith("_") and "algo" in inspect.signature(fn).parameters}
+    """Every operation a Communicator runs (symcomm.operations.OPERATIONS), each with its method."""
+    names = {op.name for op in OPERATIONS}
+    assert all(inspect.isfunction(getattr(symcomm.Communicator, name)) for name in names)
+    return names
 
 
 def test_every_communicator_collective_has_exactly_one_spec():

@@ -11,7 +11,8 @@ import symcomm
 
 from symcomm.bench import report as rp
 from symcomm.bench import tune
-from symcomm.dispatch import INF, NORM_KEY, check_tuning
+from symcomm.dispatch import INF, check_tuning
+from symcomm.rmsnorm import OP as NORM_KEY
 
 from _spawn import run_world
 from test_bench_cli import bench, table_rows

@@ -7,17 +7,23 @@ import torch
 
 import symcomm
 from symcomm import _native, dispatch
-from symcomm.backends import custom
+from symcomm.backends import custom_ar
+from symcomm.peer import capture as peer_capture
+from symcomm.peer import context as peer_context
+from symcomm.peer import setup as peer_setup
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT, Call
 from symcomm.pool import GRANULE_SHIFT
+from types import SimpleNamespace
+
+from symcomm import base
 
 
 class FakeState:
     """What CustomPath reads of CustomAllReduce, with no CUDA behind it."""
 
     def __init__(self, granules=None, can_register=True, graph_slots=8):
-        self.flagfree_bytes = custom.DEFAULT_FLAGFREE_BYTES
-        self.staging_bytes = custom.DEFAULT_STAGING_BYTES
+        self.flagfree_bytes = peer_context.DEFAULT_FLAGFREE_BYTES
+        self.staging_bytes = peer_context.DEFAULT_STAGING_BYTES
         self.granules = granules
         self.can_register = can_register
         self.graph_slots = graph_slots
@@ -29,9 +35,11 @@ class FakeState:
         self.graph_slots_of = {}
         self.alarm = None
 
-    next_free_slot = custom.CustomAllReduce.next_free_slot
-    region_of = custom.CustomAllReduce.region_of
-    session = custom.CustomAllReduce.session
+    next_free_slot = peer_context.PeerContext.next_free_slot
+    region_of = peer_context.PeerContext.region_of
+    session = peer_context.PeerContext.session
+    input_of = peer_context.PeerContext.input_of
+    _record = peer_context.PeerContext._record
 
     def guard(self, session):
         session.token = 1
@@ -45,21 +53,21 @@ def _call(numel=1024, dtype=torch.bfloat16, op="all_reduce", redop="sum", in_ptr
 
 
 def test_library_exports_every_entry_point():
-    lib = custom.load_library()  # CI builds csrc/ with nvcc, so this must load
+    lib = peer_setup.load_library()  # CI builds csrc/ with nvcc, so this must load
     for name in (n for n in _native.SIGNATURES if n.startswith("symcomm_ar_")):
         assert getattr(lib, name) is not None
     assert lib.symcomm_cuda_error_string(1) == b"invalid argument"
 
 
-@pytest.mark.parametrize("algo", custom.ALGO_CODES)
+@pytest.mark.parametrize("algo", custom_ar.ALGO_CODES)
 def test_accepts_sums_of_supported_dtypes_in_whole_vectors(algo):
-    backend = custom.CustomPath(algo, custom.Kernels(FakeState()))
+    backend = custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(FakeState()))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert backend.why_not(_call(dtype=dtype)) is None
     assert backend.why_not(_call(numel=0)) is None
 
 
-@pytest.mark.parametrize("algo", custom.ALGO_CODES)
+@pytest.mark.parametrize("algo", custom_ar.ALGO_CODES)
 @pytest.mark.parametrize("call,reason", [
     (_call(op="all_gather"), "all_reduce only"),
     (_call(redop="max"), "only sum"),
@@ -69,25 +77,25 @@ def test_accepts_sums_of_supported_dtypes_in_whole_vectors(algo):
     (_call(out_ptr=(2 << 30) + 4), "16-byte aligned"),
 ])
 def test_declines_with_a_reason(algo, call, reason):
-    assert reason in custom.CustomPath(algo, custom.Kernels(FakeState())).why_not(call)
+    assert reason in custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(FakeState())).why_not(call)
 
 
 def test_capacity_differs_by_kernel():
     state = FakeState()
-    over_flagfree = _call(numel=custom.DEFAULT_FLAGFREE_BYTES // 2 + 8)
-    assert "capacity" in custom.CustomPath(FLAGFREE, custom.Kernels(state)).why_not(over_flagfree)
-    assert custom.CustomPath(ONESHOT, custom.Kernels(state)).why_not(over_flagfree) is None
-    over_staging = _call(numel=custom.DEFAULT_STAGING_BYTES // 2 + 8)
+    over_flagfree = _call(numel=peer_context.DEFAULT_FLAGFREE_BYTES // 2 + 8)
+    assert "capacity" in custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state)).why_not(over_flagfree)
+    assert custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state)).why_not(over_flagfree) is None
+    over_staging = _call(numel=peer_context.DEFAULT_STAGING_BYTES // 2 + 8)
     for algo in (ONESHOT, TWOSHOT):
-        assert "capacity" in custom.CustomPath(algo, custom.Kernels(state)).why_not(over_staging)
+        assert "capacity" in custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(state)).why_not(over_staging)
 
 
 @pytest.mark.parametrize("world,ok", [(1, False), (2, True), (3, False), (4, True), (6, True), (8, True), (16, False)])
 def test_world_sizes(world, ok):
-    assert (custom.world_size_problem(world) is None) == ok
+    assert (peer_setup.world_size_problem(world) is None) == ok
 
 
-SIZES = [custom.DEFAULT_STAGING_BYTES, custom.DEFAULT_FLAGFREE_BYTES, custom.DEFAULT_GRAPH_SLOTS]
+SIZES = [peer_context.DEFAULT_STAGING_BYTES, peer_context.DEFAULT_FLAGFREE_BYTES, peer_context.DEFAULT_GRAPH_SLOTS]
 
 
 class Exchange:
@@ -104,78 +112,77 @@ class Exchange:
 
 def test_setup_disabled_by_environment_still_votes(monkeypatch):
     monkeypatch.setenv("SYMCOMM_DISABLE_CUSTOM_AR", "1")
-    ex = Exchange([[[0, custom.host_identity(), *SIZES]]])
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None)
+    ex = Exchange([[[0, peer_setup.host_identity(), *SIZES]]])
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "SYMCOMM_DISABLE_CUSTOM_AR" in reason
     assert ex.sent[0][0] == 1  # the peers learn this rank is out, so they don't wait for it
 
 
 def test_setup_falls_back_when_a_peer_votes_no_or_ranks_span_hosts():
-    here = custom.host_identity()
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[1, here, *SIZES]]]), 30.0, None)
+    here = peer_setup.host_identity()
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), Exchange([[[1, here, *SIZES]]]), 30.0, None)
     assert state is None and "another rank" in reason
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, *SIZES]]]), 30.0, None)
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, *SIZES]]]), 30.0, None)
     assert state is None and "span hosts" in reason
 
 
 def test_ranks_with_different_buffer_sizes_turn_the_kernels_off_everywhere():
     """A peer built with another custom_ar_capacity: addresses computed from the local sizes
     would land outside its buffers, so every rank falls back, naming the sizes."""
-    here = custom.host_identity()
-    other = [custom.DEFAULT_STAGING_BYTES // 2, *SIZES[1:]]
+    here = peer_setup.host_identity()
+    other = [peer_context.DEFAULT_STAGING_BYTES // 2, *SIZES[1:]]
     ex = Exchange([[[0, here, *other]]])
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None)
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "disagree on the buffer sizes" in reason and f"rank 1: {other}" in reason
     assert ex.sent[0][2:] == SIZES
 
 
 def test_unsupported_world_size_votes_no():
     ex = Exchange([[[1, 0, *SIZES]] * 2])
-    state, reason = custom.setup_kernels(0, 3, torch.device("cuda", 0), ex, 30.0, None)
+    state, reason = peer_setup.open_context(0, 3, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "world size 3" in reason and ex.sent[0][0] == 1
 
 
 def test_host_identity_is_stable_and_probe_tokens_distinct():
-    assert custom.host_identity() == custom.host_identity()
-    tokens = {custom.probe_token(r) for r in range(8)}
+    assert peer_setup.host_identity() == peer_setup.host_identity()
+    tokens = {peer_setup.probe_token(r) for r in range(8)}
     assert len(tokens) == 8 and 0 not in tokens
 
 
 def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
     granule = 77
     state = FakeState(granules={granule: granule << GRANULE_SHIFT}, graph_slots=3)
-    session = custom.CaptureSession()
-    one, two = custom.CustomPath(ONESHOT, custom.Kernels(state)), custom.CustomPath(TWOSHOT, custom.Kernels(state))
-    assert one._record(session, 1 << 30, False) == 1
-    assert two._record(session, 1 << 30, False) == 1  # same buffer, same slot
-    assert one._record(session, 1 << 30, True) == 0  # in-place one-shot stages
-    assert two._record(session, 3 << 30, False) == 2  # two-shot may read in place
-    assert one._record(session, granule << GRANULE_SHIFT, False) == 0  # symmetric pool: cuMem
-    assert one._record(session, 5 << 30, False) == 0  # slots exhausted: stage instead
+    session = peer_capture.CaptureSession()
+    assert state._record(session, 1 << 30, False) == 1
+    assert state._record(session, 1 << 30, False) == 1  # same buffer, same slot
+    assert state._record(session, 1 << 30, True) == 0  # overwritten while peers read it: staged
+    assert state._record(session, 3 << 30, False) == 2
+    assert state._record(session, granule << GRANULE_SHIFT, False) == 0  # symmetric pool: cuMem
+    assert state._record(session, 5 << 30, False) == 0  # slots exhausted: stage instead
     assert session.out_of_slots and list(session.slots) == [1 << 30, 3 << 30]
     no_ipc = FakeState(can_register=False)
-    assert custom.CustomPath(ONESHOT, custom.Kernels(no_ipc))._record(custom.CaptureSession(), 1 << 30, False) == 0
+    assert no_ipc._record(peer_capture.CaptureSession(), 1 << 30, False) == 0
 
 
 def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
-    session = custom.CaptureSession()
+    session = peer_capture.CaptureSession()
     session.slots, session.calls = {1 << 30: 1}, [(0, 2, 2048, -1, -1)]
-    problem = custom.register_captured(FakeState(), session, False, Exchange([[[0, 2, 2]]]))
+    problem = peer_setup.register_captured(FakeState(), session, False, Exchange([[[0, 2, 2]]]))
     assert "different numbers" in problem and "rank 0: 1 buffers in 1 calls" in problem
     assert "rank 1: 2 buffers in 2 calls" in problem
-    problem = custom.register_captured(FakeState(), session, False, Exchange([[[1, 1, 1]]]))
+    problem = peer_setup.register_captured(FakeState(), session, False, Exchange([[[1, 1, 1]]]))
     assert "capture failed on rank(s) 1" in problem
 
 
 def test_capture_registration_compares_the_pattern_not_just_the_count():
     """Rank 0 captured buffers A, A, B; rank 1 C, D, D: two buffers each, but call 1 would pair
     A with D. The pattern of first-use indices differs, and every rank says where."""
-    session = custom.CaptureSession()
+    session = peer_capture.CaptureSession()
     calls = [(0, 2, 2048, -1, -1), (0, 2, 2048, -1, -1), (1, 2, 2048, -1, -1)]
     session.slots, session.calls = {1 << 30: 1, 2 << 30: 2}, calls
     peer = [0, 2, 2048, -1, -1, 1, 2, 2048, -1, -1, 1, 2, 2048, -1, -1]
     ex = Exchange([[[0, 2, 3]], [peer]])
-    problem = custom.register_captured(FakeState(), session, False, ex)
+    problem = peer_setup.register_captured(FakeState(), session, False, ex)
     assert "at captured call 1: the input buffer differs (rank 0: 0, rank 1: 1)" in problem
     assert ex.sent[1] == [v for c in calls for v in c]
 
@@ -190,13 +197,13 @@ def test_captured_calls_are_compared_by_kernel_size_region_and_offset(field, the
     """The same buffer pattern is not enough: a pool input at another offset on one rank would
     be read at the wrong place at every replay. Every rank gets the same PeerMismatchError
     text naming the field."""
-    mine = (custom.IN_REGION, 2, 2048, 7, 4 << 20)
-    session = custom.CaptureSession()
+    mine = (peer_capture.IN_REGION, 2, 2048, 7, 4 << 20)
+    session = peer_capture.CaptureSession()
     session.calls = [mine]
     other = list(mine)
     other[field] = theirs
-    problem = custom.register_captured(FakeState(), session, False, Exchange([[[0, 0, 1]], [other]]))
-    assert f"the {custom.CALL_FIELDS[field]} differs (rank 0: {mine[field]}, rank 1: {theirs})" in problem
+    problem = peer_setup.register_captured(FakeState(), session, False, Exchange([[[0, 0, 1]], [other]]))
+    assert f"the {peer_capture.CALL_FIELDS[field]} differs (rank 0: {mine[field]}, rank 1: {theirs})" in problem
 
 
 def test_run_records_the_pattern_of_captured_calls(monkeypatch):
@@ -207,11 +214,16 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     state.region_slots = {granule << GRANULE_SHIFT: 7}  # a local slot number...
     state.region_numbers = {granule << GRANULE_SHIFT: 0}  # ...and the order every rank agrees on
     launched = []
-    state.run = lambda algo, call, stage, slot, offset=0, session=None: launched.append((algo, stage, slot, offset))
-    state.capture = session = custom.CaptureSession()
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    one, two = custom.CustomPath(ONESHOT, custom.Kernels(state)), custom.CustomPath(TWOSHOT, custom.Kernels(state))
-    flag = custom.CustomPath(FLAGFREE, custom.Kernels(state))
+
+    def run(ctx, algo, dtype, ptr, slot, offset, out, nbytes, stage, stream):
+        launched.append((algo, stage, slot, offset))
+        return 0
+    state.lib, state.ctx = SimpleNamespace(symcomm_ar_run=run), 1
+    state.launch_stream = lambda session: 0
+    state.capture = session = peer_capture.CaptureSession()
+    monkeypatch.setattr(base, "_stream_capturing", lambda: True)
+    one, two = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state)), custom_ar.AllReduceKernelPath(TWOSHOT, peer_setup.SharedContext(state))
+    flag = custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state))
     two.run(_call(in_ptr=1 << 30))                                   # recorded, buffer 0
     one.run(_call(in_ptr=3 << 30))                                   # recorded, buffer 1
     two.run(_call(in_ptr=1 << 30))                                   # buffer 0 again
@@ -220,8 +232,8 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     flag.run(_call(in_ptr=5 << 30))                                  # flag-free reads it directly
     nbytes = _call().nbytes
     assert session.calls == [(0, 2, nbytes, -1, -1), (1, 1, nbytes, -1, -1), (0, 2, nbytes, -1, -1),
-                             (custom.STAGED, 1, nbytes, -1, -1), (custom.IN_REGION, 2, nbytes, 0, 4096),
-                             (custom.DIRECT, 0, nbytes, -1, -1)]
+                             (peer_capture.STAGED, 1, nbytes, -1, -1), (peer_capture.IN_REGION, 2, nbytes, 0, 4096),
+                             (peer_capture.DIRECT, 0, nbytes, -1, -1)]
     assert [l[1:] for l in launched] == [(0, 1, 0), (0, 2, 0), (0, 1, 0), (1, 0, 0), (0, 7, 4096), (1, 0, 0)]
     state.capture = None  # outside graph_capture(): nothing is recorded
     two.run(_call(in_ptr=6 << 30))
@@ -245,7 +257,7 @@ def test_check_mode_compares_alignment_and_signatures_share_one_length():
     """A view misaligned on one rank only would send that rank to NCCL and its peers to a
     kernel; check mode's signature carries the misalignment so ranks compare it. Every
     operation's signature has one length, so ranks in different operations compare op codes."""
-    from symcomm import checks
+    from symcomm import check_mode as checks
     values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), 1, 2, None)
     other, _ = checks.signature(_call(), 1, 2, None, op="all_gatherv_fp4", scalars=[("global_scale", 7)])
     assert len(values) == len(names) == len(other)
@@ -257,12 +269,12 @@ def test_check_mode_compares_alignment_and_signatures_share_one_length():
 def test_a_rank_that_turned_the_kernels_off_still_votes():
     """custom_ar_capacity=0 on one rank only: that rank still joins the vote (saying no), so
     peers with kernels on fall back instead of waiting for it in the exchange."""
-    ex = Exchange([[[0, custom.host_identity(), *SIZES]]])
-    state, reason = custom.setup_kernels(0, 2, torch.device("cuda", 0), ex, 30.0, None,
+    ex = Exchange([[[0, peer_setup.host_identity(), *SIZES]]])
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None,
                                          off="turned off (custom_ar_capacity=0)")
     assert state is None and "custom_ar_capacity=0" in reason and ex.sent[0][0] == 1
-    peer = Exchange([[[1, custom.host_identity(), *SIZES]]])
-    state, reason = custom.setup_kernels(1, 2, torch.device("cuda", 0), peer, 30.0, None)
+    peer = Exchange([[[1, peer_setup.host_identity(), *SIZES]]])
+    state, reason = peer_setup.open_context(1, 2, torch.device("cuda", 0), peer, 30.0, None)
     assert state is None and "another rank" in reason
 
 
@@ -298,11 +310,11 @@ class FakeLib:
 
 
 def _state(lib, graph_slots=8):
-    return custom.CustomAllReduce(lib, 1, 0, 2, torch.device("cuda", 0), 1 << 20, 1 << 16, graph_slots, None, 3.0)
+    return peer_context.PeerContext(lib, 1, 0, 2, torch.device("cuda", 0), 1 << 20, 1 << 16, graph_slots, None, 3.0)
 
 
 def test_launches_follow_the_previous_stream_once_per_switch(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(base, "_stream_capturing", lambda: False)
     lib = FakeLib()
     state = _state(lib)
     state.follow(100, None)
@@ -312,11 +324,11 @@ def test_launches_follow_the_previous_stream_once_per_switch(monkeypatch):
 
 
 def test_a_capture_keeps_its_own_stream_and_refuses_a_second(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(base, "_stream_capturing", lambda: True)
     lib = FakeLib()
     state = _state(lib)
     state.stream = 100
-    session = custom.CaptureSession()
+    session = peer_capture.CaptureSession()
     state.follow(300, session)
     state.follow(300, session)
     assert session.stream == 300 and state.stream == 100 and lib.calls == []
@@ -373,8 +385,14 @@ def test_abort_codes_name_the_peer_and_the_way_out(code, words):
     (TWOSHOT, (900, 8192), "nvfp4", "two-shot's scratch"),
 ])
 def test_fused_norm_kernels_decline_with_a_reason(kernel, shape, quant, reason):
-    from symcomm.backends import fused_norm_ar
-    path = custom.CustomPath(kernel, custom.Kernels(FakeState()))
-    x = torch.empty(shape, dtype=torch.bfloat16)
-    assert reason in fused_norm_ar.why_not(path, x, quant)
-    assert fused_norm_ar.why_not(path, torch.empty((4, 2048), dtype=torch.bfloat16), quant) is None
+    from symcomm import rmsnorm
+    from symcomm.backends.fused_norm_ar import FusedNormPath
+    name = {FLAGFREE: "fused-flagfree", ONESHOT: "fused-oneshot", TWOSHOT: "fused-twoshot"}[kernel]
+    path = FusedNormPath(name, peer_setup.SharedContext(FakeState()))
+
+    def call(shape):
+        x = torch.empty(shape, dtype=torch.bfloat16)
+        return rmsnorm.check_args(x.device, x, torch.empty(shape[1], dtype=torch.bfloat16), None, 1e-6, None, None,
+                                  quant, None if quant is None else 1.0, False)
+    assert reason in path.limits(call(shape))
+    assert path.limits(call((4, 2048))) is None

@@ -3,22 +3,22 @@ from __future__ import annotations
 
 import pytest
 
-from symcomm.dispatch import BUILTIN, INF, PLAIN, SYMM, DispatchTable, builtin_table
+from symcomm.dispatch import BUILTIN, INF, PLAIN_FIRST, SYMM_FIRST, DispatchTable, builtin_table
 
 
 def test_bounds_are_inclusive():
-    table = DispatchTable({"all_reduce": [(1024, SYMM), (INF, PLAIN)]}, "test")
-    assert table.preference("all_reduce", 0) == SYMM
-    assert table.preference("all_reduce", 1024) == SYMM
-    assert table.preference("all_reduce", 1025) == PLAIN
-    assert table.preference("all_reduce", 1 << 40) == PLAIN
+    table = DispatchTable({"all_reduce": [(1024, SYMM_FIRST), (INF, PLAIN_FIRST)]}, "test")
+    assert table.preference("all_reduce", 0) == SYMM_FIRST
+    assert table.preference("all_reduce", 1024) == SYMM_FIRST
+    assert table.preference("all_reduce", 1025) == PLAIN_FIRST
+    assert table.preference("all_reduce", 1 << 40) == PLAIN_FIRST
 
 
 def test_v_variants_follow_their_even_counterparts():
-    table = DispatchTable({"all_gather": [(64, SYMM), (INF, PLAIN)]}, "test")
-    assert table.preference("all_gatherv", 64) == SYMM
-    assert table.preference("all_gatherv", 65) == PLAIN
-    assert table.preference("reduce_scatterv", 1) == PLAIN  # no rules: plain NCCL first
+    table = DispatchTable({"all_gather": [(64, SYMM_FIRST), (INF, PLAIN_FIRST)]}, "test")
+    assert table.preference("all_gatherv", 64) == SYMM_FIRST
+    assert table.preference("all_gatherv", 65) == PLAIN_FIRST
+    assert table.preference("reduce_scatterv", 1) == PLAIN_FIRST  # no rules: plain NCCL first
 
 
 def test_every_preference_ends_with_the_torch_fallback():
@@ -34,31 +34,32 @@ def test_world_size_falls_back_to_nearest_measured(world, measured_at):
 
 def test_malformed_rules_are_rejected():
     with pytest.raises(ValueError, match="ascend"):
-        DispatchTable({"all_reduce": [(2048, SYMM), (1024, PLAIN), (INF, PLAIN)]}, "bad")
+        DispatchTable({"all_reduce": [(2048, SYMM_FIRST), (1024, PLAIN_FIRST), (INF, PLAIN_FIRST)]}, "bad")
     with pytest.raises(ValueError, match="infinity"):
-        DispatchTable({"all_reduce": [(1024, SYMM)]}, "bad")
+        DispatchTable({"all_reduce": [(1024, SYMM_FIRST)]}, "bad")
 
 
 def test_in_place_all_gather_has_its_own_row_with_fallback():
-    table = DispatchTable({"all_gather": [(64, SYMM), (INF, PLAIN)]}, "test")
-    assert table.preference("all_gather:inplace", 64) == SYMM  # no row of its own: the op's row
+    table = DispatchTable({"all_gather": [(64, SYMM_FIRST), (INF, PLAIN_FIRST)]}, "test")
+    assert table.preference("all_gather:inplace", 64) == SYMM_FIRST  # no row of its own: the op's row
     w4 = builtin_table(4)
-    assert w4.preference("all_gather", 256 << 20) == SYMM
-    assert w4.preference("all_gather:inplace", 256 << 20) == PLAIN  # measured: in place differs
+    assert w4.preference("all_gather", 256 << 20) == SYMM_FIRST
+    assert w4.preference("all_gather:inplace", 256 << 20) == PLAIN_FIRST  # measured: in place differs
 
 
 def test_validation_marks_in_place_gathers():
     import torch
 
-    from symcomm import validate
+    from symcomm import errors as symcomm_errors
+    from symcomm.operations import collectives
     cpu = torch.device("cpu")
     out = torch.zeros(6, 3)
-    in_place = validate.all_gather(out[2:4], out, 1, 3, cpu)
+    in_place = collectives.all_gather_call(out[2:4], out, 1, 3, cpu)
     assert in_place.table_key == "all_gather:inplace"
-    elsewhere = validate.all_gather(out[0:2].clone(), out, 1, 3, cpu)
+    elsewhere = collectives.all_gather_call(out[0:2].clone(), out, 1, 3, cpu)
     assert elsewhere.table_key == "all_gather"
-    with pytest.raises(validate.ArgumentError, match="not this rank's slice"):
-        validate.all_gather(out[0:2], out, 1, 3, cpu)  # rank 1's slot is rows 2:4, not 0:2
+    with pytest.raises(symcomm_errors.ArgumentError, match="not this rank's slice"):
+        collectives.all_gather_call(out[0:2], out, 1, 3, cpu)  # rank 1's slot is rows 2:4, not 0:2
 
 
 # ------------------------------------------------------------------------- tuning files
@@ -89,7 +90,7 @@ def test_tuning_file_rules_become_the_table(tmp_path):
     assert table.source == str(path)
     assert table.preference("all_reduce", 4096) == ("custom-oneshot", "nccl-symm")
     assert table.preference("all_reduce", 4097) == ("nccl", "torch")
-    assert table.preference("reduce_scatter", 1) == PLAIN  # a key the file leaves out
+    assert table.preference("reduce_scatter", 1) == PLAIN_FIRST  # a key the file leaves out
 
 
 @pytest.mark.parametrize(("world", "gpu", "needle"), [

@@ -9,10 +9,15 @@ import torch
 
 import symcomm
 from _spawn import run_world
-from symcomm import checks, fp4, fp4_gather
-from symcomm.backends import custom
-from symcomm.base import PUSH
-from symcomm.fp4_gather import FUSED, UNFUSED, Fp4Gathered, _Args, _Outs
+from types import SimpleNamespace
+
+from symcomm import base, check_mode, fp4
+from symcomm.backends.composite import UnfusedFp4Path
+from symcomm.backends.fp4_push import CAPTURE_CODE, FusedPushFp4Path, fused_rows_host
+from symcomm.operations.all_gatherv_fp4 import ALL_GATHERV_FP4, FUSED, UNFUSED, Fp4Call, Fp4Choice, Fp4Gathered
+from symcomm.peer import capture as peer_capture
+from symcomm.peer import context as peer_context
+from symcomm.peer.setup import SharedContext
 from symcomm.peers import PeerRefusal
 
 NATIVE, WHY_NOT = fp4.native_available()
@@ -47,7 +52,7 @@ def test_fused_bytes_equal_the_codec_concatenated(dtype, sizes, h):
             scales = torch.full((total, h // 16), fill, dtype=torch.uint8).view(torch.float8_e4m3fn)
             first = 0
             for r in range(world):
-                fp4_gather.fused_rows_host(xs[r], scale, first, packed, scales)
+                fused_rows_host(xs[r], scale, first, packed, scales)
                 first += sizes[r]
             codec = [fp4.quantize_host(x, scale) for x in xs]
             what = f"world {world} sizes {sizes} h {h} {dtype} gs {scale} fill {fill:#x}"
@@ -65,7 +70,7 @@ def test_a_rank_writes_only_its_own_rows():
     packed = torch.full((sum(sizes), h // 2), 0xEE, dtype=torch.uint8)
     scales = torch.full((sum(sizes), h // 16), 0xEE, dtype=torch.uint8).view(torch.float8_e4m3fn)
     x = _rows(3, h, torch.bfloat16, 5)
-    fp4_gather.fused_rows_host(x, 2.0, 2, packed, scales)
+    fused_rows_host(x, 2.0, 2, packed, scales)
     want_p, want_s = fp4.quantize_host(x, 2.0)
     assert torch.equal(packed[2:5], want_p) and torch.equal(scales[2:5].view(torch.uint8), want_s.view(torch.uint8))
     for rows in (slice(0, 2), slice(5, 9)):
@@ -77,14 +82,14 @@ def test_host_twin_rejects_bad_arguments():
     x = torch.ones(2, 32, dtype=torch.bfloat16)
     packed, scales = torch.empty(4, 16, dtype=torch.uint8), torch.empty(4, 2, dtype=torch.float8_e4m3fn)
     for call, fragment in [
-        (lambda: fp4_gather.fused_rows_host(x.float(), 1.0, 0, packed, scales), "bfloat16 or float16"),
-        (lambda: fp4_gather.fused_rows_host(x, 1.0, 3, packed, scales), "row_offset"),
-        (lambda: fp4_gather.fused_rows_host(x, 1.0, 0, packed, scales[:3]), "scales has shape"),
-        (lambda: fp4_gather.fused_rows_host(x, 0.0, 0, packed, scales), "global_scale"),
+        (lambda: fused_rows_host(x.float(), 1.0, 0, packed, scales), "bfloat16 or float16"),
+        (lambda: fused_rows_host(x, 1.0, 3, packed, scales), "row_offset"),
+        (lambda: fused_rows_host(x, 1.0, 0, packed, scales[:3]), "scales has shape"),
+        (lambda: fused_rows_host(x, 0.0, 0, packed, scales), "global_scale"),
     ]:
         with pytest.raises(symcomm.SymcommError, match=fragment):
             call()
-    lib = fp4._host_lib()
+    lib = fp4.host_lib()
     # The entry point refuses what Python would never pass: rows past the gathered output.
     assert lib.symcomm_ar_gatherv_fp4_host(x.data_ptr(), 2, 2, 32, 3, 4, 1.0, packed.data_ptr(),
                                            scales.data_ptr()) != 0
@@ -94,21 +99,24 @@ def test_host_twin_rejects_bad_arguments():
 
 # ------------------------------------------------------------------------ why_not, with stand-ins
 class FakeState:
-    """What the fused path reads of CustomAllReduce: mapped regions and a recording library."""
+    """What the fused path reads of its PeerContext: mapped regions and a recording library."""
 
-    def __init__(self, regions=()):
+    def __init__(self, regions=(), device_index=0):
         self.granules = {}
         self.region_slots, self.region_numbers = {}, {}
         self.region_problem = None
         self.capture = None
+        self.alarm = None
+        self.device_index = device_index
+        self.rank = 0
         self.lib = FakeLib()
         self.ctx = 77
         for number, t in enumerate(regions):
             self.map(t, number)
 
-    region_of = custom.CustomAllReduce.region_of
-    session = custom.CustomAllReduce.session
-    output_slot = custom.CustomAllReduce.output_slot
+    region_of = peer_context.PeerContext.region_of
+    session = peer_context.PeerContext.session
+    output_slot = peer_context.PeerContext.output_slot
 
     def map(self, t: torch.Tensor, number: int) -> None:
         base = t.data_ptr()
@@ -133,26 +141,6 @@ class FakeLib:
         return 0
 
 
-class FakePath:
-    def __init__(self, state):
-        self._state = state
-
-
-class FakeComm:
-    def __init__(self, rank=0, world=4, device="cuda:0", state=None, off=None):
-        self.rank, self.world_size = rank, world
-        self.device = torch.device(device)
-        self._paths = {} if state is None else {PUSH: FakePath(state)}
-        self._off = {} if off is None else {PUSH: off}
-        self.healthy_checks = 0
-
-    def check_health(self):
-        self.healthy_checks += 1
-
-    def algorithms(self):
-        return ["nccl", *self._paths]
-
-
 def _alone(shape, dtype, skew: int = 0) -> torch.Tensor:
     """A tensor starting on a 2 MiB boundary (plus ``skew`` bytes), so each is its own region."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -161,24 +149,42 @@ def _alone(shape, dtype, skew: int = 0) -> torch.Tensor:
     return raw[start:start + nbytes].view(dtype).view(shape)
 
 
-def _case(sizes=(3, 0, 5, 1), rank=0, h=48, dtype=torch.bfloat16, extra_cols=(8, 8), in_pool=True, skew=0):
+def _call(sizes=(3, 0, 5, 1), rank=0, h=48, dtype=torch.bfloat16, extra_cols=(8, 8), skew=0, x=None, extra=None,
+          gathered=None) -> Fp4Call:
     total, n = sum(sizes), sizes[rank]
-    x = _alone((n, h), dtype)
-    extra = [_alone((n, c), torch.int32) for c in extra_cols]
-    outs = _Outs(_alone((total, h // 2), torch.uint8, skew), _alone((total, h // 16), torch.float8_e4m3fn),
-                 [_alone((total, c), torch.int32) for c in extra_cols])
-    state = FakeState([t for _, t in outs.named()] if in_pool else [])
-    return _Args(x, list(sizes), 2.5, extra, None), outs, state
+    x = _alone((n, h), dtype) if x is None else x
+    extra = [_alone((n, c), torch.int32) for c in extra_cols] if extra is None else extra
+    gathered = ([_alone((total, c), torch.int32) for c in extra_cols] if gathered is None else gathered)
+    return Fp4Call(x, list(sizes), 2.5, extra, _alone((total, h // 2), torch.uint8, skew),
+                   _alone((total, h // 16), torch.float8_e4m3fn), gathered, False, False, None)
 
 
-FUSED_PATH = fp4_gather._BY_NAME[FUSED]
+def _case(in_pool=True, **kwargs):
+    call = _call(**kwargs)
+    state = FakeState([t for _, t in call.named_outputs()] if in_pool else [])
+    state.rank = kwargs.get("rank", 0)
+    return call, state
+
+
+def _router(state, off=None, rank=0):
+    """A Router holding the FP4 paths (the fused one over ``state``, or off with ``off``) and a
+    plain gather path, as a Communicator would."""
+    from symcomm.dispatch import Router, builtin_table
+    from symcomm.operations import ALL_GATHERV, ALL_GATHERV_FP4
+    router = Router(builtin_table(4), {ALL_GATHERV_FP4.name: ALL_GATHERV_FP4, ALL_GATHERV.name: ALL_GATHERV}, rank)
+    router.add(FusedPushFp4Path(SharedContext(state)) if off is None else FusedPushFp4Path(), off)
+    unfused = UnfusedFp4Path()
+    unfused.open(SimpleNamespace(dispatcher=router))
+    router.add(unfused, None)
+    router.add(SimpleNamespace(name="nccl", ops=frozenset({"all_gatherv"}), why_not=lambda call: None), None)
+    return router
 
 
 def test_fused_path_serves_symmetric_outputs():
-    a, outs, state = _case()
-    assert FUSED_PATH.why_not(FakeComm(state=state), a, outs) is None
-    a, outs, state = _case(sizes=(0, 4, 0, 0), dtype=torch.float16, extra_cols=())
-    assert FUSED_PATH.why_not(FakeComm(state=state), a, outs) is None
+    call, state = _case()
+    assert FusedPushFp4Path(SharedContext(state)).why_not(call) is None
+    call, state = _case(sizes=(0, 4, 0, 0), dtype=torch.float16, extra_cols=())
+    assert FusedPushFp4Path(SharedContext(state)).why_not(call) is None
 
 
 @pytest.mark.parametrize("case, fragment", [
@@ -193,91 +199,87 @@ def test_fused_path_serves_symmetric_outputs():
     ("extra_rows", "extra[0]: rows of 12 bytes"),
 ])
 def test_fused_path_says_why_it_declines(case, fragment):
-    a, outs, state = _case()
-    comm = FakeComm(state=state)
+    call, state = _case()
+    off = None
     if case == "cpu":
-        comm = FakeComm(device="cpu", state=state)
+        state.device_index = None
     elif case == "dtype":
-        a = a._replace(x=a.x.float())
+        call = _call(dtype=torch.float32)
+        state = FakeState([t for _, t in call.named_outputs()])
     elif case == "too_many":
-        a = a._replace(extra=[a.extra[0]] * 7)
-        outs = outs._replace(extra=[outs.extra[0]] * 7)
+        extra = [_alone((3, 8), torch.int32)] * 7
+        call = _call(extra=extra, gathered=[_alone((9, 8), torch.int32)] * 7)
+        state = FakeState([t for _, t in call.named_outputs()])
     elif case == "world_size":
-        comm = FakeComm(world=3, off="custom all-reduce: world size 3 is unsupported (the kernels serve 2, 4, 6, 8 "
-                                    "ranks)")
+        off = "custom all-reduce: world size 3 is unsupported (the kernels serve 2, 4, 6, 8 ranks)"
     elif case == "not_symmetric":
-        a, outs, state = _case(in_pool=False)
-        comm = FakeComm(state=state)
+        call, state = _case(in_pool=False)
     elif case == "one_output_outside":
-        outs.extra[1] = _alone(tuple(outs.extra[1].shape), torch.int32)
+        call.gathered_extra[1] = _alone(tuple(call.gathered_extra[1].shape), torch.int32)
     elif case == "region_problem":
-        a, outs, state = _case(in_pool=False)
+        call, state = _case(in_pool=False)
         state.region_problem = "peers could not map region 2"
-        comm = FakeComm(state=state)
     elif case == "packed_misaligned":
-        a, outs, state = _case(skew=8)
-        comm = FakeComm(state=state)
+        call, state = _case(skew=8)
     elif case == "extra_rows":
-        a, outs, state = _case(extra_cols=(3,))
-        comm = FakeComm(state=state)
-    reason = FUSED_PATH.why_not(comm, a, outs)
-    assert reason is not None and fragment in reason, reason
-    path, gather_algo, rejected = fp4_gather._choose(comm, a, outs, "auto")
-    assert path.name == UNFUSED and gather_algo == "auto" and rejected == {FUSED: reason}
-    with pytest.raises(symcomm.ArgumentError, match="algo='fused-push' cannot serve"):
-        fp4_gather._choose(comm, a, outs, FUSED)
+        call, state = _case(extra_cols=(3,))
+    router = _router(state, off)
+    path, choice = router.choose(ALL_GATHERV_FP4, call, "auto", explain=True)
+    reason = choice.rejected[FUSED]
+    assert fragment in reason, reason
+    assert path.name == UNFUSED and call.inner_algo == "auto"
+    expected = "is unavailable" if off else "algo='fused-push' cannot serve"
+    with pytest.raises(symcomm.ArgumentError, match=expected):
+        router.choose(ALL_GATHERV_FP4, call, FUSED)
 
 
 def test_a_misaligned_input_does_not_change_the_path():
     """Alignment of x is this rank's alone: deciding on it could send ranks down different paths
     to wait for each other, so the fused path takes a misaligned x (and copies it)."""
-    a, outs, state = _case()
-    raw = _alone((a.x.numel() + 8,), torch.bfloat16)
-    a = a._replace(x=raw[1:1 + a.x.numel()].view(a.x.shape))
-    assert a.x.data_ptr() % 16 and FUSED_PATH.why_not(FakeComm(state=state), a, outs) is None
-    assert custom.aligned(a.x).data_ptr() % 16 == 0 and torch.equal(custom.aligned(a.x), a.x)
+    raw = _alone((3 * 48 + 8,), torch.bfloat16)
+    call, state = _case(x=raw[1:1 + 3 * 48].view(3, 48))
+    assert call.x.data_ptr() % 16 and FusedPushFp4Path(SharedContext(state)).why_not(call) is None
+    assert peer_context.aligned(call.x).data_ptr() % 16 == 0 and torch.equal(peer_context.aligned(call.x), call.x)
 
 
 def test_a_gather_algo_forces_the_unfused_path():
-    a, outs, state = _case()
-    comm = FakeComm(state=state)
-    path, gather_algo, rejected = fp4_gather._choose(comm, a, outs, "nccl")
-    assert (path.name, gather_algo) == (UNFUSED, "nccl") and "forces the unfused path" in rejected[FUSED]
+    call, state = _case()
+    router = _router(state)
+    path, choice = router.choose(ALL_GATHERV_FP4, call, "nccl", explain=True)
+    assert (path.name, call.inner_algo) == (UNFUSED, "nccl") and "algo='nccl' forces unfused" in choice.rejected[FUSED]
     with pytest.raises(symcomm.ArgumentError, match="must be a string"):
-        fp4_gather._choose(comm, a, outs, 3)
+        router.choose(ALL_GATHERV_FP4, _call(), 3)
 
 
 def test_fused_launch_addresses_every_tensor_at_this_ranks_rows():
     sizes, rank, h = (3, 0, 5, 1), 2, 48
-    a, outs, state = _case(sizes=sizes, rank=rank, h=h)
-    comm = FakeComm(rank=rank, state=state)
-    FUSED_PATH.run(comm, a, outs, "auto")
-    assert comm.healthy_checks == 1
+    call, state = _case(sizes=sizes, rank=rank, h=h)
+    FusedPushFp4Path(SharedContext(state)).run(call)
     (launch,) = state.lib.launches
     (ctx, x_ptr, dtype, n, cols, row_offset, total, gs_ptr, gs_value, pslot, poff, sslot, soff, k, srcs, slots,
      offsets, row_bytes, stream) = launch
-    assert (ctx, x_ptr, dtype, n, cols, row_offset, total) == (77, a.x.data_ptr(), 2, 5, h, 3, 9)
+    assert (ctx, x_ptr, dtype, n, cols, row_offset, total) == (77, call.x.data_ptr(), 2, 5, h, 3, 9)
     assert (gs_ptr, gs_value, stream) == (None, 2.5, 0xABC)
     assert (pslot, poff, sslot, soff) == (10, 0, 11, 0)  # each output is its own region, at offset 0
-    assert k == 2 and list(srcs) == [t.data_ptr() for t in a.extra]
+    assert k == 2 and list(srcs) == [t.data_ptr() for t in call.extra]
     assert list(slots) == [12, 13] and list(offsets) == [0, 0] and list(row_bytes) == [32, 32]
     # Nothing to gather anywhere: no rank launches (every rank knows the total).
-    a0, outs0, state0 = _case(sizes=(0, 0, 0, 0))
-    FUSED_PATH.run(FakeComm(state=state0), a0, outs0, "auto")
+    call0, state0 = _case(sizes=(0, 0, 0, 0))
+    FusedPushFp4Path(SharedContext(state0)).run(call0)
     assert state0.lib.launches == []
 
 
 def test_fused_launch_records_captured_outputs(monkeypatch):
-    a, outs, state = _case()
-    state.capture = custom.CaptureSession()
-    comm = FakeComm(state=state)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    FUSED_PATH.run(comm, a, outs, "auto")  # eager, with a session open: nothing recorded
+    call, state = _case()
+    state.capture = peer_capture.CaptureSession()
+    path = FusedPushFp4Path(SharedContext(state))
+    monkeypatch.setattr(base, "_stream_capturing", lambda: False)
+    path.run(call)  # eager, with a session open: nothing recorded
     assert state.capture.calls == []
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    FUSED_PATH.run(comm, a, outs, "auto")
-    assert state.capture.calls == [(custom.IN_REGION, fp4_gather.CAPTURE_CODE, t.nbytes, number, 0)
-                                   for number, (_, t) in enumerate(outs.named())]
+    monkeypatch.setattr(base, "_stream_capturing", lambda: True)
+    path.run(call)
+    assert state.capture.calls == [(peer_capture.IN_REGION, CAPTURE_CODE, t.nbytes, number, 0)
+                                   for number, (_, t) in enumerate(call.named_outputs())]
 
 
 # ------------------------------------------------------------------------ check mode, with stand-ins
@@ -299,24 +301,33 @@ class Table:
         return self.rows
 
 
-def _signature_of(rank, sizes, shift=0):
-    a, outs, state = _case(sizes=sizes, rank=rank)
+PATH_NAMES = [FUSED, UNFUSED]
+
+
+def _signature_of(rank, sizes, shift=0, path=FUSED):
+    call, state = _case(sizes=sizes, rank=rank)
     if shift:  # this rank's scales sit `shift` bytes further into their region
-        raw = _alone((outs.scales.numel() + shift,), torch.uint8)
-        outs = outs._replace(scales=raw[shift:].view(torch.float8_e4m3fn).view(outs.scales.shape))
+        raw = _alone((call.scales.numel() + shift,), torch.uint8)
+        call = Fp4Call(call.x, call.sizes, call.gs, call.extra, call.packed,
+                       raw[shift:].view(torch.float8_e4m3fn).view(call.scales.shape), call.gathered_extra, False,
+                       False, None)
         state.map(raw, 1)
-    comm = FakeComm(rank=rank, state=state)
-    comm.symmetric_pool = FakePool(state)
-    return comm, a, outs, fp4_gather.signature(comm, a, outs, FUSED_PATH)
+    return call, ALL_GATHERV_FP4.check_signature(call, PATH_NAMES.index(path), len(sizes), FakePool(state).locate,
+                                                 ("out",))
+
+
+def _verify(peers, call, sizes):
+    values, names = _signature_of(0, sizes)[1]
+    check_mode.compare(peers, ALL_GATHERV_FP4.name, values, names, PATH_NAMES, ALL_GATHERV_FP4.check_decode,
+                       ALL_GATHERV_FP4.window_rule)
 
 
 def test_check_mode_names_the_output_at_another_offset():
     sizes = (3, 0, 5, 1)
-    rows = [_signature_of(r, sizes, shift=512 if r == 2 else 0)[3][0] for r in range(4)]
-    comm, a, outs, _ = _signature_of(0, sizes)
-    comm.peers = Table(rows)
+    rows = [_signature_of(r, sizes, shift=512 if r == 2 else 0)[1][0] for r in range(4)]
+    call, _ = _signature_of(0, sizes)
     with pytest.raises(symcomm.PeerMismatchError) as info:
-        fp4_gather.verify(comm, a, outs, FUSED_PATH)
+        _verify(Table(rows), call, sizes)
     message = str(info.value)
     assert "window offset of 'out.scales'" in message and "rank 2: 512" in message, message
     assert "outside it" in message and "Offsets stay symmetric" in message
@@ -325,24 +336,20 @@ def test_check_mode_names_the_output_at_another_offset():
 def test_check_mode_leaves_per_rank_inputs_free_and_compares_the_rest():
     sizes = (3, 0, 5, 1)
     signatures = [_signature_of(r, sizes) for r in range(4)]
-    comm, a, outs, _ = signatures[0]
+    call = signatures[0][0]
     # Every rank's x and extras sit elsewhere (their own allocations): no mismatch.
-    comm.peers = Table([sig[0] for *_, sig in signatures])
-    fp4_gather.verify(comm, a, outs, FUSED_PATH)
+    _verify(Table([sig[0] for _, sig in signatures]), call, sizes)
     # Another global scale, another path, a refusal: each named.
-    values, names = signatures[0][3]
+    values, names = signatures[0][1]
     other_scale = list(values)
-    other_scale[names.index("global_scale")] = checks.float_bits(3.0)
-    comm.peers = Table([values, other_scale, values, values])
+    other_scale[names.index("global_scale")] = check_mode.float_bits(3.0)
     with pytest.raises(symcomm.PeerMismatchError, match=r"disagree on the global_scale .rank 0: 2\.5, rank 1: 3\.0"):
-        fp4_gather.verify(comm, a, outs, FUSED_PATH)
-    unfused = fp4_gather.signature(comm, a, outs, fp4_gather._BY_NAME[UNFUSED])[0]
-    comm.peers = Table([values, unfused, values, values])
+        _verify(Table([values, other_scale, values, values]), call, sizes)
+    unfused = _signature_of(1, sizes, path=UNFUSED)[1][0]
     with pytest.raises(symcomm.PeerMismatchError, match="disagree on the path .rank 0: fused-push, rank 1: unfused"):
-        fp4_gather.verify(comm, a, outs, FUSED_PATH)
-    comm.peers = Refusing({1: "ArgumentError: x has 4 rows"})
+        _verify(Table([values, unfused, values, values]), call, sizes)
     with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) 1 rejected.*x has 4 rows"):
-        fp4_gather.verify(comm, a, outs, FUSED_PATH)
+        _verify(Refusing({1: "ArgumentError: x has 4 rows"}), call, sizes)
 
 
 class Refusing:
@@ -362,12 +369,12 @@ def _select_on_gloo(rank, world):
     x = torch.randn(sizes[rank], 64)
     ids = torch.zeros(sizes[rank], 4, dtype=torch.int32)
     choice = comm.select("all_gatherv_fp4", x, sizes=sizes, global_scale=1.0, extra=[ids])
-    assert isinstance(choice, fp4_gather.Fp4Choice) and choice.algo == UNFUSED
+    assert isinstance(choice, Fp4Choice) and choice.algo == UNFUSED
     assert "runs on CUDA devices" in choice.rejected[FUSED], choice
     assert choice.gather is not None and choice.gather.algo in comm.algorithms()
-    forced = fp4_gather.select(comm, x, sizes, 1.0, [ids], algo=comm.algorithms()[0])
-    assert forced.gather.algo == comm.algorithms()[0] and "forces the unfused path" in forced.rejected[FUSED]
-    with pytest.raises(symcomm.ArgumentError, match="algo='fused-push' cannot serve"):
+    forced = comm.select("all_gatherv_fp4", x, sizes, 1.0, [ids], algo=comm.algorithms()[0])
+    assert forced.gather.algo == comm.algorithms()[0] and "forces unfused" in forced.rejected[FUSED]
+    with pytest.raises(symcomm.ArgumentError, match="algo='fused-push' is unavailable: the fused kernel runs on CUDA"):
         comm.all_gatherv_fp4(x, sizes, 1.0, algo=FUSED)
     got = comm.all_gatherv_fp4(x, sizes, 1.0, extra=[ids], algo=UNFUSED)
     total = sum(sizes)

@@ -11,9 +11,15 @@ import torch
 import symcomm
 from _spawn import run_world
 from symcomm import _native, fp4
-from symcomm import fused_norm as fn
+from symcomm import rmsnorm as fn
+from symcomm.backends.composite import reference_norm, unfused_norm
+from symcomm.backends.fused_norm_ar import FusedNormPath
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
-from symcomm.dispatch import INF, NORM_KEY, DispatchTable
+from symcomm.dispatch import INF, DispatchTable, Router
+from symcomm.operations import ALL_REDUCE, ALL_REDUCE_RMSNORM
+from symcomm.operations.all_reduce_rmsnorm import FUSED_KERNELS, check_replicated
+from symcomm.peer.setup import SHARED_KEY, SharedContext
+from symcomm.rmsnorm import OP as NORM_KEY
 from symcomm.errors import ArgumentError, DtypeError
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -372,32 +378,31 @@ def test_check_mode_refuses_a_residual_that_differs_between_ranks():
         sent.append(values[0])
         return [values, [values[0] + differ]]
 
-    same = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v, kind: exchange(v, 0)))
-    fn._check_replicated(same, call)
-    other = SimpleNamespace(peers=SimpleNamespace(exchange=lambda v, kind: exchange(v, 1)))
+    same = SimpleNamespace(exchange=lambda v, kind: exchange(v, 0))
+    check_replicated(call, same)
+    other = SimpleNamespace(exchange=lambda v, kind: exchange(v, 1))
     with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) \[1\]"):
-        fn._check_replicated(other, call)
+        check_replicated(call, other)
     call.residual[0, 0] += 1
-    fn._check_replicated(same, call)
+    check_replicated(call, same)
     assert sent[0] == sent[1] != sent[2], sent
 
 
 # ----------------------------------------------------------------------- choosing a norm path
-class _Kernel:
-    """A custom all-reduce path that can serve any call (capacity far above these tests)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.state = SimpleNamespace(staging_bytes=1 << 30, flagfree_bytes=1 << 30)
-
-    def why_not(self, call) -> None:
-        return None
-
-
-def _comm_with(rules: dict) -> SimpleNamespace:
-    kernels = {n: _Kernel(n) for n in (FLAGFREE, ONESHOT, TWOSHOT)}
-    return SimpleNamespace(table=DispatchTable(rules, "test"), _paths=kernels, _off={}, path=kernels.__getitem__,
-                           algorithms=lambda: list(kernels))
+def _router_with(rules: dict) -> Router:
+    """A Router holding all_reduce's three kernels (stand-ins that serve any call) and
+    all_reduce_rmsnorm's real paths over a context far larger than these tests' calls."""
+    router = Router(DispatchTable(rules, "test"), {op.name: op for op in (ALL_REDUCE, ALL_REDUCE_RMSNORM)}, 0)
+    kernels = {n: SimpleNamespace(name=n, ops=frozenset({"all_reduce"}), why_not=lambda call: None)
+               for n in (FLAGFREE, ONESHOT, TWOSHOT)}
+    for kernel in kernels.values():
+        router.add(kernel, None)
+    shared = SharedContext(SimpleNamespace(staging_bytes=1 << 30, flagfree_bytes=1 << 30, alarm=None))
+    setup = SimpleNamespace(opened=kernels, off={}, dispatcher=router, shared={SHARED_KEY: shared})
+    for path in (*(FusedNormPath(name) for name in FUSED_KERNELS), unfused_norm(), reference_norm()):
+        assert path.open(setup) is None
+        router.add(path, None)
+    return router
 
 
 def _norm_call(tokens: int, hidden: int = 64):
@@ -405,27 +410,32 @@ def _norm_call(tokens: int, hidden: int = 64):
     return fn.check_args(CPU, x, weight_for(hidden, torch.bfloat16, 3), None, 1e-6, None, None, None, None, False)
 
 
+def _choose(router, call, algo):
+    path, choice = router.choose(ALL_REDUCE_RMSNORM, call, algo, explain=True)
+    return path, call.inner_algo, choice.rejected
+
+
 def test_without_a_norm_row_the_fused_path_follows_the_all_reduce():
-    comm = _comm_with({"all_reduce": [(INF, (TWOSHOT, ONESHOT))]})
-    path, ar_algo, rejected = fn._choose(comm, _norm_call(4), "auto")
+    router = _router_with({"all_reduce": [(INF, (TWOSHOT, ONESHOT))]})
+    path, ar_algo, rejected = _choose(router, _norm_call(4), "auto")
     assert (path.name, ar_algo) == ("fused-twoshot", "auto")
     assert "runs on custom-twoshot" in rejected["fused-oneshot"]
     # naming a fused path forces its kernel, whatever the all-reduce alone would pick
-    assert fn._choose(comm, _norm_call(4), "fused-oneshot")[0].name == "fused-oneshot"
+    assert _choose(router, _norm_call(4), "fused-oneshot")[0].name == "fused-oneshot"
 
 
 def test_a_norm_row_ranks_the_norm_paths_by_size():
     small = 4 * 64 * 2  # x's bytes at 4 tokens of 64 bf16 values
     rules = {"all_reduce": [(INF, (TWOSHOT,))],
              NORM_KEY: [(small, ("fused-oneshot", "unfused")), (INF, ("unfused", "fused-twoshot"))]}
-    comm = _comm_with(rules)
-    assert fn._choose(comm, _norm_call(4), "auto")[0].name == "fused-oneshot"  # though the all-reduce picks two-shot
-    order = [p.name for p in fn._preference(comm, _norm_call(5))]
+    router = _router_with(rules)
+    assert _choose(router, _norm_call(4), "auto")[0].name == "fused-oneshot"  # though the all-reduce picks two-shot
+    order = list(ALL_REDUCE_RMSNORM.order(router.table, _norm_call(5)))
     assert order == ["unfused", "fused-twoshot", "fused-flagfree", "fused-oneshot", "reference"]
     # on the CPU the standalone kernel cannot run, so the row's next path serves
-    path, _, rejected = fn._choose(comm, _norm_call(5), "auto")
+    path, _, rejected = _choose(router, _norm_call(5), "auto")
     assert path.name == "fused-twoshot" and "CUDA" in rejected["unfused"]
     # forcing the all-reduce still fuses only with that kernel
-    path, ar_algo, _ = fn._choose(comm, _norm_call(4), ONESHOT)
+    path, ar_algo, _ = _choose(router, _norm_call(4), ONESHOT)
     assert (path.name, ar_algo) == ("fused-oneshot", ONESHOT)
-    assert fn._choose(comm, _norm_call(4), TWOSHOT)[0].name == "fused-twoshot"
+    assert _choose(router, _norm_call(4), TWOSHOT)[0].name == "fused-twoshot"

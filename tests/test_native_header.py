@@ -153,10 +153,10 @@ def test_enums_match_python(header):
               for name, value in header.enums["symcomm_dtype_t"].items() if not name.endswith("_MAX_ENUM")}
     assert dtypes == _native.DTYPE_CODES
     assert header.enums[""]["SYMCOMM_SUCCESS"] == _native.SUCCESS
-    from symcomm.backends import custom
+    from symcomm.backends import custom_ar
     algos = {name.removeprefix("SYMCOMM_AR_").lower(): value
              for name, value in header.enums["symcomm_ar_algo_t"].items() if not name.endswith("_MAX_ENUM")}
-    assert algos == {name.removeprefix("custom-"): value for name, value in custom.ALGO_CODES.items()}
+    assert algos == {name.removeprefix("custom-"): value for name, value in custom_ar.ALGO_CODES.items()}
 
 
 def test_header_is_self_contained_c():

@@ -7,7 +7,8 @@ matching receive and zero-row ranks stay out of it.
 import pytest
 import torch
 
-from symcomm import _nccl, validate
+from symcomm import _nccl
+from symcomm.operations import collectives
 from symcomm.backends import nccl as nccl_backend
 
 ROW = 6  # bytes per row: rows of 3 fp16
@@ -48,7 +49,7 @@ def _run(sizes, rank, in_place=False):
     if in_place:
         out[start:start + sizes[rank]] = x
         x = out[start:start + sizes[rank]]
-    call = validate.all_gatherv(x, sizes, out, rank, len(sizes), torch.device("cpu"))
+    call = collectives.all_gatherv_call(x, sizes, out, rank, len(sizes), torch.device("cpu"))
     backend._all_gatherv(call, 1, 0)
     return lib.calls, x, out
 

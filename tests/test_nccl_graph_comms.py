@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from symcomm import _nccl, validate
+from symcomm import _nccl
+from symcomm.operations import collectives
 from symcomm.backends import nccl as nccl_backend
 
 EAGER, GRAPH = 11, 22
@@ -40,7 +41,7 @@ def _path(monkeypatch, capturing: bool, graph_comm: int = GRAPH):
     path = nccl_backend.NcclPath()
     path.attach(_nccl.Library(lib, "/fake", "test", (2, 28, 9)), EAGER, 1, CPU)
     path.graph_comm = graph_comm
-    monkeypatch.setattr(nccl_backend, "_capturing", lambda: capturing)
+    monkeypatch.setattr(nccl_backend, "capturing", lambda: capturing)
     monkeypatch.setattr(nccl_backend, "raw_stream", lambda index: 0)
     return path, lib
 
@@ -49,13 +50,13 @@ def _calls(world=4, rank=1):
     x = torch.randn(8, 3)
     even, uneven = [2] * world, [3, 0, 5, 2][:world]
     return {
-        "all_reduce": validate.all_reduce(x, None, "sum", CPU),
-        "all_gather": validate.all_gather(x, None, rank, world, CPU),
-        "all_gatherv even": validate.all_gatherv(x[:2], even, None, rank, world, CPU),
-        "all_gatherv uneven": validate.all_gatherv(x[:uneven[rank]], uneven, None, rank, world, CPU),
-        "reduce_scatter": validate.reduce_scatter(x, None, "sum", rank, world, CPU),
-        "reduce_scatterv even": validate.reduce_scatterv(x, even, None, "sum", rank, world, CPU),
-        "reduce_scatterv uneven": validate.reduce_scatterv(torch.randn(10, 3), uneven, None, "sum", rank, world,
+        "all_reduce": collectives.all_reduce_call(x, None, "sum", CPU),
+        "all_gather": collectives.all_gather_call(x, None, rank, world, CPU),
+        "all_gatherv even": collectives.all_gatherv_call(x[:2], even, None, rank, world, CPU),
+        "all_gatherv uneven": collectives.all_gatherv_call(x[:uneven[rank]], uneven, None, rank, world, CPU),
+        "reduce_scatter": collectives.reduce_scatter_call(x, None, "sum", rank, world, CPU),
+        "reduce_scatterv even": collectives.reduce_scatterv_call(x, even, None, "sum", rank, world, CPU),
+        "reduce_scatterv uneven": collectives.reduce_scatterv_call(torch.randn(10, 3), uneven, None, "sum", rank, world,
                                                            CPU),
     }
 

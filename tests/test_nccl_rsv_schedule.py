@@ -17,7 +17,8 @@ import threading
 import pytest
 import torch
 
-from symcomm import _nccl, validate
+from symcomm import _nccl
+from symcomm.operations import collectives
 from symcomm.backends import nccl as nccl_backend
 from symcomm.backends.nccl import (RSV_PADDED, RSV_REDUCE_PER_ROOT, RSV_SCHEDULES, RSV_SEND_RECV, RsvRule,
                                    rsv_schedule)
@@ -167,7 +168,7 @@ def _run_world(sizes, schedule, dtype=torch.bfloat16, row=(7,), redop="sum", in_
             x = inputs[rank].clone()
             start = sum(sizes[:rank])
             out = x.narrow(0, start, sizes[rank]) if in_place else _poison((sizes[rank], *x.shape[1:]), dtype)
-            call = validate.reduce_scatterv(x, sizes, out, redop, rank, n, CPU)
+            call = collectives.reduce_scatterv_call(x, sizes, out, redop, rank, n, CPU)
             backend._reduce_scatterv(call, 1, 0)
             results[rank] = (x, out)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread

@@ -114,7 +114,7 @@ class CapturePath(Int16Path):
 def _capture_hooks(rank, world):
     import pytest
 
-    from symcomm import capture
+    from symcomm import base
     made: list[CapturePath] = []
     comm = symcomm.Communicator(paths=(*PATHS, lambda: made.append(CapturePath()) or made[-1]))
     path = made[0]
@@ -132,15 +132,16 @@ def _capture_hooks(rank, world):
     assert path.events[-2:] == ["begin", "end"]
     # graph_capture() inside a capture: refused before any setup step, on every rank alike
     comm.device = torch.device("cuda", 0)  # the check only applies to CUDA communicators
-    capturing = capture._stream_capturing
-    capture._stream_capturing = lambda: True
+    capturing = base._stream_capturing
+    base._stream_capturing = lambda: True
+    comm._capture.device = comm.device
     try:
         with pytest.raises(symcomm.ArgumentError, match="must enclose"):
             with comm.graph_capture():
                 pass
     finally:
-        capture._stream_capturing = capturing
-        comm.device = torch.device("cpu")
+        base._stream_capturing = capturing
+        comm.device = comm._capture.device = torch.device("cpu")
     assert path.events[-1] == "end"  # nothing began
     comm.close()
 

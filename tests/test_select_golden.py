@@ -1,6 +1,6 @@
 """The path every operation's select() picks, for a fixed set of calls under each shipped
 dispatch table (packaged and built-in, world 2 and 4), is what it was when the golden file was
-recorded: a refactor of dispatch must not change a choice. The communicator is tests/_gpu_like's
+recorded: a refactor of dispatch must not change a choice. The communicator is tests/_gpu_like.py's
 (real path classes over stand-in native state on gloo), so the choices are those a GPU host
 would make for these calls.
 
@@ -18,7 +18,7 @@ import torch
 
 from _gpu_like import Pool, communicator
 from _spawn import run_world
-from symcomm import dispatch, fused_norm
+from symcomm import dispatch, rmsnorm
 
 GOLDEN = Path(__file__).parent / "golden" / "select_choices.json"
 TABLES = {2: "nvidia_h200_w2.json", 4: "nvidia_h200_w4.json"}
@@ -40,10 +40,9 @@ def _collectives(comm, pool: Pool, world: int, rank: int, record) -> None:
                 half = 300 << 20
                 x, out = t(0, (n,)), t(half, (n,))
                 for redop in ("sum", "max"):
-                    record(f"all_reduce {nbytes} {dtype} {mem} {redop}", comm.select("all_reduce", x, out=out,
-                                                                                         reduce_op=redop))
+                    record(f"all_reduce {nbytes} {dtype} {mem} {redop}", comm.select("all_reduce", x, out=out, op=redop))
                     record(f"all_reduce:inplace {nbytes} {dtype} {mem} {redop}",
-                           comm.select("all_reduce", x, out=x, reduce_op=redop))
+                           comm.select("all_reduce", x, out=x, op=redop))
                 rows = max(n // world, 1)
                 big = t(half, (rows * world, 1))
                 record(f"all_gather {nbytes} {dtype} {mem}", comm.select("all_gather", t(0, (rows, 1)), out=big))
@@ -119,7 +118,7 @@ def symcomm_errors():
 def _world(rank, world, out_dir):
     os.environ.pop("SYMCOMM_TUNING_FILE", None)
     # The standalone norm kernel counts as loaded, as on a GPU with the library built.
-    fused_norm.kernel_available = lambda device: None
+    rmsnorm.kernel_available = lambda device: None
     pool = Pool()
     comm = communicator(pool)
     results = {}

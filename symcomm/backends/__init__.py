@@ -1,24 +1,38 @@
-"""The paths a collective can take, one module each, and the order a Communicator opens them.
+"""The paths an operation can take, one module each, and the order a Communicator opens them.
 
 Order matters twice: a path may use the paths opened before it (``nccl-symm`` needs ``nccl``'s
-library; the custom kernels need ``nccl`` for their teardown barrier and ``nccl-symm``'s pool),
-and teardown runs in reverse. Adding a path is one module here, one entry below, and a row in
-the tuning table (symcomm/dispatch.py) saying where it is preferred.
+library; the peer-memory paths need ``nccl`` for their teardown barrier and ``nccl-symm``'s
+pool; a fused norm path needs its all-reduce kernel's path), and teardown runs in reverse.
+Adding a path is one module here, one entry below, and a row in the tuning table
+(symcomm/dispatch.py) saying where it is preferred.
 """
 from __future__ import annotations
 
 from ..base import FLAGFREE, ONESHOT, TWOSHOT, PathFactory
-from .custom import CustomPath
+from .composite import UnfusedFp4Path, reference_norm, unfused_norm
+from .custom_ar import AllReduceKernelPath
+from .fp4_push import FusedPushFp4Path
+from .fused_norm_ar import FusedNormPath
 from .nccl import NcclPath, NcclSymmPath
 from .peer_gather import PushPath
 from .torch_dist import TorchPath
 
 PATHS: tuple[PathFactory, ...] = (
+    # the collectives'
     NcclPath,
     NcclSymmPath,
-    lambda: CustomPath(FLAGFREE),
-    lambda: CustomPath(ONESHOT),
-    lambda: CustomPath(TWOSHOT),
+    lambda: AllReduceKernelPath(FLAGFREE),
+    lambda: AllReduceKernelPath(ONESHOT),
+    lambda: AllReduceKernelPath(TWOSHOT),
     PushPath,
     TorchPath,
+    # all_reduce_rmsnorm's
+    lambda: FusedNormPath("fused-flagfree"),
+    lambda: FusedNormPath("fused-oneshot"),
+    lambda: FusedNormPath("fused-twoshot"),
+    unfused_norm,
+    reference_norm,
+    # all_gatherv_fp4's
+    FusedPushFp4Path,
+    UnfusedFp4Path,
 )

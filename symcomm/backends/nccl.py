@@ -16,14 +16,13 @@ import torch
 
 from .. import _native, _nccl
 from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
-from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Setup, raw_stream, runner_table
+from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Setup, capturing, raw_stream, runner_table
 from ..peers import Peers
 
 from ..bounded import bounded
 from ..errors import ArgumentError, DtypeError, SymcommError
 from ..pool import GRANULE_SHIFT, SymmetricPool
 
-_capturing = torch.cuda.is_current_stream_capturing
 
 
 # Uneven all_gatherv schedule, by the gathered bytes (all tensors of the call). Same-run
@@ -297,7 +296,7 @@ class NcclPath(Path):
         # NCCL's support for mixing captured and eager launches on one communicator costs
         # microseconds per captured collective (docs/measuring.md, "Honest baselines").
         graph_comm = self.graph_comm
-        comm = graph_comm if graph_comm and _capturing() else self.comm
+        comm = graph_comm if graph_comm and capturing() else self.comm
         self._RUNNERS[call.op](self, call, comm, raw_stream(self._device_index))
 
     def _check(self, call: str, code: int) -> None:

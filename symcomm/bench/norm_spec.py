@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from symcomm import fused_norm
-from symcomm.backends import fused_norm_ar
+from symcomm import rmsnorm
+from symcomm.operations.all_reduce_rmsnorm import FUSED_KERNELS
 
 from . import check
 from .collectives import AllReduce, all_reduce_call
@@ -56,7 +56,7 @@ SYMM_MEM_ONE_SHOT_MAX = 512 << 10
 # has a column of its own: once the tuned table prefers the unfused path, the auto columns
 # alone would no longer show what fusing costs or gains (N/A where a path cannot serve).
 _COLUMNS = {"unfused": ("unfused", None),
-            **{name: (name, None) for name in fused_norm_ar.FUSED},
+            **{name: (name, None) for name in FUSED_KERNELS},
             "auto": (None, None), "auto+fp8": (None, "fp8"), "auto+nvfp4": (None, "nvfp4")}
 _QUANT = {column: quant for column, (_, quant) in _COLUMNS.items()}
 VARIANTS = (BASELINE, SYMM_MEM, *_COLUMNS)
@@ -140,7 +140,7 @@ class AllReduceRmsnorm(AllReduce):
             else:
                 # A column named after a norm path forces it (tune's columns), bf16 out.
                 norm_algo = _COLUMNS.get(variant, (variant, None))[0] or setup.path
-                if norm_algo == "unfused" and fused_norm.kernel_available(device) is not None:
+                if norm_algo == "unfused" and rmsnorm.kernel_available(device) is not None:
                     norm_algo = "reference"  # the same unfused path, with the torch reference for the kernel
 
                 def call() -> object:
@@ -243,7 +243,7 @@ def _wrong_bytes(h: torch.Tensor, weight: torch.Tensor, quant: str | None, scale
                  rerun: Callable[[], None]) -> int:
     """Bytes of symcomm's output that differ from the torch reference computed on the CPU from the
     h this call returned. Quantized outputs are compared twice, over both poison fills (see _rerun)."""
-    ref = fused_norm.reference_add_rmsnorm(h.cpu(), weight.cpu(), eps=EPS, quant=quant, scale=scale)
+    ref = rmsnorm.reference_add_rmsnorm(h.cpu(), weight.cpu(), eps=EPS, quant=quant, scale=scale)
     expect = [_bits(t) for t in (ref.out, ref.scales) if t is not None]
 
     def mismatch() -> list[torch.Tensor]:

@@ -17,8 +17,10 @@ import re
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
-from .. import __version__, fused_norm
-from ..dispatch import NORM_KEY, TUNING_VERSION, device_name
+from .. import __version__
+from ..dispatch import TUNING_VERSION, device_name
+from ..operations.all_reduce_rmsnorm import DEFAULT_ORDER
+from ..rmsnorm import OP as NORM_KEY
 from . import ops, report
 from .config import DATATYPES, TUNE_OPS, BenchError, TuneConfig
 from .norm_spec import ALL_REDUCE_RMSNORM, NORMABLE
@@ -45,7 +47,7 @@ Times = dict[str, list[float | None]]  # path -> time in us per size; None where
 # all_reduce_rmsnorm's columns, each path forced: on CUDA the fused kernels against the unfused
 # all-reduce + standalone kernel ("reference", the torch one, stays last resort); on the CPU
 # only the reference can run.
-NORM_COLUMNS = {"cuda": tuple(p.name for p in fused_norm.NORM_PATHS if p.name != "reference"),
+NORM_COLUMNS = {"cuda": tuple(name for name in DEFAULT_ORDER if name != "reference"),
                 "cpu": ("reference",)}
 
 

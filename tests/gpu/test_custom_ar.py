@@ -11,12 +11,14 @@ import torch
 import torch.distributed as dist
 
 import symcomm
-from symcomm.backends import custom
+from symcomm import base
+from symcomm.peer import context as peer_context
+from symcomm.peer import setup as peer_setup
 from _data import DTYPES, all_inputs, assert_reduced, rank_input
 
-ALGOS = (custom.FLAGFREE, custom.ONESHOT, custom.TWOSHOT)
-CAPACITY = {custom.FLAGFREE: custom.DEFAULT_FLAGFREE_BYTES, custom.ONESHOT: custom.DEFAULT_STAGING_BYTES,
-            custom.TWOSHOT: custom.DEFAULT_STAGING_BYTES}
+ALGOS = (base.FLAGFREE, base.ONESHOT, base.TWOSHOT)
+CAPACITY = {base.FLAGFREE: peer_context.DEFAULT_FLAGFREE_BYTES, base.ONESHOT: peer_context.DEFAULT_STAGING_BYTES,
+            base.TWOSHOT: peer_context.DEFAULT_STAGING_BYTES}
 # Bytes: one vector, odd vector counts, sizes that are not powers of two, and each capacity.
 SIZES = (16, 48, 1008, 4096, 65_552, 100_000, 524_288, 1_000_016, 4 << 20, 16 << 20)
 
@@ -144,7 +146,7 @@ def test_registered_capture_reads_inputs_in_place(fast):
             torch.cuda.synchronize()
         return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
-    for algo in (custom.ONESHOT, custom.TWOSHOT):
+    for algo in (base.ONESHOT, base.TWOSHOT):
         _, _, registered = _graph_case(fast, algo, True, False, numel=4096)
         _, _, staged = _graph_case(fast, algo, False, False, numel=4096)
         reg, stg = kernels(registered), kernels(staged)
@@ -169,7 +171,7 @@ def test_symmetric_inputs_are_read_in_place_without_copy(comm):
         x = torch.empty(numel, dtype=torch.bfloat16, device=comm.device)
     x.copy_(inputs[rank])
     plain = inputs[rank].clone()
-    for algo in (custom.ONESHOT, custom.TWOSHOT):
+    for algo in (base.ONESHOT, base.TWOSHOT):
         results = []
         for t in (x, plain):
             torch.cuda.synchronize()
@@ -186,16 +188,16 @@ def test_symmetric_inputs_are_read_in_place_without_copy(comm):
 def test_capture_count_mismatch_raises_on_every_rank(fast):
     x = rank_input(4096, torch.bfloat16, fast.rank, seed=3)
     ys = [torch.empty_like(x) for _ in range(2)]
-    fast.all_reduce(x, algo=custom.ONESHOT)
+    fast.all_reduce(x, algo=base.ONESHOT)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(symcomm.PeerMismatchError, match="different numbers"):
         with fast.graph_capture(), torch.cuda.graph(graph):
             for i in range(1 + (fast.rank == 0)):  # rank 0 records two buffers, the others one
-                fast.all_reduce(x if i == 0 else ys[0], out=ys[1], algo=custom.ONESHOT)
+                fast.all_reduce(x if i == 0 else ys[0], out=ys[1], algo=base.ONESHOT)
     del graph  # never replayed
     torch.cuda.synchronize()
     # The communicator is still usable afterwards.
-    assert_reduced(fast.all_reduce(x, algo=custom.ONESHOT), all_inputs(4096, torch.bfloat16, fast.world_size, 3), "after")
+    assert_reduced(fast.all_reduce(x, algo=base.ONESHOT), all_inputs(4096, torch.bfloat16, fast.world_size, 3), "after")
 
 
 def test_ten_thousand_calls_with_changing_sizes(fast):
@@ -220,7 +222,7 @@ def test_ten_thousand_calls_with_changing_sizes(fast):
 def test_fallback_reasons(fast):
     dev = fast.device
     cases = {
-        "capacity": torch.ones(custom.DEFAULT_STAGING_BYTES // 2 + 8, dtype=torch.bfloat16, device=dev),
+        "capacity": torch.ones(peer_context.DEFAULT_STAGING_BYTES // 2 + 8, dtype=torch.bfloat16, device=dev),
         "multiple of 16": torch.ones(1001, dtype=torch.bfloat16, device=dev),
         "dtype": torch.ones(1024, dtype=torch.int32, device=dev),
         "aligned": torch.ones(1028, dtype=torch.bfloat16, device=dev)[4:],  # 2048 bytes at +8
@@ -231,17 +233,17 @@ def test_fallback_reasons(fast):
         for algo in ALGOS:
             assert expect in choice.rejected[algo], (expect, algo, choice.rejected[algo])
     choice = fast.select("all_reduce", torch.ones(1024, device=dev), reduce_op="max")
-    assert "only sum" in choice.rejected[custom.ONESHOT]
-    big_for_flagfree = torch.ones(custom.DEFAULT_FLAGFREE_BYTES // 4 + 4, device=dev)
+    assert "only sum" in choice.rejected[base.ONESHOT]
+    big_for_flagfree = torch.ones(peer_context.DEFAULT_FLAGFREE_BYTES // 4 + 4, device=dev)
     with pytest.raises(symcomm.ArgumentError, match="capacity"):
-        fast.all_reduce(big_for_flagfree, algo=custom.FLAGFREE)
+        fast.all_reduce(big_for_flagfree, algo=base.FLAGFREE)
 
 
 def _disabled_reason(**kwargs) -> str:
     with symcomm.Communicator(symmetric=False, **kwargs) as c:
-        path = c.capabilities()["paths"][custom.ONESHOT]
+        path = c.capabilities()["paths"][base.ONESHOT]
         assert not path["enabled"]
-        assert custom.ONESHOT not in c.algorithms()
+        assert base.ONESHOT not in c.algorithms()
         x = rank_input(4096, torch.float32, c.rank, seed=9)
         assert_reduced(c.all_reduce(x), all_inputs(4096, torch.float32, c.world_size, 9), "fallback")
         return path["reason"]
@@ -257,15 +259,15 @@ def test_disabled_by_zero_capacity(dist_env):
 
 
 def test_ranks_on_different_hosts_fall_back(dist_env, monkeypatch):
-    monkeypatch.setattr(custom, "host_identity", lambda: 1000 + dist.get_rank())
+    monkeypatch.setattr(peer_setup, "host_identity", lambda: 1000 + dist.get_rank())
     assert "span hosts" in _disabled_reason()
 
 
 def test_failed_p2p_test_falls_back(dist_env, monkeypatch):
     """Rank 1 stores a wrong token: the real store/load round trip catches it on every rank."""
-    real = custom.probe_token
+    real = peer_setup.probe_token
     if dist.get_rank() == 1:
-        monkeypatch.setattr(custom, "probe_token", lambda r: real(r) ^ (0x100 if r == 1 else 0))
+        monkeypatch.setattr(peer_setup, "probe_token", lambda r: real(r) ^ (0x100 if r == 1 else 0))
     assert "P2P test failed" in _disabled_reason()
 
 
@@ -279,7 +281,7 @@ def test_unsupported_world_size_falls_back(dist_env):
     if rank in members:
         group = dist.new_group(members, backend="gloo", use_local_synchronization=True)
         with symcomm.Communicator(group=group, device="cuda", symmetric=False) as c:
-            reason = c.capabilities()["paths"][custom.ONESHOT]["reason"]
+            reason = c.capabilities()["paths"][base.ONESHOT]["reason"]
             assert f"world size {len(members)} is unsupported" in reason, reason
             x = rank_input(512, torch.float32, rank, seed=4)
             expected = [rank_input(512, torch.float32, r, seed=4) for r in members]

@@ -15,7 +15,9 @@ import ctypes
 import torch
 
 from symcomm import _native
-from symcomm.backends.custom import ALGO_CODES, FLAGFREE, ONESHOT, TWOSHOT, CustomAllReduce
+from symcomm.backends.custom_ar import ALGO_CODES
+from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
+from symcomm.peer.context import PeerContext
 
 ALGOS = (FLAGFREE, ONESHOT, TWOSHOT)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -46,7 +48,7 @@ class SimWorld:
         self.staging_bytes, self.flagfree_bytes = staging_bytes, flagfree_bytes
         self.device = torch.cuda.current_device()
         self.ctxs = (ctypes.c_void_p * world)()
-        self._states: dict[int, CustomAllReduce] = {}
+        self._states: dict[int, PeerContext] = {}
         try:
             for r in range(world):
                 ctx = ctypes.c_void_p()
@@ -96,13 +98,13 @@ class SimWorld:
         _native.check(self.lib, "symcomm_ar_alarm", self.lib.symcomm_ar_alarm(self.ctxs[rank], ctypes.byref(word)))
         return word.contents.value
 
-    def state(self, rank: int) -> CustomAllReduce:
+    def state(self, rank: int) -> PeerContext:
         """Rank ``rank``'s context wrapped the way a Communicator holds it, so tests drive the
         production launch path (stream ordering, capture slots, alarm). One wrapper per rank,
         as in a Communicator: slot numbers are its bookkeeping. It does not own the context:
         close() still destroys it, unless a test retired it through the wrapper."""
         if rank not in self._states:
-            state = CustomAllReduce(self.lib, self.ctxs[rank], rank, self.world, torch.device("cuda", self.device),
+            state = PeerContext(self.lib, self.ctxs[rank], rank, self.world, torch.device("cuda", self.device),
                                     self.staging_bytes, self.flagfree_bytes, self.graph_slots, None, self.timeout_s)
             state.watch()
             self._states[rank] = state

@@ -12,7 +12,7 @@ import socket
 import pytest
 import torch
 
-from symcomm import fused_norm as fn
+from symcomm import rmsnorm as fn
 
 DTYPES = (torch.bfloat16, torch.float16)
 TOKENS = (1, 7, 128, 1000)

@@ -1,5 +1,6 @@
-"""The fused FP4 dispatch (fp4_gather's fused-push, csrc/peer_gather.cu's gather_fp4_push) on
-simulated ranks (tests/gpu_sim/_sim.py), through the production entry point all_gatherv_fp4.
+"""The fused FP4 dispatch (all_gatherv_fp4's fused-push, csrc/peer_gather.cu's gather_fp4_push) on
+simulated ranks (tests/gpu_sim/_sim.py), through the production dispatch of all_gatherv_fp4
+(its descriptor's build and result, and a Router holding its paths, as a Communicator runs it).
 
 Each rank's gathered outputs stand in for symmetric-pool regions, mapped the way map_regions
 would (test_sim_peer_gather's helpers: each tensor alone in its granules). Checked bitwise:
@@ -17,10 +18,14 @@ import pytest
 import torch
 
 from _sim import SimWorld
-from symcomm import fp4, fp4_gather
-from symcomm.backends.custom import ABORT_TIMEOUT
-from symcomm.base import PUSH
-from symcomm.fp4_gather import FUSED, Fp4Gathered
+from symcomm import fp4
+from symcomm.backends.composite import UnfusedFp4Path
+from symcomm.backends.fp4_push import FusedPushFp4Path
+from symcomm.dispatch import Router, builtin_table
+from symcomm.operations import ALL_GATHERV, ALL_GATHERV_FP4
+from symcomm.operations.all_gatherv_fp4 import FUSED, Fp4Gathered
+from symcomm.peer.context import ABORT_TIMEOUT
+from symcomm.peer.setup import SharedContext
 from test_sim_peer_gather import _each_rank, _map_region, _region_tensor
 
 # Zero-row ranks, one row, 4096 rows on one rank, odd counts.
@@ -47,25 +52,26 @@ def _kernels_loaded(_gpu):
 
 
 class SimComm:
-    """What all_gatherv_fp4 reads of a Communicator, for one simulated rank: its custom-push
-    path holds the rank's linked context, so the fused path launches on it."""
-
-    closed, check = False, False
+    """One simulated rank's all_gatherv_fp4 as a Communicator runs it (validate once -> choose ->
+    run -> result), without check mode: its fused-push path holds the rank's linked context."""
 
     def __init__(self, sim: SimWorld, rank: int):
         self.rank, self.world_size = rank, sim.world
         self.device = torch.device("cuda", sim.device)
-        self._paths = {PUSH: SimpleNamespace(_state=sim.state(rank))}
-        self._off: dict[str, str] = {}
+        self.router = Router(builtin_table(sim.world), {op.name: op for op in (ALL_GATHERV_FP4, ALL_GATHERV)}, rank)
+        self.router.add(FusedPushFp4Path(SharedContext(sim.state(rank))), None)
+        unfused = UnfusedFp4Path()
+        unfused.open(SimpleNamespace(dispatcher=self.router))
+        self.router.add(unfused, None)
 
-    def check_health(self) -> None:
-        pass
+    def select(self, *args, **kwargs):
+        call = ALL_GATHERV_FP4.build(self, *args, **kwargs)
+        return self.router.choose(ALL_GATHERV_FP4, call, "auto", explain=True)[1]
 
-    def refused(self) -> None:
-        pass
-
-    def algorithms(self) -> list[str]:
-        return [PUSH]
+    def all_gatherv_fp4(self, *args, **kwargs) -> Fp4Gathered:
+        call = ALL_GATHERV_FP4.build(self, *args, **kwargs)
+        self.router.choose(ALL_GATHERV_FP4, call)[0].run(call)
+        return ALL_GATHERV_FP4.result(call)
 
 
 def _case(world: int, sizes, hidden: int, dtype: torch.dtype, gen: torch.Generator):
@@ -118,13 +124,13 @@ def test_fused_dispatch_equals_quantize_then_gather(world, dtype):
                 gs = gs_value if i % 2 == 0 else torch.tensor([gs_value], device="cuda")
                 what = f"world {world} {dtype} hidden {hidden} sizes {sizes}"
                 for r in range(world):
-                    choice = fp4_gather.select(comms[r], xs[r], sizes, gs, extras[r], out=outs[r])
+                    choice = comms[r].select(xs[r], sizes, gs, extras[r], out=outs[r])
                     assert choice.algo == FUSED, (what, choice)
                 results = [None] * world
 
                 def launch(r, dequantize=True):
-                    results[r] = fp4_gather.all_gatherv_fp4(comms[r], xs[r], sizes, gs, extras[r],
-                                                            dequantize=dequantize, out=outs[r])
+                    results[r] = comms[r].all_gatherv_fp4(xs[r], sizes, gs, extras[r], dequantize=dequantize,
+                                                          out=outs[r])
 
                 streams = [torch.cuda.Stream() for _ in range(world)]
                 _each_rank(sim, streams, launch)
@@ -169,7 +175,7 @@ def test_swizzled_scales_equal_the_swizzled_gather():
         streams = [torch.cuda.Stream() for _ in range(world)]
 
         def launch(r):
-            results[r] = fp4_gather.all_gatherv_fp4(comms[r], xs[r], sizes, 40.0, extras[r], swizzle=True, out=outs[r])
+            results[r] = comms[r].all_gatherv_fp4(xs[r], sizes, 40.0, extras[r], swizzle=True, out=outs[r])
 
         _each_rank(sim, streams, launch)
         _, scales, _ = _expected(xs, extras, 40.0)
@@ -187,8 +193,8 @@ def test_a_stalled_rank_fails_the_fused_dispatch_within_the_bound():
         comms = [SimComm(sim, r) for r in range(world)]
         streams = [torch.cuda.Stream() for _ in range(world)]
         start = time.monotonic()
-        _each_rank(sim, streams, lambda r: fp4_gather.all_gatherv_fp4(comms[r], xs[r], sizes, 1.0, extras[r],
-                                                                      out=outs[r]) if r != 2 else None)
+        _each_rank(sim, streams, lambda r: comms[r].all_gatherv_fp4(xs[r], sizes, 1.0, extras[r],
+                                                                    out=outs[r]) if r != 2 else None)
         assert timeout_s * 0.9 <= time.monotonic() - start < timeout_s + 10
         for r in (0, 1, 3):
             assert sim.alarm(r) >> 32 == ABORT_TIMEOUT and sim.alarm(r) & 0xFFFF == 2, hex(sim.alarm(r))

@@ -2,9 +2,9 @@
 
 For each all-reduce kernel, each world size, dtype, token count, hidden size, with and without
 a residual, and each output mode, the fused launch must give, bit for bit on every rank, what
-the unfused path gives with the same all-reduce kernel: that all-reduce (CustomAllReduce.run)
-followed by csrc/rmsnorm.cu's standalone kernel. Every rank must hold the same bits, and a CUDA
-graph replay the eager bits. The tests drive the production launch (backends/fused_norm_ar.run)
+the unfused path gives with the same all-reduce kernel: that all-reduce (AllReduceKernelPath's
+launch) followed by csrc/rmsnorm.cu's standalone kernel. Every rank must hold the same bits, and
+a CUDA graph replay the eager bits. The tests drive the production launch (FusedNormPath.run)
 on W contexts of one process; timings here are never performance.
 """
 from __future__ import annotations
@@ -15,12 +15,15 @@ import pytest
 import torch
 
 from _sim import SimWorld
-from symcomm import fused_norm
-from symcomm.backends import fused_norm_ar
-from symcomm.backends.custom import ABORT_TIMEOUT, ALGO_CODES, CustomPath, Kernels
-from symcomm.base import Call, FLAGFREE, ONESHOT, TWOSHOT
+from symcomm import rmsnorm
+from symcomm.backends.custom_ar import AllReduceKernelPath
+from symcomm.backends.fused_norm_ar import FusedNormPath
+from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT, Call
+from symcomm.peer.context import ABORT_TIMEOUT
+from symcomm.peer.setup import SharedContext
 
 KERNELS = (FLAGFREE, ONESHOT, TWOSHOT)
+FUSED_OF = {FLAGFREE: "fused-flagfree", ONESHOT: "fused-oneshot", TWOSHOT: "fused-twoshot"}
 TOKENS = (1, 7, 128, 1000)
 HIDDENS = (2048, 7168, 8192)
 # (quant, swizzle, scale): the FP8 scale is a dequant scale, the NVFP4 one a global scale.
@@ -51,9 +54,9 @@ def _outputs(case: Case, quant, swizzle) -> list:
     """(y, scales, h) per rank, filled with a marker so unwritten bytes show."""
     out = []
     for x in case.x:
-        call = fused_norm.check_args(x.device, x, case.weight, None, EPS, None, None, quant,
-                                     1.0 if quant else None, swizzle)
-        y, scales = fused_norm._allocate(call)
+        call = rmsnorm.check_args(x.device, x, case.weight, None, EPS, None, None, quant,
+                                  1.0 if quant else None, swizzle)
+        y, scales = rmsnorm.allocate(call)
         _bits(y).fill_(0xA5)
         if scales is not None:
             _bits(scales).fill_(0xA5)
@@ -72,26 +75,37 @@ def _on_ranks(streams, launch) -> None:
     torch.cuda.synchronize()
 
 
+def _paths(sim: SimWorld, kernel: str) -> list[FusedNormPath]:
+    return [FusedNormPath(FUSED_OF[kernel], SharedContext(sim.state(r))) for r in range(sim.world)]
+
+
+def _call(case: Case, r: int, quant, swizzle, scale, out) -> rmsnorm.NormCall:
+    """Rank r's validated call, writing into ``out`` = (y, scales, h)."""
+    call = rmsnorm.check_args(case.x[r].device, case.x[r], case.weight, case.residual[r], EPS, None, None, quant,
+                              scale, swizzle)
+    call.y, call.y_scales, call.h = out
+    return call
+
+
 def _fused(paths, streams, case, outs, quant, swizzle, scale) -> None:
-    _on_ranks(streams, lambda r: fused_norm_ar.run(paths[r], case.x[r], case.residual[r], case.weight, EPS,
-                                                  outs[r][2], quant, outs[r][0], outs[r][1], scale, swizzle))
+    _on_ranks(streams, lambda r: paths[r].run(_call(case, r, quant, swizzle, scale, outs[r])))
 
 
 def _unfused(sim, kernel, streams, case, quant, swizzle, scale) -> list:
     """The same all-reduce kernel, then the standalone norm kernel: what fused must equal."""
-    states = [sim.state(r) for r in range(sim.world)]
+    kernels = [AllReduceKernelPath(kernel, SharedContext(sim.state(r))) for r in range(sim.world)]
     summed = [torch.empty_like(x) for x in case.x]
 
     def launch(r: int) -> None:
         x = case.x[r]
         call = Call("all_reduce", (x,), (summed[r],), (x.data_ptr(),), (summed[r].data_ptr(),), None, "sum", x.nbytes)
-        states[r].run(ALGO_CODES[kernel], call, 1, 0)
+        kernels[r].launch(call, 1, 0)
 
     _on_ranks(streams, launch)
     got = []
     for r in range(sim.world):
         with torch.cuda.stream(streams[r]):
-            res = fused_norm.add_rmsnorm(summed[r], case.weight, residual=case.residual[r], eps=EPS, quant=quant,
+            res = rmsnorm.add_rmsnorm(summed[r], case.weight, residual=case.residual[r], eps=EPS, quant=quant,
                                          scale=scale, swizzle=swizzle, impl="kernel")
         got.append((res.out, res.scales, res.residual))
     torch.cuda.synchronize()
@@ -113,13 +127,13 @@ def _same(got, want, what: str) -> None:
 def test_fused_equals_unfused_with_the_same_all_reduce(world, kernel, dtype):
     gen = torch.Generator(device="cuda").manual_seed(world * 10 + KERNELS.index(kernel))
     with SimWorld(world, staging_bytes=STAGING, flagfree_bytes=FLAGFREE_CAP) as sim:
-        paths = [CustomPath(kernel, kernels=Kernels(sim.state(r))) for r in range(world)]
+        paths = _paths(sim, kernel)
         streams = [torch.cuda.Stream() for _ in range(world)]
         for tokens in TOKENS:
             for hidden in HIDDENS:
                 for residual in (True, False):
                     case = Case(world, tokens, hidden, dtype, residual, gen)
-                    assert fused_norm_ar.why_not(paths[0], case.x[0], "nvfp4") is None
+                    assert paths[0].limits(_call(case, 0, "nvfp4", False, 1.0, (None, None, None))) is None
                     for quant, swizzle, scale in MODES:
                         what = f"{kernel} W={world} {dtype} {tokens}x{hidden} residual={residual} {quant} swz={swizzle}"
                         outs = _outputs(case, quant, swizzle)
@@ -136,7 +150,7 @@ def test_fused_equals_unfused_with_the_same_all_reduce(world, kernel, dtype):
 def test_graph_replay_equals_eager(world, kernel):
     gen = torch.Generator(device="cuda").manual_seed(99 + world)
     with SimWorld(world, staging_bytes=STAGING, flagfree_bytes=FLAGFREE_CAP) as sim:
-        paths = [CustomPath(kernel, kernels=Kernels(sim.state(r))) for r in range(world)]
+        paths = _paths(sim, kernel)
         streams = [torch.cuda.Stream() for _ in range(world)]
         for tokens, hidden in ((7, 7168), (128, 2048)):
             for quant, swizzle, scale in MODES:
@@ -149,11 +163,11 @@ def test_graph_replay_equals_eager(world, kernel):
                         if t is not None:
                             _bits(t).fill_(0x5A)
                 graphs = []
+                calls = [_call(case, r, quant, swizzle, scale, outs[r]) for r in range(world)]  # outside capture
                 for r in range(world):
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.stream(streams[r]), torch.cuda.graph(g, stream=streams[r]):
-                        fused_norm_ar.run(paths[r], case.x[r], case.residual[r], case.weight, EPS, outs[r][2], quant,
-                                          outs[r][0], outs[r][1], scale, swizzle)
+                        paths[r].run(calls[r])
                     graphs.append(g)
                 _on_ranks(streams, lambda r: graphs[r].replay())
                 for r in range(world):
@@ -167,7 +181,7 @@ def test_two_shot_nvfp4_into_an_output_only_4_byte_aligned():
     world = 4
     gen = torch.Generator(device="cuda").manual_seed(8)
     with SimWorld(world, staging_bytes=STAGING, flagfree_bytes=FLAGFREE_CAP) as sim:
-        paths = [CustomPath(TWOSHOT, kernels=Kernels(sim.state(r))) for r in range(world)]
+        paths = _paths(sim, TWOSHOT)
         streams = [torch.cuda.Stream() for _ in range(world)]
         case = Case(world, 33, 2048, torch.bfloat16, True, gen)
         outs = []
@@ -188,13 +202,12 @@ def test_a_stalled_rank_makes_the_others_give_up(kernel):
     world, timeout_s = 4, 1.0
     gen = torch.Generator(device="cuda").manual_seed(5)
     with SimWorld(world, timeout_s=timeout_s) as sim:
-        paths = [CustomPath(kernel, kernels=Kernels(sim.state(r))) for r in range(world)]
+        paths = _paths(sim, kernel)
         streams = [torch.cuda.Stream() for _ in range(world)]
         case = Case(world, 16, 2048, torch.bfloat16, True, gen)
         outs = _outputs(case, None, False)
         start = time.monotonic()
-        _on_ranks(streams, lambda r: r == 1 or fused_norm_ar.run(paths[r], case.x[r], case.residual[r], case.weight,
-                                                                 EPS, outs[r][2], None, outs[r][0], None, None, False))
+        _on_ranks(streams, lambda r: r == 1 or paths[r].run(_call(case, r, None, False, None, outs[r])))
         assert timeout_s * 0.9 <= time.monotonic() - start < timeout_s + 10
         for r in (0, 2, 3):
             assert sim.alarm(r) >> 32 == ABORT_TIMEOUT and sim.alarm(r) & 0xFFFF == 1, hex(sim.alarm(r))

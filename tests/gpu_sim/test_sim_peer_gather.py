@@ -3,7 +3,7 @@ with simulated ranks on one GPU (tests/gpu_sim/_sim.py), through the production 
 
 Each rank's output (gatherv) or input (reduce_scatterv) stands in for a symmetric-pool region:
 the test maps it the way map_regions would (a slot holding every rank's address, the granule
-index pointing at it), so PushPath.run and CustomPath.run build the real launches. Checked
+index pointing at it), so PushPath.run and AllReduceKernelPath.run build the real launches. Checked
 bitwise: gathered rows against a concatenation, sums against the rank-order fp32 sum (and so
 across ranks), graph replay against eager. Timings here are never performance.
 """
@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from _sim import SimWorld, check_outputs
-from symcomm.backends.custom import ABORT_TIMEOUT, CustomPath, Kernels
+from symcomm.backends.custom_ar import AllReduceKernelPath
 from symcomm.backends.peer_gather import PushPath
 from symcomm.base import ONESHOT, Call
+from symcomm.peer.context import ABORT_TIMEOUT
+from symcomm.peer.setup import SharedContext
 from symcomm.pool import GRANULE_SHIFT
 
 SPLITS = {2: [(0, 5), (1, 4096), (3, 0)], 4: [(0, 3, 1, 0), (7, 0, 2, 9), (1000, 17, 0, 3)],
@@ -92,7 +94,7 @@ def test_uneven_gatherv_by_push(world, dtype):
                 xs, outs = _gatherv_case(world, sizes, hidden, dtype, gen)
                 for k in range(3):
                     _map_region(sim, [outs[r][k] for r in range(world)], k)
-                paths = [PushPath(kernels=Kernels(sim.state(r))) for r in range(world)]
+                paths = [PushPath(SharedContext(sim.state(r))) for r in range(world)]
                 calls = [_gather_call(xs[r], outs[r], sizes) for r in range(world)]
                 assert all(p.why_not(c) is None for p, c in zip(paths, calls)), paths[0].why_not(calls[0])
                 streams = [torch.cuda.Stream() for _ in range(world)]
@@ -137,7 +139,7 @@ def test_uneven_reduce_scatterv_on_one_shot(world, dtype, in_pool):
             outs = [torch.full((n, hidden), 7.0, dtype=dtype, device="cuda") for n in sizes]
             if in_pool:
                 _map_region(sim, xs, 0)
-            paths = [CustomPath(ONESHOT, kernels=Kernels(sim.state(r))) for r in range(world)]
+            paths = [AllReduceKernelPath(ONESHOT, SharedContext(sim.state(r))) for r in range(world)]
             calls = [_rsv_call(xs[r], outs[r], sizes) for r in range(world)]
             reasons = [p.why_not(c) for p, c in zip(paths, calls)]
             assert reasons == [None] * world, reasons
@@ -172,7 +174,7 @@ def test_a_stalled_rank_fails_the_gather_within_the_bound():
         xs, outs = _gatherv_case(world, sizes, 64, torch.bfloat16, gen)
         for k in range(3):
             _map_region(sim, [outs[r][k] for r in range(world)], k)
-        paths = [PushPath(kernels=Kernels(sim.state(r))) for r in range(world)]
+        paths = [PushPath(SharedContext(sim.state(r))) for r in range(world)]
         streams = [torch.cuda.Stream() for _ in range(world)]
         start = time.monotonic()
         _each_rank(sim, streams, lambda r: paths[r].run(_gather_call(xs[r], outs[r], sizes)) if r != 2 else None)

@@ -1,8 +1,8 @@
 """Kernel safety on simulated ranks (tests/gpu_sim/_sim.py): what happens when ranks are late,
 streams are mixed, graphs outlive their registration or their communicator.
 
-These drive the production launch path (CustomAllReduce.run and CustomPath.run over the
-simulated contexts), so stream ordering, capture slots and the alarm are the shipped code.
+These drive the production launch path (AllReduceKernelPath.run and .launch over the simulated
+contexts), so stream ordering, capture slots and the alarm are the shipped code.
 Timings here are bounds on waits, never performance.
 """
 from __future__ import annotations
@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from _sim import ALGOS, SimWorld, check_outputs, make_inputs
-from symcomm.backends.custom import (ABORT_TIMEOUT, ABORT_UNREGISTERED, ALGO_CODES, FLAGFREE, ONESHOT, TWOSHOT,
-                                     CaptureSession, CustomPath, Kernels)
-from symcomm.base import Call
+from symcomm.backends.custom_ar import ALGO_CODES, AllReduceKernelPath
+from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT, Call
 from symcomm.errors import ArgumentError
+from symcomm.peer.capture import CaptureSession
+from symcomm.peer.context import ABORT_TIMEOUT, ABORT_UNREGISTERED
+from symcomm.peer.setup import SharedContext
 
 # At H100 clocks (about 1.7-2 GHz) this spin lasts about 1.5-1.8 s: longer than SHORT_TIMEOUT_S.
 BEYOND_BOUND_CYCLES = 3_000_000_000
@@ -33,8 +35,8 @@ def call_of(x: torch.Tensor, y: torch.Tensor) -> Call:
     return Call("all_reduce", (x,), (y,), (x.data_ptr(),), (y.data_ptr(),), None, "sum", x.nbytes)
 
 
-def path_of(sim: SimWorld, rank: int, algo: str) -> CustomPath:
-    return CustomPath(algo, kernels=Kernels(sim.state(rank)))
+def path_of(sim: SimWorld, rank: int, algo: str) -> AllReduceKernelPath:
+    return AllReduceKernelPath(algo, SharedContext(sim.state(rank)))
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -110,7 +112,7 @@ def test_two_streams_keep_call_order(algo):
 
     def run(ordered: bool) -> tuple[list, list]:
         with SimWorld(world) as sim:
-            states = [sim.state(r) for r in range(world)]
+            paths = [path_of(sim, r, algo) for r in range(world)]
             x1 = make_inputs(world, 4096, torch.float32, gen)
             x2 = make_inputs(world, 4096, torch.float32, gen)
             y1 = [torch.full_like(t, 7.0) for t in x1]
@@ -123,7 +125,7 @@ def test_two_streams_keep_call_order(algo):
             def launch(rank: int, x: torch.Tensor, y: torch.Tensor, stream: torch.cuda.Stream) -> None:
                 with torch.cuda.stream(stream):
                     if ordered:
-                        states[rank].run(ALGO_CODES[algo], call_of(x, y), 1, 0)
+                        paths[rank].launch(call_of(x, y), 1, 0)
                     else:
                         code = sim.lib.symcomm_ar_run(sim.ctxs[rank], ALGO_CODES[algo], 0, x.data_ptr(), 0, 0,
                                                       y.data_ptr(), x.nbytes, 1, stream.cuda_stream)
@@ -139,7 +141,7 @@ def test_two_streams_keep_call_order(algo):
                 here.wait_stream(s)
             torch.cuda.synchronize()
             assert all(sim.alarm(r) == 0 for r in range(world))
-            return [(y1, x1), (y2, x2)], states
+            return [(y1, x1), (y2, x2)], paths
 
     for (y, x), what in zip(run(ordered=True)[0], ("AR1", "AR2")):
         check_outputs(y, x, f"{algo} {what}, rank 0 on two streams")
@@ -151,18 +153,18 @@ def test_two_streams_keep_call_order(algo):
 
 def test_a_second_stream_inside_one_capture_is_refused():
     with SimWorld(2, graph_slots=4) as sim:
-        state = sim.state(0)
+        path = path_of(sim, 0, ONESHOT)
         session = CaptureSession()
         x = torch.randn(1024, device="cuda")
         y = torch.empty_like(x)
         g = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         with torch.cuda.graph(g):
-            state.run(ALGO_CODES[ONESHOT], call_of(x, y), 1, 0, 0, session)
+            path.launch(call_of(x, y), 1, 0, 0, session)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 with pytest.raises(ArgumentError, match="second stream"):
-                    state.run(ALGO_CODES[ONESHOT], call_of(x, y), 1, 0, 0, session)
+                    path.launch(call_of(x, y), 1, 0, 0, session)
             torch.cuda.current_stream().wait_stream(side)
         del g
 
@@ -172,7 +174,7 @@ def test_capture_destroy_recapture_does_not_exhaust_slots():
     destroyed graph, its slot comes back, and no capture ever falls back to staging."""
     with SimWorld(2, graph_slots=64) as sim:
         path = path_of(sim, 0, ONESHOT)
-        state = path._state
+        state = path.context
         x = torch.randn(4096, device="cuda")
         y = torch.empty_like(x)
         side = torch.cuda.Stream()
@@ -200,11 +202,11 @@ def test_capture_destroy_recapture_does_not_exhaust_slots():
         assert state.next_slot - 1 - len(state.free_slots) == 0
 
 
-def _capture(path: CustomPath, x: torch.Tensor, y: torch.Tensor, stream: torch.cuda.Stream) -> tuple:
+def _capture(path: AllReduceKernelPath, x: torch.Tensor, y: torch.Tensor, stream: torch.cuda.Stream) -> tuple:
     """One rank's graph of one all-reduce, captured on the production path; returns it with the
     slot its input took (0: staged)."""
     path.begin_capture()
-    session = path._state.capture
+    session = path.context.capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
         path.run(call_of(x, y))
@@ -268,7 +270,6 @@ def test_eager_calls_interleaved_with_three_graphs():
                     _fill(sim, r, slot, x)
             graphs.append([g for g, _ in per_rank])
             graph_io.append((x, y))
-        states = [sim.state(r) for r in range(world)]
         order = [("graph", 2), ("eager", TWOSHOT), ("graph", 0), ("eager", FLAGFREE), ("graph", 1),
                  ("graph", 0), ("eager", ONESHOT), ("graph", 2), ("eager", FLAGFREE), ("graph", 1)]
         for step, (how, which) in enumerate(order):
@@ -285,7 +286,7 @@ def test_eager_calls_interleaved_with_three_graphs():
                 for r in range(world):
                     streams[r].wait_stream(here)
                     with torch.cuda.stream(streams[r]):
-                        states[r].run(ALGO_CODES[which], call_of(x[r], y[r]), 1, 0)
+                        path_of(sim, r, which).launch(call_of(x[r], y[r]), 1, 0)
                 for s in streams:
                     here.wait_stream(s)
                 torch.cuda.synchronize()
@@ -315,7 +316,7 @@ def test_replay_after_close_returns_without_touching_memory(algo):
         for r in range(world):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                paths[r]._state.destroy()
+                paths[r].context.destroy()
             assert any(issubclass(w.category, ResourceWarning) for w in caught), caught
             sim.ctxs[r] = None  # retired: SimWorld must not destroy it again
         for t in y:

@@ -16,10 +16,10 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from ._nccl import DTYPES
-from .base import OPS, Call
-from .validate import REDOPS
-from .peers import PeerRefusal, Peers
+from .base import Call
 from .errors import PeerMismatchError
+from .peers import PeerRefusal, Peers, ints_text, text_ints
+from .validate import REDOPS
 
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
 MAX_SCALARS = 6  # an operation's own result-changing scalars (fp4's global scale, the norm's eps...)
@@ -27,8 +27,7 @@ KIND = "check"  # the exchange's kind (peers.Peers frames every exchange with on
 # Codes for the signature only: every dtype NCCL knows, then bool; any other shares the next.
 _DTYPE_LIST = (*DTYPES, torch.bool)
 _DTYPES = {d: i for i, d in enumerate(_DTYPE_LIST)}
-# Every operation that check mode compares; one code each, the same on every rank.
-CHECKED_OPS = (*OPS, "all_gatherv_fp4", "all_reduce_rmsnorm")
+_OP_INTS = 3  # the op's name travels as text (24 characters): any operation, no code table
 # The reduction, where one changes the result: "none" for gathers.
 _REDOPS = ("none", *REDOPS)
 
@@ -63,9 +62,9 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
         raise ValueError(f"at most {MAX_SCALARS} checked scalars, got {len(scalars)}")
     # Causes before symptoms: the path follows from the op, dtype, size and alignment, so a
     # size mismatch is reported as one, not as the path disagreement it also causes.
-    values = [CHECKED_OPS.index(op or call.op), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs),
+    values = [*text_ints(op or call.op, _OP_INTS), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs),
               _REDOPS.index(call.redop or "none")]
-    names = ["op", "dtype", "number of tensors", "reduction op"]
+    names = ["op"] * _OP_INTS + ["dtype", "number of tensors", "reduction op"]
     values += [v for _, v in scalars] + [0] * (MAX_SCALARS - len(scalars))
     names += [n for n, _ in scalars] + [f"unused scalar {i}" for i in range(len(scalars), MAX_SCALARS)]
     # sizes before the byte count: a disagreement there is the cause, the byte count the symptom
@@ -102,9 +101,12 @@ def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequenc
     """The first entry the ranks disagree on, with every rank's value, or None. ``decode``
     shows an entry's raw value readably (by name), for an operation's own scalars."""
     readable: dict[str, Callable[[int], object]] = {
-        "op": lambda v: CHECKED_OPS[v], "path": lambda v: path_names[v] if 0 <= v < len(path_names) else v,
+        "path": lambda v: path_names[v] if 0 <= v < len(path_names) else v,
         "dtype": lambda v: [*map(str, _DTYPE_LIST), "other"][v], "reduction op": lambda v: _REDOPS[v],
         **(decode or {})}
+    ops = [ints_text(row[:_OP_INTS]) for row in table]
+    if any(op != ops[0] for op in ops):
+        return "ranks disagree on the op (" + ", ".join(f"rank {r}: {op}" for r, op in enumerate(ops)) + ")"
     for column, name in enumerate(names):
         seen = [row[column] for row in table]
         if any(v != seen[0] for v in seen):

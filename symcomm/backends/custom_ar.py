@@ -1,0 +1,108 @@
+"""symcomm's own all-reduce kernels (csrc/custom_ar.cu) as three paths: ``custom-flagfree``,
+``custom-oneshot`` and ``custom-twoshot``; one-shot also serves reduce-scatter(v).
+
+They share the communicator's PeerContext (symcomm/backends/peer_path.py), so dispatch treats each
+kernel as a path of its own. docs/architecture.md has the rules; csrc/custom_ar.cu explains the
+kernels and their memory ordering.
+"""
+from __future__ import annotations
+
+from .. import _native
+from ..base import FLAGFREE, ONESHOT, SCATTERING_OPS, TWOSHOT, Call
+from ..peer.capture import CAPTURE_CODES, IN_REGION, SCATTER_CODE, STAGED
+from ..peer.context import PeerContext
+from .peer_path import PeerPath
+
+ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}  # symcomm_ar_algo_t
+DTYPE_CODES = _native.DTYPE_CODES
+
+
+class AllReduceKernelPath(PeerPath):
+    """One of the three all-reduce kernels."""
+
+    def __init__(self, name: str, shared=None) -> None:
+        self._algo = ALGO_CODES[name]
+        self.capacity = 0
+        super().__init__(name, shared)
+
+    def attached(self, context: PeerContext) -> None:
+        self.capacity = context.flagfree_bytes if self.name == FLAGFREE else context.staging_bytes
+
+    def why_not(self, call: Call) -> str | None:
+        if call.op in SCATTERING_OPS and self.name == ONESHOT:
+            return self._why_not_scatter(call)
+        if call.op != "all_reduce":
+            return ("custom-oneshot serves reduce_scatter(v) and all_reduce only" if self.name == ONESHOT
+                    else "custom kernels serve all_reduce only")
+        if call.redop != "sum":
+            return f"custom kernels only sum (op={call.redop!r})"
+        if call.dtype not in DTYPE_CODES:
+            return f"dtype {call.dtype} is unsupported (float32, float16, bfloat16)"
+        nbytes = call.nbytes
+        if nbytes % 16:
+            return f"{nbytes} bytes is not a multiple of 16 (the kernels move 16-byte vectors)"
+        if nbytes > self.capacity:
+            return f"{nbytes} bytes exceeds {self.name}'s capacity of {self.capacity} bytes"
+        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
+            return "input or output is not 16-byte aligned"
+        return None
+
+    def _why_not_scatter(self, call: Call) -> str | None:
+        if call.redop != "sum":
+            return f"custom kernels only sum (op={call.redop!r})"
+        if call.dtype not in DTYPE_CODES:
+            return f"dtype {call.dtype} is unsupported (float32, float16, bfloat16)"
+        x = call.inputs[0]
+        row_bytes = x.nbytes // x.shape[0] if x.shape[0] else 0
+        if row_bytes % 16:
+            return f"a row of {row_bytes} bytes is not whole 16-byte vectors"
+        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
+            return "input or output is not 16-byte aligned"
+        if call.nbytes > self.capacity and self._context.region_of(call.in_ptrs[0]) is None:
+            return (f"{call.nbytes} bytes exceeds the staging capacity of {self.capacity} bytes "
+                    f"(an input in the symmetric pool is read in place, with no limit)")
+        return None
+
+    def run(self, call: Call) -> None:
+        if call.op in SCATTERING_OPS:
+            self._run_scatter(call)
+            return
+        context, ptr = self._context, call.in_ptrs[0]
+        # In place, one-shot writes what peers may still be reading: that input is staged.
+        overwritten = self.name == ONESHOT and ptr == call.out_ptrs[0]
+        stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name],
+                                                        peers_read=self.name != FLAGFREE, overwritten=overwritten)
+        self.launch(call, stage, slot, offset, session)
+
+    def launch(self, call: Call, stage: int, slot: int, offset: int = 0, session=None) -> None:
+        """The all-reduce launch itself, reading the input as told (run() decides how; tests force
+        a staged or slot read). ``session``: the capture session the launch is recorded in."""
+        context = self._context
+        code = context.lib.symcomm_ar_run(context.ctx, self._algo, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot,
+                                          offset, call.out_ptrs[0], call.nbytes, stage,
+                                          context.launch_stream(session))
+        if code:
+            context.check("custom all-reduce launch", code)
+
+    def _run_scatter(self, call: Call) -> None:
+        """Uneven reduce-scatter as one-shot over this rank's rows: peers' inputs hold them at
+        the same offset. A pool input is read in place, any other is staged whole; in place is
+        safe here (this rank writes only its own rows, which no peer reads)."""
+        context = self._context
+        session = context.session()
+        x = call.inputs[0]
+        sizes = call.sizes or [x.shape[0] // context.world_size] * context.world_size
+        row_bytes = call.nbytes // sum(sizes)
+        region = context.region_of(call.in_ptrs[0])
+        slot, offset = (region[1], call.in_ptrs[0] - region[0]) if region else (0, 0)
+        if session is not None:
+            if region:
+                session.record(IN_REGION, SCATTER_CODE, call.nbytes, context.region_numbers[region[0]], offset)
+            else:
+                session.record(STAGED, SCATTER_CODE, call.nbytes)
+        code = context.lib.symcomm_ar_reduce_scatterv(
+            context.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot, offset, call.nbytes,
+            sum(sizes[:context.rank]) * row_bytes, call.out_ptrs[0], sizes[context.rank] * row_bytes,
+            0 if region else 1, context.launch_stream(session))
+        if code:
+            context.check("custom reduce_scatterv launch", code)

@@ -1,0 +1,203 @@
+"""all_reduce_rmsnorm as an operation: h = all_reduce(x) + residual, y = rmsnorm(h) * weight
+(+ FP8 / NVFP4), with symcomm/rmsnorm.py's arguments, rounding contract and local kernel.
+
+Its paths (symcomm/backends/fused_norm_ar.py, symcomm/backends/composite.py): ``fused-flagfree``,
+``fused-oneshot``, ``fused-twoshot`` run the norm inside one of symcomm's all-reduce kernels;
+``unfused`` runs the all-reduce on whatever path that op's dispatch picks, then the standalone
+kernel; ``reference`` the same with the torch reference. A fused path returns the bits of
+``unfused`` with the same all-reduce kernel. Auto tries them in the order of the dispatch
+table's ``all_reduce_rmsnorm`` row where the table has one (``symcomm-bench tune`` measures
+it); without one, in DEFAULT_ORDER, where a fused path serves exactly where the all-reduce of
+x alone would run on its kernel.
+
+``algo=`` takes a norm path (a fused one forces its kernel too) or an all-reduce path of the
+communicator, which forces that all-reduce: fused with the norm where that kernel's fused path
+serves, unfused with it otherwise.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import check_mode, fp4
+from ..base import Call
+from ..dispatch import Choice
+from ..errors import ArgumentError, PeerMismatchError
+from ..registry import lookup
+from ..rmsnorm import OP, QUANTS, NormCall, NormedResult, allocate, check_args
+from .base import CallContext, Dispatcher, Operation, into, scale_args
+from .collectives import make_all_reduce
+
+if TYPE_CHECKING:
+    from ..base import Path
+    from ..dispatch import DispatchTable
+    from ..peers import Peers
+
+# norm path name -> the all-reduce kernel it fuses
+FUSED_KERNELS = {"fused-flagfree": "custom-flagfree", "fused-oneshot": "custom-oneshot",
+                 "fused-twoshot": "custom-twoshot"}
+UNFUSED, REFERENCE = "unfused", "reference"
+# Auto's order where the table has no row for this op: a fused path then serves only where its
+# kernel is the all-reduce's choice, so at most one of them can, and it goes first.
+DEFAULT_ORDER = (*FUSED_KERNELS, UNFUSED, REFERENCE)
+
+
+@dataclass(frozen=True)
+class NormChoice(Choice):
+    """select()'s answer for all_reduce_rmsnorm: the norm path, why the others were passed over,
+    and the inner all-reduce's own Choice for the unfused paths (None for a fused one)."""
+
+    all_reduce: Choice | None = None
+
+
+def all_reduce_view(x: torch.Tensor) -> Call:
+    """The all-reduce of x as the unfused path makes it (out of place), without allocating an
+    output: what the fused paths follow, and what check mode compares."""
+    ptr = x.data_ptr()
+    return Call("all_reduce", (x,), (x,), (ptr,), (ptr,), None, "sum", x.nbytes, "all_reduce")
+
+
+def all_reduce_choice(call: NormCall, dispatcher: Dispatcher) -> str:
+    """The path the all-reduce of x alone takes under auto: the fused paths follow it. Once per call."""
+    if call.ar_choice is None:
+        call.ar_choice = dispatcher.choose_inner(all_reduce_view(call.x), "auto").name
+    return call.ar_choice
+
+
+def _decode_quant(v: int) -> str | None:
+    return (None, *QUANTS)[v]
+
+
+class AllReduceRmsnorm(Operation):
+    name = OP
+    skips_empty = False
+    bench = "symcomm.bench.norm_spec:ALL_REDUCE_RMSNORM"
+    check_decode: dict[str, Callable[[int], object]] = {
+        "eps": check_mode.bits_float, "scale": check_mode.bits_float, "quant": _decode_quant, "swizzle": bool,
+        "residual": lambda v: "given" if v else "none"}
+
+    def build(self, ctx: CallContext, x: Any, weight: Any, residual: Any = None, eps: Any = 1e-6, out: Any = None,
+              residual_out: Any = None, quant: Any = None, scale: Any = None, swizzle: Any = False) -> NormCall:
+        call = check_args(ctx.device, x, weight, residual, eps, out, residual_out, quant, scale, swizzle)
+        call.y, call.y_scales = allocate(call)
+        call.h = call.residual_out if call.residual_out is not None else torch.empty_like(call.x)
+        return call
+
+    def result(self, call: NormCall) -> NormedResult:
+        return NormedResult(call.y, call.h, call.y_scales)
+
+    def order(self, table: DispatchTable, call: NormCall) -> tuple[str, ...]:
+        if call.inner_algo != "auto" or OP not in table.rows:
+            return DEFAULT_ORDER
+        ranked = tuple(n for n in table.preference(OP, call.nbytes) if n in DEFAULT_ORDER)
+        return (*ranked, *(n for n in DEFAULT_ORDER if n not in ranked))
+
+    def ranking(self, table: DispatchTable, call: NormCall) -> str:
+        if call.inner_algo == "auto" and OP in table.rows:
+            return f"by the {table.source} table"
+        return "in all_reduce_rmsnorm's default order"
+
+    def resolve(self, call: NormCall, algo: object, dispatcher: Dispatcher) -> str:
+        algo = super().resolve(call, algo, dispatcher)
+        if algo == "auto" or algo in DEFAULT_ORDER:
+            # Forcing a fused path forces its kernel too (tune times each path so).
+            call.inner_algo = FUSED_KERNELS.get(algo, "auto")
+            return algo
+        if algo in dispatcher.paths_of("all_reduce"):
+            call.inner_algo = algo
+            return "auto"
+        off = dispatcher.off_of("all_reduce")
+        if algo in off:
+            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
+        raise ArgumentError(f"algo must be 'auto', a norm path ({', '.join(DEFAULT_ORDER)}) or an all-reduce path "
+                            f"of this communicator ({', '.join(dispatcher.paths_of('all_reduce'))}), got {algo!r}")
+
+    def inner_choice(self, call: NormCall, path: Path, dispatcher: Dispatcher) -> Choice | None:
+        if path.name not in (UNFUSED, REFERENCE):
+            return None
+        if call.inner_algo != "auto":
+            return Choice(call.inner_algo, {})
+        return dispatcher.explain_inner(make_all_reduce(call.x, torch.empty_like(call.x)), "auto")
+
+    def explain(self, choice: Choice, inner: Choice | None) -> NormChoice:
+        return NormChoice(choice.algo, choice.rejected, inner)
+
+    def check_scalars(self, call: NormCall) -> Sequence[tuple[str, int]]:
+        scale = call.scale
+        scale_bits = 0 if scale is None else check_mode.float_bits(float(scale.item()) if isinstance(scale, torch.Tensor)
+                                                                   else scale)
+        return [("eps", check_mode.float_bits(call.eps)), ("quant", (None, *QUANTS).index(call.quant)),
+                ("scale", scale_bits), ("swizzle", int(call.swizzle)), ("residual", int(call.residual is not None))]
+
+    def check_signature(self, call: NormCall, path_index: int, world: int,
+                        locate: Callable[[int], tuple[int, int]] | None,
+                        compared: Sequence[str]) -> tuple[list[int], list[str]]:
+        """The all-reduce of x under this op's name, with the norm path and every scalar that
+        changes a result compared. Free per rank, and not compared: ``weight`` and the
+        ``residual`` values (this rank normalises its own rows with them; fused two-shot, which
+        normalises each row on one rank for all, compares them in check_more) and where the
+        outputs sit (written locally)."""
+        return check_mode.signature(all_reduce_view(call.x), path_index, world, locate, compared, OP,
+                                    self.check_scalars(call))
+
+    def check_more(self, call: NormCall, path: Path, peers: Peers) -> None:
+        """Fused two-shot normalises each row on one rank, with that rank's residual and weight, so
+        they must be equal on every rank (tensor parallelism keeps them so): a digest of their bits
+        is compared."""
+        if path.name != "fused-twoshot":
+            return
+        check_replicated(call, peers)
+
+    def compiled(self, comm: Any, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
+                 out: Any, residual_out: torch.Tensor | None, quant: str | None, scale: Any, swizzle: bool,
+                 algo: str) -> NormedResult:
+        got = _all_reduce_rmsnorm(x, weight, residual, float(eps), quant, *scale_args(scale), swizzle, comm.key, algo)
+        y, scales = got[0], got[2] if quant == "nvfp4" else None
+        if out is not None:
+            y_out, scales_out = out if quant == "nvfp4" else (out, None)
+            y, scales = into(y_out, y), into(scales_out, scales)
+        return NormedResult(y, into(residual_out, got[1]), scales)
+
+
+def check_replicated(call: NormCall, peers: Peers) -> None:
+    digest = 0
+    for t in (call.residual, call.weight):
+        if t is not None:
+            bits = t.contiguous().view(torch.int16).reshape(-1).to(torch.int64)
+            digest = digest * 1_000_003 + int((bits * torch.arange(1, bits.numel() + 1, device=bits.device)).sum())
+    digest &= (1 << 63) - 1
+    rows = peers.exchange([digest], kind="check:replicated")
+    if any(row[0] != rows[0][0] for row in rows):
+        differ = [r for r, row in enumerate(rows) if row[0] != rows[0][0]]
+        raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: residual or weight differs between rank 0 and rank(s) "
+                                f"{differ}; fused two-shot normalises each row on one rank, so both must be the same "
+                                f"on every rank")
+
+
+ALL_REDUCE_RMSNORM = AllReduceRmsnorm()
+
+
+# The op returns its tensors as a list (a custom op cannot return a NamedTuple or an optional);
+# compiled() rebuilds what the eager method returns. A scale arrives as a float or a tensor, so
+# both are parameters and one of them is None.
+@torch.library.custom_op(f"symcomm::{OP}", mutates_args=())
+def _all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
+                        quant: str | None, scale_value: float | None, scale: torch.Tensor | None, swizzle: bool,
+                        comm_key: int, algo: str) -> list[torch.Tensor]:
+    got = lookup(comm_key).all_reduce_rmsnorm(x, weight, residual=residual, eps=eps, quant=quant, swizzle=swizzle,
+                                              scale=scale if scale is not None else scale_value, algo=algo)
+    return [got.out, got.residual, *([] if got.scales is None else [got.scales])]
+
+
+@_all_reduce_rmsnorm.register_fake
+def _(x, weight, residual, eps, quant, scale_value, scale, swizzle, comm_key, algo):
+    tokens, hidden = x.shape
+    if quant == "nvfp4":
+        out = [x.new_empty((tokens, hidden // 2), dtype=torch.uint8),
+               x.new_empty(fp4.scales_shape(tokens, hidden, swizzle), dtype=torch.float8_e4m3fn)]
+    else:
+        out = [x.new_empty(x.shape, dtype=torch.float8_e4m3fn if quant == "fp8" else x.dtype)]
+    return [out[0], torch.empty_like(x), *out[1:]]

@@ -1,0 +1,250 @@
+"""The five collectives as operations: all_reduce, all_gather, all_gatherv, reduce_scatter,
+reduce_scatterv. Each builds its Call from the public method's arguments (the rules of
+symcomm/validate.py), is chosen by its row of the dispatch table, and under torch.compile runs
+as a torch.library op of its own (functional: an ``out=`` receives a copy).
+
+``*_call`` builds a call from arguments; ``make_*`` builds one from tensors a composite
+operation already validated (no rules run), for the collective it runs inside.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import validate
+from ..base import Call
+from ..errors import ArgumentError
+from ..registry import lookup
+from .base import CallContext, Operation, into
+
+def all_reduce_call(x: object, out: object, op: object, device: torch.device) -> Call:
+    # The hottest eager path: the common case is inlined, the helpers only raise.
+    x = validate.tensor("x", x, device)
+    dtype = x.dtype
+    if op not in validate.REDOP_SET or dtype in validate.UNREDUCIBLE or (op == "avg" and not dtype.is_floating_point):
+        validate.redop(op, dtype)
+    x_ptr, nbytes = x.data_ptr(), x.nbytes
+    if out is None:
+        out = torch.empty_like(x)
+        out_ptr = out.data_ptr()
+    elif out is x:
+        out_ptr = x_ptr
+    else:
+        out = validate.tensor("out", out, device)
+        if out.dtype is not dtype or out.shape != x.shape:
+            validate.output("out", out, x.shape, x)
+        out_ptr = out.data_ptr()
+        if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
+            validate.in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)  # raises: partial overlap
+    # In place measured differently (one-shot stages an in-place input): its own table row.
+    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes,
+                "all_reduce:inplace" if out_ptr == x_ptr else None)
+
+
+def all_gather_call(x: object, out: object, rank: int, world_size: int, device: torch.device) -> Call:
+    x = validate.tensor("x", x, device)
+    n = validate.rows("x", x)
+    out = validate.output("out", out, (world_size * n, *x.shape[1:]), x)
+    x_ptr, out_ptr, nbytes = x.data_ptr(), out.data_ptr(), out.nbytes
+    call = Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, nbytes)
+    if validate.in_place("x", x_ptr, x.nbytes, "out", out_ptr, nbytes, out_ptr + rank * x.nbytes):
+        call.table_key = "all_gather:inplace"
+    return call
+
+
+def reduce_scatter_call(x: object, out: object, op: object, rank: int, world_size: int,
+                   device: torch.device) -> Call:
+    x = validate.tensor("x", x, device)
+    op = validate.redop(op, x.dtype)
+    n = validate.rows("x", x)
+    if n % world_size:
+        raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
+    out = validate.output("out", out, (n // world_size, *x.shape[1:]), x)
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    inplace = validate.in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
+    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes,
+                "reduce_scatter:inplace" if inplace else None)
+
+
+def all_gatherv_call(tensors: object, sizes: object, out: object, rank: int, world_size: int,
+                device: torch.device) -> Call:
+    single = isinstance(tensors, torch.Tensor)
+    xs = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) else None
+    if not xs:
+        raise ArgumentError("tensors must be a tensor or a non-empty list of tensors")
+    sizes = validate.sizes_arg(sizes, world_size)
+    if out is None:
+        outs = [None] * len(xs)
+    elif single:
+        outs = [out]
+    elif isinstance(out, (list, tuple)) and len(out) == len(xs):
+        outs = list(out)
+    else:
+        raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
+    total, before = sum(sizes), sum(sizes[:rank])
+    for i, x in enumerate(xs):
+        name, out_name = ("tensors", "out") if single else (f"tensors[{i}]", f"out[{i}]")
+        xs[i] = x = validate.tensor(name, x, device)
+        if validate.rows(name, x) != sizes[rank]:
+            raise ArgumentError(f"{name} has {x.shape[0]} rows, but sizes[{rank}] (this rank) is {sizes[rank]}")
+        validate.check_extent(out_name, total, x)
+        outs[i] = o = validate.output(out_name, outs[i], (total, *x.shape[1:]), x)
+        row_bytes = o.nbytes // total if total else 0
+        validate.in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)
+    in_ptrs, out_ptrs = [x.data_ptr() for x in xs], [o.data_ptr() for o in outs]
+    return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs))
+
+
+def reduce_scatterv_call(x: object, sizes: object, out: object, op: object, rank: int, world_size: int,
+                    device: torch.device) -> Call:
+    x = validate.tensor("x", x, device)
+    op = validate.redop(op, x.dtype)
+    sizes = validate.sizes_arg(sizes, world_size)
+    total = sum(sizes)
+    if validate.rows("x", x) != total:
+        raise ArgumentError(f"x has {x.shape[0]} rows, but sizes add up to {total}")
+    out = validate.output("out", out, (sizes[rank], *x.shape[1:]), x)
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    row_bytes = x.nbytes // total if total else 0
+    validate.in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + sum(sizes[:rank]) * row_bytes)
+    return Call("reduce_scatterv", (x,), (out,), (x_ptr,), (out_ptr,), sizes, op, x.nbytes)
+
+
+def make_all_reduce(x: torch.Tensor, out: torch.Tensor) -> Call:
+    """The sum all-reduce of ``x`` into ``out`` (already valid: same shape and dtype, contiguous,
+    on the communicator's device, not partly overlapping), as a composite op runs it."""
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, "sum", x.nbytes,
+                "all_reduce:inplace" if out_ptr == x_ptr else None)
+
+
+def make_all_gatherv(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], sizes: list[int]) -> Call:
+    """The all_gatherv of already-valid tensors (a composite op's own slices and outputs)."""
+    return Call("all_gatherv", inputs, outputs, [t.data_ptr() for t in inputs], [t.data_ptr() for t in outputs],
+                sizes, None, sum(t.nbytes for t in outputs))
+
+
+class AllReduce(Operation):
+    name = "all_reduce"
+    bench = "symcomm.bench.collectives:ALL_REDUCE"
+
+    def build(self, ctx: CallContext, x: Any, out: Any = None, op: Any = "sum") -> Call:
+        return all_reduce_call(x, out, op, ctx.device)
+
+    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
+        return into(out, _all_reduce(x, comm.key, op, algo))
+
+
+class AllGather(Operation):
+    name = "all_gather"
+    bench = "symcomm.bench.collectives:ALL_GATHER"
+
+    def build(self, ctx: CallContext, x: Any, out: Any = None) -> Call:
+        return all_gather_call(x, out, ctx.rank, ctx.world_size, ctx.device)
+
+    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, algo: str) -> torch.Tensor:
+        return into(out, _all_gather(x, comm.key, algo))
+
+
+class AllGatherv(Operation):
+    name = "all_gatherv"
+    bench = "symcomm.bench.collectives:ALL_GATHERV"
+
+    def build(self, ctx: CallContext, tensors: Any, sizes: Any, out: Any = None) -> Call:
+        call = all_gatherv_call(tensors, sizes, out, ctx.rank, ctx.world_size, ctx.device)
+        call.single = isinstance(tensors, torch.Tensor)
+        return call
+
+    def result(self, call: Call) -> torch.Tensor | list[torch.Tensor]:
+        return call.outputs[0] if call.single else list(call.outputs)
+
+    def compiled(self, comm: Any, tensors: Any, sizes: Sequence[int], out: Any, algo: str) -> Any:
+        single = isinstance(tensors, torch.Tensor)
+        results = _all_gatherv([tensors] if single else list(tensors), list(sizes), comm.key, algo)
+        if single:
+            return into(out, results[0])
+        return results if out is None else [into(o, r) for o, r in zip(out, results)]
+
+
+class ReduceScatter(Operation):
+    name = "reduce_scatter"
+    bench = "symcomm.bench.collectives:REDUCE_SCATTER"
+
+    def build(self, ctx: CallContext, x: Any, out: Any = None, op: Any = "sum") -> Call:
+        return reduce_scatter_call(x, out, op, ctx.rank, ctx.world_size, ctx.device)
+
+    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
+        return into(out, _reduce_scatter(x, comm.key, op, algo))
+
+
+class ReduceScatterv(Operation):
+    name = "reduce_scatterv"
+    bench = "symcomm.bench.collectives:REDUCE_SCATTERV"
+
+    def build(self, ctx: CallContext, x: Any, sizes: Any, out: Any = None, op: Any = "sum") -> Call:
+        return reduce_scatterv_call(x, sizes, out, op, ctx.rank, ctx.world_size, ctx.device)
+
+    def compiled(self, comm: Any, x: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None, op: str,
+                 algo: str) -> torch.Tensor:
+        return into(out, _reduce_scatterv(x, list(sizes), comm.key, op, algo))
+
+
+ALL_REDUCE, ALL_GATHER, ALL_GATHERV = AllReduce(), AllGather(), AllGatherv()
+REDUCE_SCATTER, REDUCE_SCATTERV = ReduceScatter(), ReduceScatterv()
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER, ALL_GATHERV, REDUCE_SCATTER, REDUCE_SCATTERV)
+
+
+# ------------------------------------------------------------------- torch.compile
+# Eager calls never come through here (a custom op's dispatch costs microseconds): under
+# compile the Communicator's methods route to these, passing the communicator by its registry
+# key (ops take ints, not Python objects).
+@torch.library.custom_op("symcomm::all_reduce", mutates_args=())
+def _all_reduce(x: torch.Tensor, comm_key: int, op: str, algo: str) -> torch.Tensor:
+    return lookup(comm_key).all_reduce(x, op=op, algo=algo)
+
+
+@_all_reduce.register_fake
+def _(x, comm_key, op, algo):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("symcomm::all_gather", mutates_args=())
+def _all_gather(x: torch.Tensor, comm_key: int, algo: str) -> torch.Tensor:
+    return lookup(comm_key).all_gather(x, algo=algo)
+
+
+@_all_gather.register_fake
+def _(x, comm_key, algo):
+    return x.new_empty((lookup(comm_key).world_size * x.shape[0], *x.shape[1:]))
+
+
+@torch.library.custom_op("symcomm::all_gatherv", mutates_args=())
+def _all_gatherv(xs: list[torch.Tensor], sizes: list[int], comm_key: int, algo: str) -> list[torch.Tensor]:
+    return list(lookup(comm_key).all_gatherv(list(xs), sizes, algo=algo))
+
+
+@_all_gatherv.register_fake
+def _(xs, sizes, comm_key, algo):
+    return [x.new_empty((sum(sizes), *x.shape[1:])) for x in xs]
+
+
+@torch.library.custom_op("symcomm::reduce_scatter", mutates_args=())
+def _reduce_scatter(x: torch.Tensor, comm_key: int, op: str, algo: str) -> torch.Tensor:
+    return lookup(comm_key).reduce_scatter(x, op=op, algo=algo)
+
+
+@_reduce_scatter.register_fake
+def _(x, comm_key, op, algo):
+    return x.new_empty((x.shape[0] // lookup(comm_key).world_size, *x.shape[1:]))
+
+
+@torch.library.custom_op("symcomm::reduce_scatterv", mutates_args=())
+def _reduce_scatterv(x: torch.Tensor, sizes: list[int], comm_key: int, op: str, algo: str) -> torch.Tensor:
+    return lookup(comm_key).reduce_scatterv(x, sizes, op=op, algo=algo)
+
+
+@_reduce_scatterv.register_fake
+def _(x, sizes, comm_key, op, algo):
+    return x.new_empty((sizes[lookup(comm_key).rank], *x.shape[1:]))
