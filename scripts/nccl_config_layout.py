@@ -1,7 +1,7 @@
 """Print the C layout of NCCL's ncclConfig_t, as a compiler lays it out, for one or more headers.
 
     python scripts/nccl_config_layout.py --git NCCL_REPO v2.28.9-1 v2.29.2-1 ...
-    python scripts/nccl_config_layout.py --header path/to/nccl.h --source "what it is"
+    python scripts/nccl_config_layout.py --header NCCL_H --source "what it is"
 
 For each header it cuts out the ``typedef struct ncclConfig_v... { ... } ncclConfig_t;`` block
 verbatim (the struct uses only C's own types), compiles a tiny C program around it with ``cc``

@@ -6,7 +6,8 @@ handles), so the search order prefers the library already mapped into the proces
 system ``libnccl.so.2``.
 
 Every call returns ``ncclResult_t``; :func:`check` turns a failure into :class:`NcclError`
-carrying ``ncclGetErrorString`` and ``ncclGetLastError``.
+carrying ``ncclGetErrorString`` and ``ncclGetLastError``. Communicator settings
+(``ncclConfig_t``, whose layout depends on the version) come from _nccl_config.py.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 NCCL's communicator configuration is a C struct that grows at its end from release to release.
 A program compiled against one release's ``nccl.h`` passes ``size``, ``magic`` and ``version``
 from that header's ``NCCL_CONFIG_INITIALIZER``; the library copies ``min(size, its own sizeof)``
-bytes and, for every field newer than ``version``, puts its own default back (``parseCommConfig``
-in src/init.cc, the same from v2.17.1-1 to v2.30.7-1). ctypes has no header, so this module
+bytes and, for every field newer than ``version``, puts its own default back (NCCL's
+``parseCommConfig``, init.cc, the same from v2.17.1-1 to v2.30.7-1). ctypes has no header, so this module
 writes each layout down (:data:`_STEPS`) and builds the one a program compiled against that
 release would pass: the layout of the newest release here that is not newer than the loaded
 one, stamped with that release's version code. Stamping the release the layout came from, not
@@ -127,7 +127,7 @@ class CommConfig:
 
     ``split_share`` matters on the *parent*: ncclCommSplit shares the parent's buffers and proxy
     with the child when the parent was created with ``split_share=True`` (NCCL reads the
-    parent's flag, ``ncclCommInitChildComm`` in src/init.cc). ``blocking=False`` makes init
+    parent's flag, in NCCL's ``ncclCommInitChildComm``). ``blocking=False`` makes init
     return at once; :meth:`symcomm._nccl.Library.comm_wait_ready` then waits, bounded.
     ``netName`` and ``commName`` are left out on purpose: NCCL keeps those pointers past the
     call, which a ctypes buffer would not outlive.
@@ -221,7 +221,7 @@ FEATURES: dict[str, tuple[Version, str]] = {
     "uneven_windows": ((2, 30, 7), ("v2.30.7-1: a window's VA span is the largest rank's size "
                                    "(lsaMaxSize, 'to support asymmetric sizes', dev_runtime.cc)")),
     "pdl_safe_symmetric_kernels": ((2, 30, 7), ("v2.30.7-1's symmetric kernels start with "
-                                               "cudaGridDependencySynchronize (symmetric/generate.py); "
+                                               "cudaGridDependencySynchronize (their generator, generate.py); "
                                                "v2.27.x had it, v2.28.3-1..v2.30.4-1 do not")),
     "graph_stream_ordering": ((2, 30, 7), "ncclConfig_t.graphStreamOrdering appears in v2.30.7-1"),
     "coll_config": ((2, 31, 2), "ncclCollConfig_t and the nccl*Config collectives, in 2.31.2's nccl.h"),

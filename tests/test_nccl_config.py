@@ -7,8 +7,8 @@ and the NCCL_CONFIG_INITIALIZER entries. It was produced on 2026-11-25 with
     python scripts/nccl_config_layout.py --git <NVIDIA/nccl clone> v2.27.3-1 v2.27.5-1 v2.27.6-1 \\
         v2.27.7-1 v2.28.3-1 v2.28.7-1 v2.28.9-1 v2.29.2-1 v2.29.3-1 v2.29.7-1 v2.30.3-1 \\
         v2.30.4-1 v2.30.7-1 \\
-        --header <2.31.2 nccl.h> --source "nvidia-nccl-cu13 2.31.2 wheel, nvidia/nccl/include/nccl.h" \\
-        --header <2.32.3 nccl.h> --source "nvidia-nccl-cu13 2.32.3 wheel, nvidia/nccl/include/nccl.h"
+        --header <2.31.2 nccl.h> --source "nvidia-nccl-cu13 2.31.2 wheel, the nccl.h of its include folder" \\
+        --header <2.32.3 nccl.h> --source "nvidia-nccl-cu13 2.32.3 wheel, the nccl.h of its include folder"
 
 Each entry's ``source`` names the tag and commit (or the wheel and the header's sha256) it was
 read from. CI has no NCCL and cannot fetch headers; the table is the headers' word written down.
