@@ -6,20 +6,23 @@ handles), so the search order prefers the library already mapped into the proces
 system ``libnccl.so.2``.
 
 Every call returns ``ncclResult_t``; :func:`check` turns a failure into :class:`NcclError`
-carrying ``ncclGetErrorString`` and ``ncclGetLastError``.
+carrying ``ncclGetErrorString`` and ``ncclGetLastError``. Communicator settings
+(``ncclConfig_t``, whose layout depends on the version) come from _nccl_config.py.
 """
 from __future__ import annotations
 
 import ctypes
 import importlib.util
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import settings
-from .errors import DtypeError, NcclError, NcclUnavailableError
+from ._nccl_config import SPLIT_NOCOLOR, CommConfig, ConfigLayout, features, layout_for
+from .errors import ArgumentError, CommTimeoutError, DtypeError, NcclError, NcclUnavailableError
 
 # Symmetric windows (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC) arrived in 2.27.
 SYMMETRIC_MIN_VERSION = (2, 27, 0)
@@ -38,7 +41,9 @@ RESULT_NAMES = {
     5: "ncclInvalidUsage",
     6: "ncclRemoteError",
     7: "ncclInProgress",
+    8: "ncclTimeout",  # NCCL >= 2.30
 }
+IN_PROGRESS = 7
 
 # ncclDataType_t
 INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
@@ -86,6 +91,11 @@ _SIGNATURES: dict[str, list] = {
     "ncclGetVersion": [ctypes.POINTER(_int)],
     "ncclGetUniqueId": [ctypes.POINTER(UniqueId)],
     "ncclCommInitRank": [ctypes.POINTER(_p), _int, UniqueId, _int],
+    # comm*, nranks, id, rank, config* (the config's struct type depends on the version: void*)
+    "ncclCommInitRankConfig": [ctypes.POINTER(_p), _int, UniqueId, _int, _p],
+    # parent, color, key, newcomm*, config*
+    "ncclCommSplit": [_p, _int, _int, ctypes.POINTER(_p), _p],
+    "ncclCommGetAsyncError": [_p, ctypes.POINTER(_int)],
     "ncclCommDestroy": [_p],
     "ncclCommAbort": [_p],
     "ncclGroupStart": [],
@@ -110,7 +120,11 @@ _SIGNATURES: dict[str, list] = {
 _OPTIONAL = {
     "ncclCommWindowRegister": [_p, _p, _size, ctypes.POINTER(_p), _int],
     "ncclCommWindowDeregister": [_p, _p],
+    # comm, ncclCommMemStat_t, uint64_t* (NCCL >= 2.29.7)
+    "ncclCommMemStats": [_p, _int, ctypes.POINTER(ctypes.c_uint64)],
 }
+# ncclCommMemStat_t, in its order
+MEM_STATS = ("suspendable_bytes", "suspended", "persistent_bytes", "total_bytes")
 
 
 def _mapped_nccl() -> str | None:
@@ -172,6 +186,17 @@ class Library:
     def version_string(self) -> str:
         return ".".join(map(str, self.version))
 
+    @property
+    def features(self) -> dict[str, bool]:
+        """Version-dependent behaviour, by name (symcomm._nccl_config.FEATURES says where each
+        was read)."""
+        return features(self.version, self.lib)
+
+    @property
+    def config_layout(self) -> ConfigLayout | None:
+        """The ncclConfig_t layout a CommConfig is built in for this NCCL, or None."""
+        return layout_for(self.version)
+
     def error_string(self, code: int) -> str:
         return self.lib.ncclGetErrorString(code).decode(errors="replace")
 
@@ -191,11 +216,75 @@ class Library:
         self.check("ncclGetUniqueId", self.lib.ncclGetUniqueId(ctypes.byref(uid)))
         return uid
 
-    def comm_init_rank(self, world_size: int, uid: UniqueId, rank: int) -> int:
+    def comm_init_rank(self, world_size: int, uid: UniqueId, rank: int,
+                       config: CommConfig | None = None) -> int:
+        """Collective: a new communicator. Without ``config``, plain ncclCommInitRank; with one,
+        ncclCommInitRankConfig with the struct of this NCCL's layout (ArgumentError, before any
+        communication, for a field this NCCL lacks). A ``blocking=False`` config returns a
+        communicator that may still be connecting: pass it to :meth:`comm_wait_ready`."""
         handle = _p()
-        self.check("ncclCommInitRank",
-                   self.lib.ncclCommInitRank(ctypes.byref(handle), world_size, uid, rank))
+        if config is None:
+            self.check("ncclCommInitRank",
+                       self.lib.ncclCommInitRank(ctypes.byref(handle), world_size, uid, rank))
+            return handle.value
+        struct = config.build(self.version)
+        code = self.lib.ncclCommInitRankConfig(ctypes.byref(handle), world_size, uid, rank,
+                                               ctypes.byref(struct))
+        self._check_started("ncclCommInitRankConfig", code, config, handle.value)
         return handle.value
+
+    def comm_split(self, parent: int, color: int | None, key: int,
+                   config: CommConfig | None = None) -> int:
+        """Collective over ``parent``: the ranks that pass the same ``color`` form a child
+        communicator, ordered by ``key``; ``color=None`` joins none and returns 0. Without
+        ``config`` the child copies the parent's. The child shares the parent's buffers only if
+        the *parent* was created with ``split_share=True``."""
+        if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
+            raise ArgumentError(f"color must be a non-negative int or None, got {color!r}")
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise ArgumentError(f"key must be an int, got {key!r}")
+        struct = config.build(self.version) if config is not None else None
+        handle = _p()
+        code = self.lib.ncclCommSplit(parent, SPLIT_NOCOLOR if color is None else color, key,
+                                      ctypes.byref(handle),
+                                      ctypes.byref(struct) if struct is not None else None)
+        self._check_started("ncclCommSplit", code, config, parent)
+        return handle.value or 0
+
+    def _check_started(self, call: str, code: int, config: CommConfig | None, comm: int) -> None:
+        # A non-blocking init answers ncclInProgress; anything else non-zero is a failure.
+        if code == IN_PROGRESS and config is not None and config.blocking is False:
+            return
+        self.check(call, code, comm)
+
+    def comm_wait_ready(self, comm: int, timeout_s: float, poll_s: float = 0.001) -> None:
+        """Wait for a non-blocking communicator to finish connecting, at most ``timeout_s``.
+        On timeout the communicator is aborted (its memory freed) and CommTimeoutError raised."""
+        state = _int(IN_PROGRESS)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check("ncclCommGetAsyncError",
+                       self.lib.ncclCommGetAsyncError(comm, ctypes.byref(state)), comm)
+            if state.value != IN_PROGRESS:
+                self.check("ncclCommGetAsyncError (communicator setup)", state.value, comm)
+                return
+            if time.monotonic() >= deadline:
+                self.comm_abort(comm)
+                raise CommTimeoutError(f"NCCL communicator setup did not finish within {timeout_s:.0f} s "
+                                       f"(a peer is missing or stuck); it was aborted")
+            time.sleep(poll_s)
+
+    def comm_mem_stats(self, comm: int) -> dict[str, int] | None:
+        """NCCL's own account of the device memory ``comm`` holds (ncclCommMemStats, NCCL >=
+        2.29.7), or None where this NCCL has no such call."""
+        if not self.features["comm_mem_stats"]:
+            return None
+        stats = {}
+        for code, name in enumerate(MEM_STATS):
+            value = ctypes.c_uint64()
+            self.check("ncclCommMemStats", self.lib.ncclCommMemStats(comm, code, ctypes.byref(value)), comm)
+            stats[name] = value.value
+        return stats
 
     def comm_destroy(self, comm: int) -> None:
         self.check("ncclCommDestroy", self.lib.ncclCommDestroy(comm))
