@@ -91,6 +91,92 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
   }
 }
 
+// bf16 / fp16 input, 16-byte aligned, kPer consecutive blocks per thread (all loads issued
+// before the first block is encoded). The kernel is bound by instruction issue, not by memory
+// (bench/NOTES.md, 2026-11-25), so it spends as few as it can per value: the block's amax comes
+// from the packed 16-bit patterns, whose order as unsigned integers is the order of |v| (a NaN
+// above infinity, as amax_step has it), three pairs per sm_90 three-way max instruction; the
+// values are widened straight from the pairs; and e2m1_magnitude needs no conversion instruction.
+template <typename T>
+struct Pairs;
+
+template <>
+struct Pairs<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t amax_bits(uint32_t m16) { return m16 << 16; }
+  static __device__ __forceinline__ void widen(uint32_t w, float& lo, float& hi) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xFFFF0000u);
+  }
+};
+
+template <>
+struct Pairs<__half> {
+  static __device__ __forceinline__ uint32_t amax_bits(uint32_t m16) {
+    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(m16))));
+  }
+  static __device__ __forceinline__ void widen(uint32_t w, float& lo, float& hi) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    lo = f.x;
+    hi = f.y;
+  }
+};
+
+// One block of 16 values held as eight little-endian pairs (element 2i in the low half of w[i]).
+template <typename T>
+__device__ __forceinline__ uint8_t encode_pairs(const uint32_t (&w)[8], float gs, uint32_t (&words)[2]) {
+  uint32_t m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = w[i] & 0x7FFF7FFFu;  // |v|, two at a time
+  const uint32_t m3 = __vimax3_u16x2(__vimax3_u16x2(m[0], m[1], m[2]), __vimax3_u16x2(m[3], m[4], m[5]),
+                                     __vmaxu2(m[6], m[7]));
+  const uint32_t lo = m3 & 0xFFFFu, hi = m3 >> 16;
+  float v[kBlock];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) Pairs<T>::widen(w[i], v[2 * i], v[2 * i + 1]);
+  return encode_block_amax(v, Pairs<T>::amax_bits(lo > hi ? lo : hi), gs, words);
+}
+
+template <typename T, bool kSwizzle, int kPer>
+__global__ void __launch_bounds__(kThreads) quantize16_kernel(const uint4* __restrict__ x, uint8_t* __restrict__ packed,
+                                                            uint8_t* __restrict__ scales, const float* gs_ptr,
+                                                            float gs_value, Shape shape) {
+  const float gs = gs_ptr != nullptr ? *gs_ptr : gs_value;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kPer;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPer; first < shape.blocks;
+       first += stride) {
+    uint32_t w[kPer][8];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (first + k < shape.blocks) {
+        const uint4 u0 = __ldg(x + 2 * (first + k)), u1 = __ldg(x + 2 * (first + k) + 1);
+        w[k][0] = u0.x, w[k][1] = u0.y, w[k][2] = u0.z, w[k][3] = u0.w;
+        w[k][4] = u1.x, w[k][5] = u1.y, w[k][6] = u1.z, w[k][7] = u1.w;
+      }
+    }
+    uint32_t words[kPer][2];
+    uint8_t sc[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (first + k < shape.blocks) sc[k] = encode_pairs<T>(w[k], gs, words[k]);
+    }
+    if (kPer == 2 && first + 1 < shape.blocks) {
+      // packed is 16-byte aligned here (the launcher's rule for kPer 2) and first is even.
+      *reinterpret_cast<uint4*>(packed + first * 8) = make_uint4(words[0][0], words[0][1], words[1][0], words[1][1]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        if (first + k < shape.blocks)
+          *reinterpret_cast<uint2*>(packed + (first + k) * 8) = make_uint2(words[k][0], words[k][1]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (first + k < shape.blocks)
+        scales[scale_index(first + k, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = sc[k];
+    }
+  }
+}
+
 template <typename T, bool kSwizzle, bool kVec>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t* __restrict__ packed,
                                                             const uint8_t* __restrict__ scales, T* __restrict__ out,
@@ -144,6 +230,10 @@ cudaError_t with_flags(bool layout, bool vec, Launch launch) {
   return cudaGetLastError();
 }
 
+#ifndef SYMCOMM_FP4_PER_THREAD
+#define SYMCOMM_FP4_PER_THREAD 1
+#endif
+
 template <typename T>
 cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, float gs_value, void* packed,
                             void* scales, bool swizzle, cudaStream_t stream) {
@@ -153,6 +243,22 @@ cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, 
   // The vector path needs 16-byte aligned input and 8-byte aligned codes; views that start
   // mid-row of a larger buffer may not be, and take the scalar path instead of faulting.
   const bool vec = aligned(x, 16) && aligned(packed, 8);
+  if constexpr (sizeof(T) == 2) {
+    if (vec) {
+      constexpr int kPer = SYMCOMM_FP4_PER_THREAD;
+      const bool pair = kPer == 2 && aligned(packed, 16);
+      const auto* xv = static_cast<const uint4*>(x);
+      const dim3 grid = grid_for((s.blocks + (pair ? 1 : 0)) / (pair ? 2 : 1)), block(kThreads);
+      if (swizzle) {
+        if (pair) quantize16_kernel<T, true, 2><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+        else quantize16_kernel<T, true, 1><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      } else {
+        if (pair) quantize16_kernel<T, false, 2><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+        else quantize16_kernel<T, false, 1><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      }
+      return cudaGetLastError();
+    }
+  }
   const dim3 grid = grid_for(s.blocks), block(kThreads);
   return with_flags(swizzle, vec, [&](auto swz, auto vec_) {
     quantize_kernel<T, decltype(swz)::value, decltype(vec_)::value><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr,
