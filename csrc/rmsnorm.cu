@@ -18,32 +18,118 @@ namespace {
 using namespace symcomm;
 using namespace symcomm::norm;
 
-// One block of kThreads per row: the block is the reduction order's virtual block, so the
-// kernel needs nothing beyond rmsnorm_row. h stays in registers (kIters vectors per thread),
-// so the row is read once; kIters is the smallest power of two that covers the row.
+// Block b takes rows b, b + gridDim.x, ...: one block of kThreads per row at a time, the
+// reduction order's virtual block. Every load of a row is issued before its first store: a store
+// to the new residual may alias a later vector of the input (in place, or the all-reduce written
+// straight into the new residual), so a load-add-store loop waited out one memory round trip per
+// vector. The weight and the output scale are loaded once per block, with its first row.
 template <typename T, int kIters>
-__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* a, const T* residual, const T* weight,
-                                                           T* residual_out, Output out, int nvec, float eps) {
-  __shared__ float smem[kWarps];
-  enter_after_predecessor();
-  const int64_t row = blockIdx.x;
-  // No __restrict__ and no read-only loads: a and residual may be residual_out itself (the
-  // caller's in-place residual, or the all-reduce written straight into the new residual).
-  // Each element is read before it is written, by the same thread.
+__device__ __forceinline__ void load_row(Vec<T> (&x)[kIters], Vec<T> (&r)[kIters], const T* a, const T* residual,
+                                         int64_t row, int nvec) {
   const Vec<T>* a_row = reinterpret_cast<const Vec<T>*>(a) + row * nvec;
   const Vec<T>* r_row = residual != nullptr ? reinterpret_cast<const Vec<T>*>(residual) + row * nvec : nullptr;
-  Vec<T>* h_row = residual_out != nullptr ? reinterpret_cast<Vec<T>*>(residual_out) + row * nvec : nullptr;
-  Vec<T> h[kIters];
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int j = threadIdx.x + i * kThreads;
     if (j < nvec) {
-      h[i] = a_row[j];
-      if (r_row != nullptr) add_residual(h[i], r_row[j]);
-      if (h_row != nullptr) h_row[j] = h[i];
+      x[i] = load_vec(a_row + j);
+      if (r_row != nullptr) r[i] = load_vec(r_row + j);
     }
   }
-  rmsnorm_row<T, kIters>(h, row, nvec, weight, eps, out, smem);
+}
+
+// The weight goes to shared memory with cp.async (sm_80), issued with the first row's loads:
+// held in registers across the row's sum it pushed a 7168-wide row's kernel from 64 registers to
+// 139 (1 block per SM), and read from global memory after the sum it costs one more memory
+// round trip per row. Each thread copies exactly the vectors it reads back, so waiting for its
+// own copies is enough (no barrier). Rows of up to kSmemIters * kThreads vectors (32 KB).
+constexpr int kSmemIters = 8;
+
+template <typename T>
+__device__ __forceinline__ void copy_to_shared(Vec<T>* dst, const Vec<T>* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Variants for the 2026-11-25 comparison (bench/NOTES.md); the build without flags is the
+// default. SYMCOMM_NORM_PERSISTENT: a grid of resident blocks looping over rows instead of one
+// block per row; SYMCOMM_NORM_PREFETCH (with it): the next row's loads issued before this row's
+// sum; SYMCOMM_NORM_PDL=0: a plain launch; SYMCOMM_NORM_MIN_BLOCKS: the register budget.
+#ifndef SYMCOMM_NORM_PERSISTENT
+#define SYMCOMM_NORM_PERSISTENT 0
+#endif
+#ifndef SYMCOMM_NORM_PREFETCH
+#define SYMCOMM_NORM_PREFETCH 0
+#endif
+#ifndef SYMCOMM_NORM_PDL
+#define SYMCOMM_NORM_PDL 1
+#endif
+#ifndef SYMCOMM_NORM_MIN_BLOCKS
+#define SYMCOMM_NORM_MIN_BLOCKS 3
+#endif
+
+// Blocks per SM that the register budget must allow. A row is one block's job from its loads to
+// its stores, so resident blocks are what keeps memory busy while others reduce: at a 7168-wide
+// row nvcc takes 90-96 registers unbounded (2 blocks per SM) and fits 80 (3) without spilling;
+// 64 (4) spills. Wider rows hold more per thread and get fewer blocks.
+constexpr int min_blocks(int iters) { return iters <= 4 ? SYMCOMM_NORM_MIN_BLOCKS : (iters <= 8 ? 2 : 1); }
+
+// h = x (+ r) for one row, stored to the new residual when there is one.
+template <typename T, int kIters>
+__device__ __forceinline__ void add_and_store(Vec<T> (&h)[kIters], const Vec<T> (&x)[kIters], const Vec<T> (&r)[kIters],
+                                              bool with_residual, T* residual_out, int64_t row, int nvec) {
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    h[i] = x[i];
+    if (with_residual && threadIdx.x + i * kThreads < nvec) add_residual(h[i], r[i]);
+  }
+  if (residual_out != nullptr) {
+    Vec<T>* h_row = reinterpret_cast<Vec<T>*>(residual_out) + row * nvec;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * kThreads;
+      if (j < nvec) store_vec(h_row + j, h[i]);
+    }
+  }
+}
+
+template <typename T, int kIters, int kQuant>
+__global__ void __launch_bounds__(kThreads, min_blocks(kIters)) rmsnorm_kernel(
+    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int rows, int nvec, float eps) {
+  constexpr bool kStage = kIters <= kSmemIters;
+  __shared__ float smem[kWarps];
+  __shared__ Vec<T> staged[kStage ? kIters * kThreads : 1];
+  enter_after_predecessor();
+  int row = blockIdx.x;
+  // No __restrict__ and no read-only loads: a and residual may be residual_out itself.
+  Vec<T> x[kIters], r[kIters];
+  load_row(x, r, a, residual, row, nvec);
+  const Vec<T>* w = reinterpret_cast<const Vec<T>*>(weight);
+  if (kStage) {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * kThreads;
+      if (j < nvec) copy_to_shared(staged + j, w + j);
+    }
+    w = staged;
+  }
+  const OutScale s = load_out_scale(out, kQuant);
+  if (kStage) wait_copies();
+  if (!SYMCOMM_NORM_PERSISTENT) {
+    Vec<T> h[kIters];
+    add_and_store(h, x, r, residual != nullptr, residual_out, row, nvec);
+    rmsnorm_row<T, kIters, kQuant>(h, w, s, row, nvec, eps, out, smem);
+    return;
+  }
+  for (; row < rows; row += gridDim.x) {
+    Vec<T> h[kIters];
+    add_and_store(h, x, r, residual != nullptr, residual_out, row, nvec);
+    if (SYMCOMM_NORM_PREFETCH && row + gridDim.x < rows) load_row(x, r, a, residual, row + gridDim.x, nvec);
+    rmsnorm_row<T, kIters, kQuant>(h, w, s, row, nvec, eps, out, smem);
+    if (!SYMCOMM_NORM_PREFETCH && row + gridDim.x < rows) load_row(x, r, a, residual, row + gridDim.x, nvec);
+  }
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -68,26 +154,56 @@ Output make_output(int64_t cols, int quant, void* out, void* scales, const float
                 fp4::padded_cols(cols / fp4::kBlock)};
 }
 
-template <typename T, int kIters>
+// Blocks of `kernel` that fit on the current device at once.
+template <typename Kernel>
+unsigned resident_blocks(Kernel kernel) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<unsigned>(sms * per_sm);
+}
+
+template <typename T, int kIters, int kQuant>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
-                         const Output& out, int64_t rows, int nvec, float eps, cudaStream_t st) {
-  // Always a programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused
-  // path, or behind any kernel of the caller's, the launch overlaps that kernel's tail.
-  return launch(true, rmsnorm_kernel<T, kIters>, static_cast<unsigned>(rows), kThreads, st, static_cast<const T*>(a),
+                         const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
+  auto* kernel = rmsnorm_kernel<T, kIters, kQuant>;
+  unsigned grid = static_cast<unsigned>(rows);
+  if (SYMCOMM_NORM_PERSISTENT) {
+    static unsigned resident = resident_blocks(kernel);
+    if (resident != 0 && grid > resident) grid = resident;
+  }
+  // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
+  // behind any kernel of the caller's, the launch overlaps that kernel's tail.
+  return launch(SYMCOMM_NORM_PDL != 0, kernel, grid, kThreads, st, static_cast<const T*>(a),
                 static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
-                nvec, eps);
+                rows, nvec, eps);
+}
+
+template <typename T, int kIters>
+cudaError_t launch_quant(const void* a, const void* residual, const void* weight, void* residual_out,
+                         const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
+  switch (out.quant) {
+    case kQuantNone: return launch_iters<T, kIters, kQuantNone>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+    case kQuantFp8: return launch_iters<T, kIters, kQuantFp8>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+    default: return launch_iters<T, kIters, kQuantNvfp4>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+  }
 }
 
 template <typename T>
 cudaError_t launch_rows(const void* a, const void* residual, const void* weight, void* residual_out, const Output& out,
                         int64_t rows, int64_t cols, float eps, cudaStream_t st) {
   const int nvec = static_cast<int>(cols / kVec);
+  const int n = static_cast<int>(rows);
   const int iters = (nvec + kThreads - 1) / kThreads;
-  if (iters <= 1) return launch_iters<T, 1>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  if (iters <= 2) return launch_iters<T, 2>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  if (iters <= 4) return launch_iters<T, 4>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  if (iters <= 8) return launch_iters<T, 8>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  return launch_iters<T, kMaxIters>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+  if (iters <= 1) return launch_quant<T, 1>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  if (iters <= 2) return launch_quant<T, 2>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  if (iters <= 4) return launch_quant<T, 4>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  if (iters <= 8) return launch_quant<T, 8>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  return launch_quant<T, kMaxIters>(a, residual, weight, residual_out, out, n, nvec, eps, st);
 }
 
 // ------------------------------------------------------------------------- host reference run
@@ -129,7 +245,7 @@ void rmsnorm_on_host(const void* a, const void* residual, const void* weight, in
         std::memcpy(static_cast<Vec<T>*>(out) + row * nvec + j, &y, sizeof y);
       } else if (quant == kQuantFp8) {
         uint32_t words[2];
-        fp8_vec(yf, scale, words);
+        fp8_vec_host(yf, scale, words);
         std::memcpy(static_cast<uint8_t*>(out) + (row * nvec + j) * 8, words, 8);  // little-endian
       } else {
         std::memcpy(&y_row[j * kVec], yf, sizeof yf);
