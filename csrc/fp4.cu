@@ -91,12 +91,17 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
   }
 }
 
-// bf16 / fp16 input, 16-byte aligned, kPer consecutive blocks per thread (all loads issued
-// before the first block is encoded). The kernel is bound by instruction issue, not by memory
-// (bench/NOTES.md, 2026-11-25), so it spends as few as it can per value: the block's amax comes
+// bf16 / fp16 input, 16-byte aligned. The kernel is bound by instruction issue, not by memory
+// (bench/NOTES.md, 2026-11-25), so it spends as few as it can per value: a block's amax comes
 // from the packed 16-bit patterns, whose order as unsigned integers is the order of |v| (a NaN
-// above infinity, as amax_step has it), three pairs per sm_90 three-way max instruction; the
-// values are widened straight from the pairs; and e2m1_magnitude needs no conversion instruction.
+// above infinity, as amax_step has it), three pairs per sm_90 three-way max; the values are
+// widened straight from the pairs; e2m1_magnitude needs no conversion instruction; the scale
+// byte needs no division (block_scale_fast); and the multiplier comes from a table of
+// block_inv for the 127 scale bytes, filled once per CTA: the same values as encode_block_amax.
+//
+// kLanes threads per block of 16 values: 1 (each loads 32 bytes, encodes 16 values) or 2 (each
+// loads 16 bytes, every load instruction of a warp contiguous, encodes 8 values; the pair
+// exchanges its half-block amax with one shuffle): a shorter chain per thread, twice the threads.
 template <typename T>
 struct Pairs;
 
@@ -121,59 +126,60 @@ struct Pairs<__half> {
   }
 };
 
-// One block of 16 values held as eight little-endian pairs (element 2i in the low half of w[i]).
-template <typename T>
-__device__ __forceinline__ uint8_t encode_pairs(const uint32_t (&w)[8], float gs, uint32_t (&words)[2]) {
-  uint32_t m[8];
+// max over the 16-bit halves of |pairs|, as a 16-bit pattern in the low half.
+template <int kWords>
+__device__ __forceinline__ uint32_t max16(const uint32_t (&w)[kWords]) {
+  uint32_t m = w[0] & 0x7FFF7FFFu;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) m[i] = w[i] & 0x7FFF7FFFu;  // |v|, two at a time
-  const uint32_t m3 = __vimax3_u16x2(__vimax3_u16x2(m[0], m[1], m[2]), __vimax3_u16x2(m[3], m[4], m[5]),
-                                     __vmaxu2(m[6], m[7]));
-  const uint32_t lo = m3 & 0xFFFFu, hi = m3 >> 16;
-  float v[kBlock];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) Pairs<T>::widen(w[i], v[2 * i], v[2 * i + 1]);
-  return encode_block_amax(v, Pairs<T>::amax_bits(lo > hi ? lo : hi), gs, words);
+  for (int i = 1; i + 1 < kWords; i += 2) m = __vimax3_u16x2(m, w[i] & 0x7FFF7FFFu, w[i + 1] & 0x7FFF7FFFu);
+  if (kWords % 2 == 0) m = __vmaxu2(m, w[kWords - 1] & 0x7FFF7FFFu);
+  const uint32_t lo = m & 0xFFFFu, hi = m >> 16;
+  return lo > hi ? lo : hi;
 }
 
-template <typename T, bool kSwizzle, int kPer>
+// Eight values as four pairs: their codes, packed.
+template <typename T>
+__device__ __forceinline__ uint32_t codes8(const uint32_t* w, float inv) {
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) Pairs<T>::widen(w[i], v[2 * i], v[2 * i + 1]);
+  return pack8(v, inv);
+}
+
+template <typename T, bool kSwizzle, int kLanes>
 __global__ void __launch_bounds__(kThreads) quantize16_kernel(const uint4* __restrict__ x, uint8_t* __restrict__ packed,
                                                             uint8_t* __restrict__ scales, const float* gs_ptr,
                                                             float gs_value, Shape shape) {
+  constexpr int kWords = 8 / kLanes;  // 32-bit pairs a thread holds
+  __shared__ float inv_of[128];
   const float gs = gs_ptr != nullptr ? *gs_ptr : gs_value;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kPer;
-  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPer; first < shape.blocks;
-       first += stride) {
-    uint32_t w[kPer][8];
+  if (threadIdx.x < 128) inv_of[threadIdx.x] = block_inv(static_cast<uint8_t>(threadIdx.x), gs);
+  __syncthreads();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < shape.blocks * kLanes; g += stride) {
+    const int64_t b = g / kLanes;
+    uint32_t w[kWords];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      if (first + k < shape.blocks) {
-        const uint4 u0 = __ldg(x + 2 * (first + k)), u1 = __ldg(x + 2 * (first + k) + 1);
-        w[k][0] = u0.x, w[k][1] = u0.y, w[k][2] = u0.z, w[k][3] = u0.w;
-        w[k][4] = u1.x, w[k][5] = u1.y, w[k][6] = u1.z, w[k][7] = u1.w;
-      }
+    for (int k = 0; k < kWords / 4; ++k) {
+      const uint4 u = __ldg(x + g * (kWords / 4) + k);
+      w[4 * k] = u.x, w[4 * k + 1] = u.y, w[4 * k + 2] = u.z, w[4 * k + 3] = u.w;
     }
-    uint32_t words[kPer][2];
-    uint8_t sc[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      if (first + k < shape.blocks) sc[k] = encode_pairs<T>(w[k], gs, words[k]);
+    uint32_t m16 = max16(w);
+    if (kLanes == 2) {
+      // Both lanes of a pair are in the loop or neither (the bound is on whole blocks).
+      const uint32_t other = __shfl_xor_sync(__activemask(), m16, 1);
+      m16 = other > m16 ? other : m16;
     }
-    if (kPer == 2 && first + 1 < shape.blocks) {
-      // packed is 16-byte aligned here (the launcher's rule for kPer 2) and first is even.
-      *reinterpret_cast<uint4*>(packed + first * 8) = make_uint4(words[0][0], words[0][1], words[1][0], words[1][1]);
+    const uint8_t sc = block_scale_fast(Pairs<T>::amax_bits(m16), gs);
+    const float inv = inv_of[sc & 0x7Fu];
+    const bool nan = scale_is_nan(sc);  // codes 0
+    if (kLanes == 1) {
+      const uint32_t c0 = nan ? 0u : codes8<T>(w, inv), c1 = nan ? 0u : codes8<T>(w + 4, inv);
+      *reinterpret_cast<uint2*>(packed + b * 8) = make_uint2(c0, c1);
     } else {
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        if (first + k < shape.blocks)
-          *reinterpret_cast<uint2*>(packed + (first + k) * 8) = make_uint2(words[k][0], words[k][1]);
-      }
+      reinterpret_cast<uint32_t*>(packed)[g] = nan ? 0u : codes8<T>(w, inv);
     }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      if (first + k < shape.blocks)
-        scales[scale_index(first + k, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = sc[k];
-    }
+    if (kLanes == 1 || (g & 1) == 0) scales[scale_index(b, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = sc;
   }
 }
 
@@ -230,8 +236,8 @@ cudaError_t with_flags(bool layout, bool vec, Launch launch) {
   return cudaGetLastError();
 }
 
-#ifndef SYMCOMM_FP4_PER_THREAD
-#define SYMCOMM_FP4_PER_THREAD 1
+#ifndef SYMCOMM_FP4_LANES
+#define SYMCOMM_FP4_LANES 1  // threads per block of 16 (a build flag for the 2026-11-25 comparison)
 #endif
 
 template <typename T>
@@ -245,17 +251,11 @@ cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, 
   const bool vec = aligned(x, 16) && aligned(packed, 8);
   if constexpr (sizeof(T) == 2) {
     if (vec) {
-      constexpr int kPer = SYMCOMM_FP4_PER_THREAD;
-      const bool pair = kPer == 2 && aligned(packed, 16);
+      constexpr int kLanes = SYMCOMM_FP4_LANES;
       const auto* xv = static_cast<const uint4*>(x);
-      const dim3 grid = grid_for((s.blocks + (pair ? 1 : 0)) / (pair ? 2 : 1)), block(kThreads);
-      if (swizzle) {
-        if (pair) quantize16_kernel<T, true, 2><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
-        else quantize16_kernel<T, true, 1><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
-      } else {
-        if (pair) quantize16_kernel<T, false, 2><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
-        else quantize16_kernel<T, false, 1><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
-      }
+      const dim3 grid = grid_for(s.blocks * kLanes), block(kThreads);
+      if (swizzle) quantize16_kernel<T, true, kLanes><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      else quantize16_kernel<T, false, kLanes><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
       return cudaGetLastError();
     }
   }

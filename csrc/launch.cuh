@@ -31,13 +31,25 @@
 
 namespace symcomm {
 
-// Wait for the kernel this one may overlap, then let the next one be scheduled. Every thread
-// calls it: the wait makes the predecessor's writes visible to the thread that waited.
-__device__ __forceinline__ void enter_after_predecessor() {
+// Wait for the kernel this one may overlap. Every thread calls it: the wait makes the
+// predecessor's writes visible to the thread that waited.
+__device__ __forceinline__ void wait_for_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Let the next kernel on the stream be scheduled (once every block of this grid has said so).
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Wait for the kernel this one may overlap, then let the next one be scheduled.
+__device__ __forceinline__ void enter_after_predecessor() {
+  wait_for_predecessor();
+  let_dependents_launch();
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent launch when

@@ -18,94 +18,59 @@ namespace {
 using namespace symcomm;
 using namespace symcomm::norm;
 
-// Block b takes rows b, b + gridDim.x, ...: one block of kThreads per row at a time, the
-// reduction order's virtual block. Every load of a row is issued before its first store: a store
-// to the new residual may alias a later vector of the input (in place, or the all-reduce written
-// straight into the new residual), so a load-add-store loop waited out one memory round trip per
-// vector. The weight and the output scale are loaded once per block, with its first row.
-template <typename T, int kIters>
-__device__ __forceinline__ void load_row(Vec<T> (&x)[kIters], Vec<T> (&r)[kIters], const T* a, const T* residual,
-                                         int64_t row, int nvec) {
+// One block of kThreads per row, the reduction order's virtual block. Every load of the row is
+// issued before its first store: a store to the new residual may alias a later vector of the
+// input (in place, or the all-reduce written straight into the new residual), and a
+// load-add-store loop waited out one memory round trip per vector (sm_90 SASS, 2026-11-25).
+// The weight goes to shared memory with cp.async alongside: held in registers across the row's
+// sum it pushed the 7168-wide kernel from 64 registers to 139, and read from global memory after
+// the sum it costs one more round trip. Rows of up to kSmemIters * kThreads vectors (32 KB);
+// wider rows read it from global memory.
+constexpr int kSmemIters = 8;
+
+// Variants for the 2026-11-25 comparison (bench/NOTES.md); the build without flags is the
+// default. SYMCOMM_NORM_MIN_BLOCKS: the register budget; SYMCOMM_NORM_LATE_TRIGGER_ROWS: the
+// row count above which dependents are let launch at the end of the kernel.
+#ifndef SYMCOMM_NORM_MIN_BLOCKS
+#define SYMCOMM_NORM_MIN_BLOCKS 4
+#endif
+#ifndef SYMCOMM_NORM_LATE_TRIGGER_ROWS
+#define SYMCOMM_NORM_LATE_TRIGGER_ROWS -1  // the device's SM count
+#endif
+
+// Blocks per SM that the register budget must allow: a row is one block's whole job, so blocks
+// resident side by side are what keeps memory busy while others reduce. Unbounded, nvcc gave the
+// 7168-wide row 90-96 registers (2 blocks per SM); 80 (3) fit without spilling. Wider rows hold
+// more per thread and get fewer blocks.
+constexpr int min_blocks(int iters, bool residual) {
+  return iters <= 4 ? SYMCOMM_NORM_MIN_BLOCKS + (residual ? 0 : 1) : (iters <= 8 ? 2 : 1);
+}
+
+// late: let the next kernel on the stream launch only once this block is done. Launched early,
+// its blocks take the SM slots this grid leaves free and wait there; with more rows than SMs
+// that placed them unevenly (2.3 to 1 rows per SM) and made the next call slower: at 256 rows of
+// 7168, 6.4 us per call against 4.6 with one slot fewer per SM (H100, bench/NOTES.md).
+template <typename T, int kIters, int kQuant, bool kResidual>
+__global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsnorm_kernel(
+    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int nvec, float eps, bool late) {
+  constexpr bool kStage = kIters <= kSmemIters;
+  __shared__ float smem[kWarps];
+  __shared__ Vec<T> staged[kStage ? kIters * kThreads : 1];
+  wait_for_predecessor();
+  if (!late) let_dependents_launch();
+  const int64_t row = blockIdx.x;
+  // No __restrict__ and no read-only loads: a and residual may be residual_out itself.
   const Vec<T>* a_row = reinterpret_cast<const Vec<T>*>(a) + row * nvec;
-  const Vec<T>* r_row = residual != nullptr ? reinterpret_cast<const Vec<T>*>(residual) + row * nvec : nullptr;
+  const Vec<T>* r_row = reinterpret_cast<const Vec<T>*>(residual) + row * nvec;
+  Vec<T> h[kIters], r[kIters];
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int j = threadIdx.x + i * kThreads;
     if (j < nvec) {
-      x[i] = load_vec(a_row + j);
-      if (r_row != nullptr) r[i] = load_vec(r_row + j);
+      h[i] = load_vec(a_row + j);
+      if (kResidual) r[i] = load_vec(r_row + j);
     }
   }
-}
-
-// The weight goes to shared memory with cp.async (sm_80), issued with the first row's loads:
-// held in registers across the row's sum it pushed a 7168-wide row's kernel from 64 registers to
-// 139 (1 block per SM), and read from global memory after the sum it costs one more memory
-// round trip per row. Each thread copies exactly the vectors it reads back, so waiting for its
-// own copies is enough (no barrier). Rows of up to kSmemIters * kThreads vectors (32 KB).
-constexpr int kSmemIters = 8;
-
-template <typename T>
-__device__ __forceinline__ void copy_to_shared(Vec<T>* dst, const Vec<T>* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Variants for the 2026-11-25 comparison (bench/NOTES.md); the build without flags is the
-// default. SYMCOMM_NORM_PERSISTENT: a grid of resident blocks looping over rows instead of one
-// block per row; SYMCOMM_NORM_PREFETCH (with it): the next row's loads issued before this row's
-// sum; SYMCOMM_NORM_PDL=0: a plain launch; SYMCOMM_NORM_MIN_BLOCKS: the register budget.
-#ifndef SYMCOMM_NORM_PERSISTENT
-#define SYMCOMM_NORM_PERSISTENT 0
-#endif
-#ifndef SYMCOMM_NORM_PREFETCH
-#define SYMCOMM_NORM_PREFETCH 0
-#endif
-#ifndef SYMCOMM_NORM_PDL
-#define SYMCOMM_NORM_PDL 1
-#endif
-#ifndef SYMCOMM_NORM_MIN_BLOCKS
-#define SYMCOMM_NORM_MIN_BLOCKS 3
-#endif
-
-// Blocks per SM that the register budget must allow. A row is one block's job from its loads to
-// its stores, so resident blocks are what keeps memory busy while others reduce: at a 7168-wide
-// row nvcc takes 90-96 registers unbounded (2 blocks per SM) and fits 80 (3) without spilling;
-// 64 (4) spills. Wider rows hold more per thread and get fewer blocks.
-constexpr int min_blocks(int iters) { return iters <= 4 ? SYMCOMM_NORM_MIN_BLOCKS : (iters <= 8 ? 2 : 1); }
-
-// h = x (+ r) for one row, stored to the new residual when there is one.
-template <typename T, int kIters>
-__device__ __forceinline__ void add_and_store(Vec<T> (&h)[kIters], const Vec<T> (&x)[kIters], const Vec<T> (&r)[kIters],
-                                              bool with_residual, T* residual_out, int64_t row, int nvec) {
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    h[i] = x[i];
-    if (with_residual && threadIdx.x + i * kThreads < nvec) add_residual(h[i], r[i]);
-  }
-  if (residual_out != nullptr) {
-    Vec<T>* h_row = reinterpret_cast<Vec<T>*>(residual_out) + row * nvec;
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int j = threadIdx.x + i * kThreads;
-      if (j < nvec) store_vec(h_row + j, h[i]);
-    }
-  }
-}
-
-template <typename T, int kIters, int kQuant>
-__global__ void __launch_bounds__(kThreads, min_blocks(kIters)) rmsnorm_kernel(
-    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int rows, int nvec, float eps) {
-  constexpr bool kStage = kIters <= kSmemIters;
-  __shared__ float smem[kWarps];
-  __shared__ Vec<T> staged[kStage ? kIters * kThreads : 1];
-  enter_after_predecessor();
-  int row = blockIdx.x;
-  // No __restrict__ and no read-only loads: a and residual may be residual_out itself.
-  Vec<T> x[kIters], r[kIters];
-  load_row(x, r, a, residual, row, nvec);
   const Vec<T>* w = reinterpret_cast<const Vec<T>*>(weight);
   if (kStage) {
 #pragma unroll
@@ -115,21 +80,20 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kIters)) rmsnorm_kernel(
     }
     w = staged;
   }
-  const OutScale s = load_out_scale(out, kQuant);
-  if (kStage) wait_copies();
-  if (!SYMCOMM_NORM_PERSISTENT) {
-    Vec<T> h[kIters];
-    add_and_store(h, x, r, residual != nullptr, residual_out, row, nvec);
-    rmsnorm_row<T, kIters, kQuant>(h, w, s, row, nvec, eps, out, smem);
-    return;
+  const float scale = load_out_scale(out, kQuant);
+  // h = a (+ residual), kept in residual_out when the caller passed one (without a residual too:
+  // the caller then asked for a copy of a as the new residual).
+  Vec<T>* h_row = reinterpret_cast<Vec<T>*>(residual_out) + row * nvec;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int j = threadIdx.x + i * kThreads;
+    if (j < nvec) {
+      if (kResidual) add_residual(h[i], r[i]);
+      if (residual_out != nullptr) store_vec(h_row + j, h[i]);
+    }
   }
-  for (; row < rows; row += gridDim.x) {
-    Vec<T> h[kIters];
-    add_and_store(h, x, r, residual != nullptr, residual_out, row, nvec);
-    if (SYMCOMM_NORM_PREFETCH && row + gridDim.x < rows) load_row(x, r, a, residual, row + gridDim.x, nvec);
-    rmsnorm_row<T, kIters, kQuant>(h, w, s, row, nvec, eps, out, smem);
-    if (!SYMCOMM_NORM_PREFETCH && row + gridDim.x < rows) load_row(x, r, a, residual, row + gridDim.x, nvec);
-  }
+  rmsnorm_row<T, kIters, RowMode<kQuant, kStage, true>>(h, w, scale, row, nvec, eps, out, smem);
+  if (late) let_dependents_launch();
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -154,33 +118,30 @@ Output make_output(int64_t cols, int quant, void* out, void* scales, const float
                 fp4::padded_cols(cols / fp4::kBlock)};
 }
 
-// Blocks of `kernel` that fit on the current device at once.
-template <typename Kernel>
-unsigned resident_blocks(Kernel kernel) {
-  int device = 0, sms = 0, per_sm = 0;
+// The current device's SM count (0 if it cannot be read: every launch then triggers late).
+int sm_count() {
+  int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess) {
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  return static_cast<unsigned>(sms * per_sm);
+  return sms;
 }
 
 template <typename T, int kIters, int kQuant>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
                          const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
-  auto* kernel = rmsnorm_kernel<T, kIters, kQuant>;
-  unsigned grid = static_cast<unsigned>(rows);
-  if (SYMCOMM_NORM_PERSISTENT) {
-    static unsigned resident = resident_blocks(kernel);
-    if (resident != 0 && grid > resident) grid = resident;
-  }
+  const bool late = rows > (SYMCOMM_NORM_LATE_TRIGGER_ROWS >= 0 ? SYMCOMM_NORM_LATE_TRIGGER_ROWS : sm_count());
   // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
   // behind any kernel of the caller's, the launch overlaps that kernel's tail.
-  return launch(SYMCOMM_NORM_PDL != 0, kernel, grid, kThreads, st, static_cast<const T*>(a),
-                static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
-                rows, nvec, eps);
+  const auto args = [&](auto kernel) {
+    return launch(true, kernel, static_cast<unsigned>(rows), kThreads, st, static_cast<const T*>(a),
+                  static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
+                  nvec, eps, late);
+  };
+  return residual != nullptr ? args(rmsnorm_kernel<T, kIters, kQuant, true>)
+                             : args(rmsnorm_kernel<T, kIters, kQuant, false>);
 }
 
 template <typename T, int kIters>

@@ -199,11 +199,13 @@ __device__ __forceinline__ void store_vec(Vec<T>* p, const Vec<T>& v) {
 }
 
 // Steps 2 and 3 on the device: every thread of the block gets the row's sum. smem holds kWarps
-// floats; the leading barrier lets a block call this once per row, reusing smem.
+// floats; the leading barrier lets a block call this once per row, reusing smem (a block that
+// sums one row only needs none).
+template <bool kReused = true>
 __device__ __forceinline__ float block_sum(float partial, float* smem) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) partial = __fadd_rn(partial, __shfl_xor_sync(0xffffffffu, partial, o));
-  __syncthreads();
+  if (kReused) __syncthreads();
   if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = partial;
   __syncthreads();
   float total = smem[0];
@@ -272,41 +274,71 @@ __device__ __forceinline__ void fp8_vec(const float (&yf)[kVec], const Fp8Scale&
   }
 }
 
-// The output's scale, read before the row's sum so that its latency is not paid after it.
-struct OutScale {
-  float scale;  // FP8 dequant scale / NVFP4 global scale; 1 without quantization
-  Fp8Scale fp8;
-};
-
-__device__ __forceinline__ OutScale load_out_scale(const Output& out, int quant) {
-  OutScale s;
-  s.scale = quant == kQuantNone ? 1.0f : (out.scale_ptr != nullptr ? *out.scale_ptr : out.scale_value);
-  if (quant == kQuantFp8) s.fp8 = fp8_scale(s.scale);
-  return s;
+// The output's scale (FP8 dequant scale / NVFP4 global scale; 1 without quantization). Callers
+// read it before the row's sum and use it only after: nvcc moved a use made before the sum
+// (FP8's reciprocal) to right after the load, stalling the thread there for a memory round trip.
+__device__ __forceinline__ float load_out_scale(const Output& out, int quant) {
+  return quant == kQuantNone ? 1.0f : (out.scale_ptr != nullptr ? *out.scale_ptr : out.scale_value);
 }
+
+// A 16-byte copy from global to shared memory that bypasses registers (cp.async, sm_80), and the
+// wait for this thread's copies. A thread that reads back only what it copied needs no barrier.
+template <typename T>
+__device__ __forceinline__ void copy_to_shared(Vec<T>* dst, const Vec<T>* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Makes nvcc treat the packed words of h as new values, so that the fp32 conversions made for
+// the sum of squares are not kept alive across the reduction for normalize (32 registers at a
+// 7168-wide row, which cost blocks per SM); converting again is one instruction a value.
+template <typename T>
+__device__ __forceinline__ void launder(Vec<T>& h) {
+  uint32_t* u = reinterpret_cast<uint32_t*>(&h);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(u[k]));
+}
+
+// How rmsnorm_row is called. kQuant: out.quant when the caller knows it at compile time (less
+// code and fewer registers), kQuantAny otherwise. kStaged: w is a shared-memory copy made with
+// copy_to_shared by this thread, waited for only after the row's sum. kOneRow: the block sums
+// one row only (block_sum needs no leading barrier).
+template <int kQuant_, bool kStaged_ = false, bool kOneRow_ = false>
+struct RowMode {
+  static constexpr int kQuant = kQuant_;
+  static constexpr bool kStaged = kStaged_;
+  static constexpr bool kOneRow = kOneRow_;
+};
 
 // One row, after the all-reduce and the residual add: thread t (blockDim.x == kThreads) holds
 // h[i] = vector t + i * kThreads of the row (already rounded to T, and already stored to the
 // new residual by the caller if it keeps one) for every such vector below nvec; the rest of h
-// is ignored. w is the weight as vectors (global memory, or a copy in shared memory: this thread
-// reads w[t + i * kThreads] only), s is load_out_scale(out, quant). Writes y (or its FP8 / NVFP4
-// encoding) for the row. kQuant is out.quant when the caller knows it at compile time (less code
-// and fewer registers), kQuantAny otherwise. Every thread of the block must call it (it
+// is ignored. w is the weight as vectors (global memory, or this thread's shared-memory copies:
+// it reads w[t + i * kThreads] only), scale is load_out_scale(out, quant), Mode a RowMode. Writes
+// y (or its FP8 / NVFP4 encoding) for the row. Every thread of the block must call it (it
 // synchronises the block), with the same row, nvec and output.
 // For NVFP4, hidden must be a multiple of 16: the two halves of a 16-value block are vectors
 // 2k and 2k+1, held by lanes t and t^1 of one warp in the same iteration, which exchange amax.
-template <typename T, int kIters, int kQuant>
-__device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], const Vec<T>* w, const OutScale& s,
-                                            int64_t row, int nvec, float eps, const Output& out, float* smem) {
-  const int quant = kQuant == kQuantAny ? out.quant : kQuant;
+template <typename T, int kIters, typename Mode>
+__device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const Vec<T>* w, float scale, int64_t row,
+                                            int nvec, float eps, const Output& out, float* smem) {
+  const int quant = Mode::kQuant == kQuantAny ? out.quant : Mode::kQuant;
   const int t = threadIdx.x;
+  Vec<T> h[kIters];
   float acc = 0.0f;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
+    h[i] = h_in[i];
     if (t + i * kThreads < nvec) acc = sumsq_step(acc, h[i]);
+    launder(h[i]);
   }
   const int64_t hidden = int64_t(nvec) * kVec;
-  const float rinv = inv_rms(block_sum(acc, smem), hidden, eps);
+  const float rinv = inv_rms(block_sum<!Mode::kOneRow>(acc, smem), hidden, eps);
+  if (Mode::kStaged) wait_copies();
+  Fp8Scale fp8;
+  if (quant == kQuantFp8) fp8 = fp8_scale(scale);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int j = t + i * kThreads;
@@ -319,7 +351,7 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], const Vec
     } else if (quant == kQuantFp8) {
       if (active) {
         uint32_t words[2];
-        fp8_vec(yf, s.fp8, words);
+        fp8_vec(yf, fp8, words);
         reinterpret_cast<uint2*>(out.y)[row * nvec + j] = make_uint2(words[0], words[1]);
       }
     } else {
@@ -333,8 +365,8 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], const Vec
       const uint32_t other = __shfl_xor_sync(0xffffffffu, amax_bits, 1);
       amax_bits = other > amax_bits ? other : amax_bits;
       if (active) {
-        const uint8_t sc = fp4::block_scale(amax_bits, s.scale);
-        const uint32_t word = fp4::scale_is_nan(sc) ? 0u : fp4::pack8(yf, fp4::block_inv(sc, s.scale));
+        const uint8_t sc = fp4::block_scale(amax_bits, scale);
+        const uint32_t word = fp4::scale_is_nan(sc) ? 0u : fp4::pack8(yf, fp4::block_inv(sc, scale));
         reinterpret_cast<uint32_t*>(out.y)[row * nvec + j] = word;
         if ((j & 1) == 0) {
           const int64_t col = j / 2;
@@ -350,8 +382,9 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], const Vec
 template <typename T, int kIters>
 __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], int64_t row, int nvec, const T* weight,
                                             float eps, const Output& out, float* smem) {
-  const OutScale s = load_out_scale(out, out.quant);
-  rmsnorm_row<T, kIters, kQuantAny>(h, reinterpret_cast<const Vec<T>*>(weight), s, row, nvec, eps, out, smem);
+  const float scale = load_out_scale(out, out.quant);
+  rmsnorm_row<T, kIters, RowMode<kQuantAny>>(h, reinterpret_cast<const Vec<T>*>(weight), scale, row, nvec, eps, out,
+                                             smem);
 }
 #endif  // __CUDACC__
 

@@ -8,8 +8,11 @@ Skips without a GPU (conftest.py); SYMCOMM_REQUIRE_GPU=1 turns the skip into a f
 """
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import torch
+from test_fp8_cvt import _cupy
 
 from symcomm import fp4
 
@@ -93,3 +96,34 @@ def test_graph_replay_matches_eager():
     graph.replay()
     torch.cuda.synchronize()
     _check((packed, scales), fp4.quantize_reference(x.cpu(), 10.0, swizzle=True), "replay")
+
+
+# csrc/fp4.cuh's block_scale_fast (the kernel's scale byte, with no division) against
+# block_scale (the host twin's) for every non-negative fp32 amax pattern, NaNs and infinity
+# included, at global scales from tiny to huge.
+_SCALE_KERNEL = r"""
+#include "fp4.cuh"
+extern "C" __global__ void scale_mismatches(float gs, unsigned long long count, unsigned long long* mismatches,
+                                            unsigned int* example) {
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+    const unsigned int amax = (unsigned int)i;
+    if (symcomm::fp4::block_scale_fast(amax, gs) != symcomm::fp4::block_scale(amax, gs)) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(example, amax);
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("gs", (1.0, 0.7, 448.0 * 6 / 5.0, 2688.0 / 3.1e-3, 1e-30, 1e30))
+def test_scale_byte_without_division_for_every_amax(gs):
+    cupy = _cupy()
+    csrc = pathlib.Path(__file__).resolve().parents[2] / "csrc"
+    module = cupy.RawModule(code=_SCALE_KERNEL, backend="nvcc", options=("-std=c++17", f"-I{csrc}", "-arch=sm_90"))
+    mismatches = cupy.zeros(1, dtype=cupy.uint64)
+    example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
+    module.get_function("scale_mismatches")((4096,), (256,), (cupy.float32(gs), cupy.uint64(1 << 31), mismatches, example))
+    cupy.cuda.runtime.deviceSynchronize()
+    assert int(mismatches[0]) == 0, f"{int(mismatches[0])} differ, the lowest amax 0x{int(example[0]):08x}"

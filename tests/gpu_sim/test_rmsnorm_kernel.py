@@ -106,6 +106,18 @@ def test_token_count_classes(tokens):
             _same(got, host, f"{tokens} rows residual={residual is not None} {quant}")
 
 
+@pytest.mark.parametrize("tokens", (1, 300))
+def test_new_residual_without_residual_is_a_copy(tokens):
+    """residual_out given, no residual: h = a is written there (the kernel without a residual)."""
+    dev = torch.device("cuda")
+    a, w = _rows(tokens, 7168, torch.bfloat16, 9), _rows(1, 7168, torch.bfloat16, 10)[0]
+    h = torch.full((tokens, 7168), 7.0, dtype=torch.bfloat16, device=dev)
+    got = fn.add_rmsnorm(a.to(dev), w.to(dev), residual_out=h, eps=EPS, impl="kernel")
+    torch.cuda.synchronize()
+    assert got.residual is h
+    _same(got, fn.rmsnorm_host(a, w, None, EPS), f"{tokens} rows, residual_out only")
+
+
 def test_fp8_output_division_fallback():
     """Values whose quotient falls in e4m3's subnormal range take the exact division (rmsnorm.cuh's
     fp8_vec); scales whose reciprocal is not a normal float divide everything."""
