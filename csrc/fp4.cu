@@ -91,17 +91,11 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
   }
 }
 
-// bf16 / fp16 input, 16-byte aligned. The kernel is bound by instruction issue, not by memory
-// (bench/NOTES.md, 2026-11-25), so it spends as few as it can per value: a block's amax comes
+// bf16 / fp16 input, 16-byte aligned, one block of 16 per thread. The kernel is bound by instruction issue, not by memory
+// (bench/NOTES.md, 2026-11-25), so it spends as few as it can per value: the block's amax comes
 // from the packed 16-bit patterns, whose order as unsigned integers is the order of |v| (a NaN
-// above infinity, as amax_step has it), three pairs per sm_90 three-way max; the values are
-// widened straight from the pairs; e2m1_magnitude needs no conversion instruction; the scale
-// byte needs no division (block_scale_fast); and the multiplier comes from a table of
-// block_inv for the 127 scale bytes, filled once per CTA: the same values as encode_block_amax.
-//
-// kLanes threads per block of 16 values: 1 (each loads 32 bytes, encodes 16 values) or 2 (each
-// loads 16 bytes, every load instruction of a warp contiguous, encodes 8 values; the pair
-// exchanges its half-block amax with one shuffle): a shorter chain per thread, twice the threads.
+// above infinity, as amax_step has it), three pairs per sm_90 three-way max instruction; the
+// values are widened straight from the pairs; and e2m1_magnitude needs no conversion instruction.
 template <typename T>
 struct Pairs;
 
@@ -126,60 +120,34 @@ struct Pairs<__half> {
   }
 };
 
-// max over the 16-bit halves of |pairs|, as a 16-bit pattern in the low half.
-template <int kWords>
-__device__ __forceinline__ uint32_t max16(const uint32_t (&w)[kWords]) {
-  uint32_t m = w[0] & 0x7FFF7FFFu;
-#pragma unroll
-  for (int i = 1; i + 1 < kWords; i += 2) m = __vimax3_u16x2(m, w[i] & 0x7FFF7FFFu, w[i + 1] & 0x7FFF7FFFu);
-  if (kWords % 2 == 0) m = __vmaxu2(m, w[kWords - 1] & 0x7FFF7FFFu);
-  const uint32_t lo = m & 0xFFFFu, hi = m >> 16;
-  return lo > hi ? lo : hi;
-}
-
-// Eight values as four pairs: their codes, packed.
+// One block of 16 values held as eight little-endian pairs (element 2i in the low half of w[i]).
 template <typename T>
-__device__ __forceinline__ uint32_t codes8(const uint32_t* w, float inv) {
-  float v[8];
+__device__ __forceinline__ uint8_t encode_pairs(const uint32_t (&w)[8], float gs, uint32_t (&words)[2]) {
+  uint32_t m[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) Pairs<T>::widen(w[i], v[2 * i], v[2 * i + 1]);
-  return pack8(v, inv);
+  for (int i = 0; i < 8; ++i) m[i] = w[i] & 0x7FFF7FFFu;  // |v|, two at a time
+  const uint32_t m3 = __vimax3_u16x2(__vimax3_u16x2(m[0], m[1], m[2]), __vimax3_u16x2(m[3], m[4], m[5]),
+                                     __vmaxu2(m[6], m[7]));
+  const uint32_t lo = m3 & 0xFFFFu, hi = m3 >> 16;
+  float v[kBlock];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) Pairs<T>::widen(w[i], v[2 * i], v[2 * i + 1]);
+  return encode_block_amax(v, Pairs<T>::amax_bits(lo > hi ? lo : hi), gs, words);
 }
 
-template <typename T, bool kSwizzle, int kLanes>
+template <typename T, bool kSwizzle>
 __global__ void __launch_bounds__(kThreads) quantize16_kernel(const uint4* __restrict__ x, uint8_t* __restrict__ packed,
                                                             uint8_t* __restrict__ scales, const float* gs_ptr,
                                                             float gs_value, Shape shape) {
-  constexpr int kWords = 8 / kLanes;  // 32-bit pairs a thread holds
-  __shared__ float inv_of[128];
   const float gs = gs_ptr != nullptr ? *gs_ptr : gs_value;
-  if (threadIdx.x < 128) inv_of[threadIdx.x] = block_inv(static_cast<uint8_t>(threadIdx.x), gs);
-  __syncthreads();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < shape.blocks * kLanes; g += stride) {
-    const int64_t b = g / kLanes;
-    uint32_t w[kWords];
-#pragma unroll
-    for (int k = 0; k < kWords / 4; ++k) {
-      const uint4 u = __ldg(x + g * (kWords / 4) + k);
-      w[4 * k] = u.x, w[4 * k + 1] = u.y, w[4 * k + 2] = u.z, w[4 * k + 3] = u.w;
-    }
-    uint32_t m16 = max16(w);
-    if (kLanes == 2) {
-      // Both lanes of a pair are in the loop or neither (the bound is on whole blocks).
-      const uint32_t other = __shfl_xor_sync(__activemask(), m16, 1);
-      m16 = other > m16 ? other : m16;
-    }
-    const uint8_t sc = block_scale_fast(Pairs<T>::amax_bits(m16), gs);
-    const float inv = inv_of[sc & 0x7Fu];
-    const bool nan = scale_is_nan(sc);  // codes 0
-    if (kLanes == 1) {
-      const uint32_t c0 = nan ? 0u : codes8<T>(w, inv), c1 = nan ? 0u : codes8<T>(w + 4, inv);
-      *reinterpret_cast<uint2*>(packed + b * 8) = make_uint2(c0, c1);
-    } else {
-      reinterpret_cast<uint32_t*>(packed)[g] = nan ? 0u : codes8<T>(w, inv);
-    }
-    if (kLanes == 1 || (g & 1) == 0) scales[scale_index(b, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = sc;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < shape.blocks; b += stride) {
+    const uint4 u0 = __ldg(x + 2 * b), u1 = __ldg(x + 2 * b + 1);
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t words[2];
+    const uint8_t sc = encode_pairs<T>(w, gs, words);
+    *reinterpret_cast<uint2*>(packed + b * 8) = make_uint2(words[0], words[1]);
+    scales[scale_index(b, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = sc;
   }
 }
 
@@ -236,10 +204,6 @@ cudaError_t with_flags(bool layout, bool vec, Launch launch) {
   return cudaGetLastError();
 }
 
-#ifndef SYMCOMM_FP4_LANES
-#define SYMCOMM_FP4_LANES 1  // threads per block of 16 (a build flag for the 2026-11-25 comparison)
-#endif
-
 template <typename T>
 cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, float gs_value, void* packed,
                             void* scales, bool swizzle, cudaStream_t stream) {
@@ -249,17 +213,15 @@ cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, 
   // The vector path needs 16-byte aligned input and 8-byte aligned codes; views that start
   // mid-row of a larger buffer may not be, and take the scalar path instead of faulting.
   const bool vec = aligned(x, 16) && aligned(packed, 8);
+  const dim3 grid = grid_for(s.blocks), block(kThreads);
   if constexpr (sizeof(T) == 2) {
     if (vec) {
-      constexpr int kLanes = SYMCOMM_FP4_LANES;
       const auto* xv = static_cast<const uint4*>(x);
-      const dim3 grid = grid_for(s.blocks * kLanes), block(kThreads);
-      if (swizzle) quantize16_kernel<T, true, kLanes><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
-      else quantize16_kernel<T, false, kLanes><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      if (swizzle) quantize16_kernel<T, true><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      else quantize16_kernel<T, false><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
       return cudaGetLastError();
     }
   }
-  const dim3 grid = grid_for(s.blocks), block(kThreads);
   return with_flags(swizzle, vec, [&](auto swz, auto vec_) {
     quantize_kernel<T, decltype(swz)::value, decltype(vec_)::value><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr,
                                                                                                gs_value, s);

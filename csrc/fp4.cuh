@@ -139,25 +139,6 @@ SYMCOMM_HD uint8_t block_scale(uint32_t amax_bits, float gs) {
   return e4m3_bits(s);
 }
 
-#ifdef __CUDACC__
-// block_scale's byte without the IEEE division by 6 (a call behind a range check on the device):
-// q = RN(x * RN(1/6)) is within 6 floats of RN(x / 6), and the byte changes only across an e4m3
-// rounding midpoint (0x80000 in the 20 low bits at q >= 2^-6, 2^19 floats from either end of its
-// binade), so q's byte is the quotient's unless q is within 8 floats of one, or in [2^-12, 2^-6)
-// where e4m3 is subnormal: those divide. Values above 448 saturate either way; NaN stays NaN.
-// The same reasoning as rmsnorm.cuh's FP8 output; tests/gpu_sim/test_fp4_kernel.py compares the
-// two for every non-negative fp32 amax at several global scales.
-__device__ __forceinline__ uint8_t block_scale_fast(uint32_t amax_bits, float gs) {
-  const float x = __fmul_rn(gs, __uint_as_float(amax_bits));
-  const float q = __fmul_rn(x, 0.16666667163372040f);  // RN(1 / 6)
-  const uint32_t b = __float_as_uint(q) & 0x7FFFFFFFu;
-  const bool subnormal = b - 0x39800000u < 0x3C800000u - 0x39800000u;  // 2^-12 <= q < 2^-6
-  const bool near_midpoint = (b & 0xFFFFFu) - (0x80000u - 8u) <= 16u;
-  if (subnormal || near_midpoint) return block_scale(amax_bits, gs);
-  return e4m3_bits(q > 448.0f ? 448.0f : q);
-}
-#endif
-
 // The multiplier that maps the block's values onto the e2m1 grid. A NaN scale (a block holding
 // NaN) gives codes 0: callers test scale_is_nan and skip the codes.
 SYMCOMM_HD bool scale_is_nan(uint8_t scale) { return (scale & 0x7Fu) == 0x7Fu; }
@@ -190,8 +171,7 @@ SYMCOMM_HD uint32_t pack8(const float* v, float inv) {
 }
 
 // One block whose amax (amax_step over its 16 values) is known: the e4m3 scale byte, and the
-// 16 codes packed into two little-endian words. (The device kernel takes block_scale_fast's byte
-// and a table of block_inv instead: the same values.)
+// 16 codes packed into two little-endian words.
 SYMCOMM_HD uint8_t encode_block_amax(const float (&v)[kBlock], uint32_t amax_bits, float gs, uint32_t (&words)[2]) {
   const uint8_t scale = block_scale(amax_bits, gs);
   words[0] = words[1] = 0u;

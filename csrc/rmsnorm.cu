@@ -32,7 +32,10 @@ constexpr int kSmemIters = 8;
 // default. SYMCOMM_NORM_MIN_BLOCKS: the register budget; SYMCOMM_NORM_LATE_TRIGGER_ROWS: the
 // row count above which dependents are let launch at the end of the kernel.
 #ifndef SYMCOMM_NORM_MIN_BLOCKS
-#define SYMCOMM_NORM_MIN_BLOCKS 4
+#define SYMCOMM_NORM_MIN_BLOCKS 3
+#endif
+#ifndef SYMCOMM_NORM_MAX_PARTS
+#define SYMCOMM_NORM_MAX_PARTS 4
 #endif
 #ifndef SYMCOMM_NORM_LATE_TRIGGER_ROWS
 #define SYMCOMM_NORM_LATE_TRIGGER_ROWS -1  // the device's SM count
@@ -50,15 +53,23 @@ constexpr int min_blocks(int iters, bool residual) {
 // its blocks take the SM slots this grid leaves free and wait there; with more rows than SMs
 // that placed them unevenly (2.3 to 1 rows per SM) and made the next call slower: at 256 rows of
 // 7168, 6.4 us per call against 4.6 with one slot fewer per SM (H100, bench/NOTES.md).
+//
+// parts: blocks per row. With fewer rows than SMs a row's normalisation and quantization (a few
+// hundred instructions a thread after the sum) ran on one SM while the others idled: FP8 output
+// cost 1.9x bf16's time at one row (H100, bench/NOTES.md). Block b takes row b / parts, loads
+// and sums all of it (the same order, so the same rinv in every block), and stores h and y for
+// the iterations i with i % parts == b % parts.
 template <typename T, int kIters, int kQuant, bool kResidual>
 __global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsnorm_kernel(
-    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int nvec, float eps, bool late) {
+    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int nvec, float eps, bool late,
+    int parts) {
   constexpr bool kStage = kIters <= kSmemIters;
   __shared__ float smem[kWarps];
   __shared__ Vec<T> staged[kStage ? kIters * kThreads : 1];
   wait_for_predecessor();
   if (!late) let_dependents_launch();
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.x / parts;
+  const int part = blockIdx.x % parts;
   // No __restrict__ and no read-only loads: a and residual may be residual_out itself.
   const Vec<T>* a_row = reinterpret_cast<const Vec<T>*>(a) + row * nvec;
   const Vec<T>* r_row = reinterpret_cast<const Vec<T>*>(residual) + row * nvec;
@@ -76,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsno
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int j = threadIdx.x + i * kThreads;
-      if (j < nvec) copy_to_shared(staged + j, w + j);
+      if (j < nvec && i % parts == part) copy_to_shared(staged + j, w + j);
     }
     w = staged;
   }
@@ -89,10 +100,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsno
     const int j = threadIdx.x + i * kThreads;
     if (j < nvec) {
       if (kResidual) add_residual(h[i], r[i]);
-      if (residual_out != nullptr) store_vec(h_row + j, h[i]);
+      if (residual_out != nullptr && i % parts == part) store_vec(h_row + j, h[i]);
     }
   }
-  rmsnorm_row<T, kIters, RowMode<kQuant, kStage, true>>(h, w, scale, row, nvec, eps, out, smem);
+  rmsnorm_row<T, kIters, RowMode<kQuant, kStage, true>>(h, w, scale, row, nvec, eps, out, smem, parts, part);
   if (late) let_dependents_launch();
 }
 
@@ -132,13 +143,18 @@ int sm_count() {
 template <typename T, int kIters, int kQuant>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
                          const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
-  const bool late = rows > (SYMCOMM_NORM_LATE_TRIGGER_ROWS >= 0 ? SYMCOMM_NORM_LATE_TRIGGER_ROWS : sm_count());
+  const int sms = sm_count();
+  // Blocks per row: as many as kIters allows while every block still has an SM of its own.
+  int parts = 1;
+  while (parts * 2 <= kIters && parts * 2 <= SYMCOMM_NORM_MAX_PARTS && int64_t(rows) * parts * 2 <= sms) parts *= 2;
+  const int64_t blocks = int64_t(rows) * parts;
+  const bool late = blocks > (SYMCOMM_NORM_LATE_TRIGGER_ROWS >= 0 ? SYMCOMM_NORM_LATE_TRIGGER_ROWS : sms);
   // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
   // behind any kernel of the caller's, the launch overlaps that kernel's tail.
   const auto args = [&](auto kernel) {
-    return launch(true, kernel, static_cast<unsigned>(rows), kThreads, st, static_cast<const T*>(a),
+    return launch(true, kernel, static_cast<unsigned>(blocks), kThreads, st, static_cast<const T*>(a),
                   static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
-                  nvec, eps, late);
+                  nvec, eps, late, parts);
   };
   return residual != nullptr ? args(rmsnorm_kernel<T, kIters, kQuant, true>)
                              : args(rmsnorm_kernel<T, kIters, kQuant, false>);

@@ -317,13 +317,16 @@ struct RowMode {
 // new residual by the caller if it keeps one) for every such vector below nvec; the rest of h
 // is ignored. w is the weight as vectors (global memory, or this thread's shared-memory copies:
 // it reads w[t + i * kThreads] only), scale is load_out_scale(out, quant), Mode a RowMode. Writes
-// y (or its FP8 / NVFP4 encoding) for the row. Every thread of the block must call it (it
-// synchronises the block), with the same row, nvec and output.
+// y (or its FP8 / NVFP4 encoding) for the row's vectors of the iterations i with i % parts ==
+// part (all of them with the defaults): blocks that share a row each sum all of it, in the same
+// order, and write their part. Every thread of the block must call it (it synchronises the
+// block), with the same row, nvec, output and part.
 // For NVFP4, hidden must be a multiple of 16: the two halves of a 16-value block are vectors
 // 2k and 2k+1, held by lanes t and t^1 of one warp in the same iteration, which exchange amax.
 template <typename T, int kIters, typename Mode>
 __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const Vec<T>* w, float scale, int64_t row,
-                                            int nvec, float eps, const Output& out, float* smem) {
+                                            int nvec, float eps, const Output& out, float* smem, int parts = 1,
+                                            int part = 0) {
   const int quant = Mode::kQuant == kQuantAny ? out.quant : Mode::kQuant;
   const int t = threadIdx.x;
   Vec<T> h[kIters];
@@ -341,6 +344,7 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const 
   if (quant == kQuantFp8) fp8 = fp8_scale(scale);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
+    if (i % parts != part) continue;  // uniform over the block
     const int j = t + i * kThreads;
     const bool active = j < nvec;
     Vec<T> y;
