@@ -28,26 +28,18 @@ using namespace symcomm::norm;
 // wider rows read it from global memory.
 constexpr int kSmemIters = 8;
 
-// Variants for the 2026-11-25 comparison (bench/NOTES.md); the build without flags is the
-// default. SYMCOMM_NORM_MIN_BLOCKS: the register budget; SYMCOMM_NORM_LATE_TRIGGER_ROWS: the
-// row count above which dependents are let launch at the end of the kernel.
-#ifndef SYMCOMM_NORM_MIN_BLOCKS
-#define SYMCOMM_NORM_MIN_BLOCKS 3
-#endif
-#ifndef SYMCOMM_NORM_MAX_PARTS
-#define SYMCOMM_NORM_MAX_PARTS 4
-#endif
-#ifndef SYMCOMM_NORM_LATE_TRIGGER_ROWS
-#define SYMCOMM_NORM_LATE_TRIGGER_ROWS -1  // the device's SM count
-#endif
-
 // Blocks per SM that the register budget must allow: a row is one block's whole job, so blocks
 // resident side by side are what keeps memory busy while others reduce. Unbounded, nvcc gave the
-// 7168-wide row 90-96 registers (2 blocks per SM); 80 (3) fit without spilling. Wider rows hold
-// more per thread and get fewer blocks.
+// 7168-wide row 90-96 registers (2 blocks per SM); capped at 80 (3) nothing spills, and 3 blocks
+// measured better than 4 (64 registers) at 1-2048 rows and worse only at 4096 (H100,
+// bench/NOTES.md). Without a residual the kernel holds half the row data and fits 4. Wider rows
+// hold more per thread and get fewer blocks.
 constexpr int min_blocks(int iters, bool residual) {
-  return iters <= 4 ? SYMCOMM_NORM_MIN_BLOCKS + (residual ? 0 : 1) : (iters <= 8 ? 2 : 1);
+  return iters <= 4 ? (residual ? 3 : 4) : (iters <= 8 ? 2 : 1);
 }
+
+// Most blocks a row is split over at decode sizes (parts below).
+constexpr int kMaxParts = 4;
 
 // late: let the next kernel on the stream launch only once this block is done. Launched early,
 // its blocks take the SM slots this grid leaves free and wait there; with more rows than SMs
@@ -146,9 +138,9 @@ cudaError_t launch_iters(const void* a, const void* residual, const void* weight
   const int sms = sm_count();
   // Blocks per row: as many as kIters allows while every block still has an SM of its own.
   int parts = 1;
-  while (parts * 2 <= kIters && parts * 2 <= SYMCOMM_NORM_MAX_PARTS && int64_t(rows) * parts * 2 <= sms) parts *= 2;
+  while (parts * 2 <= kIters && parts * 2 <= kMaxParts && int64_t(rows) * parts * 2 <= sms) parts *= 2;
   const int64_t blocks = int64_t(rows) * parts;
-  const bool late = blocks > (SYMCOMM_NORM_LATE_TRIGGER_ROWS >= 0 ? SYMCOMM_NORM_LATE_TRIGGER_ROWS : sms);
+  const bool late = blocks > sms;
   // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
   // behind any kernel of the caller's, the launch overlaps that kernel's tail.
   const auto args = [&](auto kernel) {
