@@ -110,9 +110,8 @@ SYMCOMM_HD uint8_t e4m3_saturate(float v) {
 // [2, 3] with a step of 1, exactly (a tiny or zero a lands far below 0.5 and still rounds to 0).
 // Adding 2^23 + 2u + 2 then rounds to an integer, to nearest even since the addend is even, and
 // its low bits are the code: the rounded value plus the code of the range's first value (0, 2
-// or 4). No float-to-int conversion, which runs at a quarter of the rate of an add on sm_90: the
-// quantize kernel is bound by instruction issue (one per e2m1 code was a third of its time).
-// The same codes as round_even(a * m) + first for every fp32 a in [0, 6] (all 1,086,324,737
+// or 4). No float-to-int conversion (sm_90 issues those at a fraction of a float add's rate, and
+// the quantize kernel is bound by instruction issue). The same codes as round_even(a * m) + first for every fp32 a in [0, 6] (all 1,086,324,737
 // were compared once, bench/NOTES.md 2026-11-25).
 SYMCOMM_HD uint32_t e2m1_magnitude(float a) {
   const uint32_t b = bits_of(a);
