@@ -91,6 +91,66 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
   }
 }
 
+// bf16 / fp16 input, 16-byte aligned, one block of 16 per thread. The kernel is bound by instruction issue, not by memory
+// (bench/NOTES.md, 2026-11-25), so it spends as few as it can per value: the block's amax comes
+// from the packed 16-bit patterns, whose order as unsigned integers is the order of |v| (a NaN
+// above infinity, as amax_step has it), three pairs per sm_90 three-way max instruction; the
+// values are widened straight from the pairs; and e2m1_magnitude needs no conversion instruction.
+template <typename T>
+struct Pairs;
+
+template <>
+struct Pairs<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t amax_bits(uint32_t m16) { return m16 << 16; }
+  static __device__ __forceinline__ void widen(uint32_t w, float& lo, float& hi) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xFFFF0000u);
+  }
+};
+
+template <>
+struct Pairs<__half> {
+  static __device__ __forceinline__ uint32_t amax_bits(uint32_t m16) {
+    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(m16))));
+  }
+  static __device__ __forceinline__ void widen(uint32_t w, float& lo, float& hi) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    lo = f.x;
+    hi = f.y;
+  }
+};
+
+// One block of 16 values held as eight little-endian pairs (element 2i in the low half of w[i]).
+template <typename T>
+__device__ __forceinline__ uint8_t encode_pairs(const uint32_t (&w)[8], float gs, uint32_t (&words)[2]) {
+  uint32_t m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = w[i] & 0x7FFF7FFFu;  // |v|, two at a time
+  const uint32_t m3 = __vimax3_u16x2(__vimax3_u16x2(m[0], m[1], m[2]), __vimax3_u16x2(m[3], m[4], m[5]),
+                                     __vmaxu2(m[6], m[7]));
+  const uint32_t lo = m3 & 0xFFFFu, hi = m3 >> 16;
+  float v[kBlock];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) Pairs<T>::widen(w[i], v[2 * i], v[2 * i + 1]);
+  return encode_block_amax(v, Pairs<T>::amax_bits(lo > hi ? lo : hi), gs, words);
+}
+
+template <typename T, bool kSwizzle>
+__global__ void __launch_bounds__(kThreads) quantize16_kernel(const uint4* __restrict__ x, uint8_t* __restrict__ packed,
+                                                            uint8_t* __restrict__ scales, const float* gs_ptr,
+                                                            float gs_value, Shape shape) {
+  const float gs = gs_ptr != nullptr ? *gs_ptr : gs_value;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < shape.blocks; b += stride) {
+    const uint4 u0 = __ldg(x + 2 * b), u1 = __ldg(x + 2 * b + 1);
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t words[2];
+    const uint8_t sc = encode_pairs<T>(w, gs, words);
+    *reinterpret_cast<uint2*>(packed + b * 8) = make_uint2(words[0], words[1]);
+    scales[scale_index(b, shape.blocks_per_row, shape.padded_cols, kSwizzle)] = sc;
+  }
+}
+
 template <typename T, bool kSwizzle, bool kVec>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t* __restrict__ packed,
                                                             const uint8_t* __restrict__ scales, T* __restrict__ out,
@@ -154,6 +214,14 @@ cudaError_t launch_quantize(const void* x, const Shape& s, const float* gs_ptr, 
   // mid-row of a larger buffer may not be, and take the scalar path instead of faulting.
   const bool vec = aligned(x, 16) && aligned(packed, 8);
   const dim3 grid = grid_for(s.blocks), block(kThreads);
+  if constexpr (sizeof(T) == 2) {
+    if (vec) {
+      const auto* xv = static_cast<const uint4*>(x);
+      if (swizzle) quantize16_kernel<T, true><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      else quantize16_kernel<T, false><<<grid, block, 0, stream>>>(xv, p, sc, gs_ptr, gs_value, s);
+      return cudaGetLastError();
+    }
+  }
   return with_flags(swizzle, vec, [&](auto swz, auto vec_) {
     quantize_kernel<T, decltype(swz)::value, decltype(vec_)::value><<<grid, block, 0, stream>>>(xt, p, sc, gs_ptr,
                                                                                                gs_value, s);

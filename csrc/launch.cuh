@@ -14,8 +14,9 @@
 // wait first thing, before their epoch word (the previous peer kernel of the context writes it),
 // before their input (the GEMM writes it) and before any peer: a peer can never see this rank
 // arrive before this rank's input is final. After the wait they signal launch_dependents at
-// once. That only lets the next kernel on the stream be *scheduled*; if it was launched with
-// PDL it must wait in turn (the contract of every PDL kernel, ours included), and a kernel
+// once (the standalone RMSNorm with more blocks than SMs signals at its end: csrc/rmsnorm.cu).
+// That only lets the next kernel on the stream be *scheduled*; if it was launched with PDL it
+// must wait in turn (the contract of every PDL kernel, ours included), and a kernel
 // launched plainly still starts after we exit. By the time the signal counts, all our blocks
 // are resident (the signal counts only once every block of the grid has given it), so a
 // dependent that occupies SMs cannot keep one of our blocks from starting while its peers spin.
@@ -31,13 +32,25 @@
 
 namespace symcomm {
 
-// Wait for the kernel this one may overlap, then let the next one be scheduled. Every thread
-// calls it: the wait makes the predecessor's writes visible to the thread that waited.
-__device__ __forceinline__ void enter_after_predecessor() {
+// Wait for the kernel this one may overlap. Every thread calls it: the wait makes the
+// predecessor's writes visible to the thread that waited.
+__device__ __forceinline__ void wait_for_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Let the next kernel on the stream be scheduled (once every block of this grid has said so).
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Wait for the kernel this one may overlap, then let the next one be scheduled.
+__device__ __forceinline__ void enter_after_predecessor() {
+  wait_for_predecessor();
+  let_dependents_launch();
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent launch when

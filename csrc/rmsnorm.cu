@@ -18,32 +18,85 @@ namespace {
 using namespace symcomm;
 using namespace symcomm::norm;
 
-// One block of kThreads per row: the block is the reduction order's virtual block, so the
-// kernel needs nothing beyond rmsnorm_row. h stays in registers (kIters vectors per thread),
-// so the row is read once; kIters is the smallest power of two that covers the row.
-template <typename T, int kIters>
-__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* a, const T* residual, const T* weight,
-                                                           T* residual_out, Output out, int nvec, float eps) {
+// One block of kThreads per row, the reduction order's virtual block. Every load of the row is
+// issued before its first store: a store to the new residual may alias a later vector of the
+// input (in place, or the all-reduce written straight into the new residual), and a
+// load-add-store loop waited out one memory round trip per vector (sm_90 SASS, 2026-11-25).
+// The weight goes to shared memory with cp.async alongside: held in registers across the row's
+// sum it pushed the 7168-wide kernel from 64 registers to 139, and read from global memory after
+// the sum it costs one more round trip. Rows of up to kSmemIters * kThreads vectors (32 KB);
+// wider rows read it from global memory.
+constexpr int kSmemIters = 8;
+
+// Blocks per SM that the register budget must allow: a row is one block's whole job, so blocks
+// resident side by side are what keeps memory busy while others reduce. Unbounded, nvcc gave the
+// 7168-wide row 90-96 registers (2 blocks per SM); capped at 80 (3) nothing spills, and 3 blocks
+// measured better than 4 (64 registers) at 1-2048 rows and worse only at 4096 (H100,
+// bench/NOTES.md). Without a residual the kernel holds half the row data and fits 4. Wider rows
+// hold more per thread and get fewer blocks.
+constexpr int min_blocks(int iters, bool residual) {
+  return iters <= 4 ? (residual ? 3 : 4) : (iters <= 8 ? 2 : 1);
+}
+
+// Most blocks a row is split over at decode sizes (parts below).
+constexpr int kMaxParts = 4;
+
+// late: let the next kernel on the stream launch only once this block is done. Launched early,
+// its blocks take the SM slots this grid leaves free and wait there; with more rows than SMs
+// that placed them unevenly (2.3 to 1 rows per SM) and made the next call slower: at 256 rows of
+// 7168, 6.4 us per call against 4.6 with one slot fewer per SM (H100, bench/NOTES.md).
+//
+// parts: blocks per row. With fewer rows than SMs a row's normalisation and quantization (a few
+// hundred instructions a thread after the sum) ran on one SM while the others idled: FP8 output
+// cost 1.9x bf16's time at one row (H100, bench/NOTES.md). Block b takes row b / parts, loads
+// and sums all of it (the same order, so the same rinv in every block), and stores h and y for
+// the iterations i with i % parts == b % parts.
+template <typename T, int kIters, int kQuant, bool kResidual>
+__global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsnorm_kernel(
+    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int nvec, float eps, bool late,
+    int parts) {
+  constexpr bool kStage = kIters <= kSmemIters;
   __shared__ float smem[kWarps];
-  enter_after_predecessor();
-  const int64_t row = blockIdx.x;
-  // No __restrict__ and no read-only loads: a and residual may be residual_out itself (the
-  // caller's in-place residual, or the all-reduce written straight into the new residual).
-  // Each element is read before it is written, by the same thread.
+  __shared__ Vec<T> staged[kStage ? kIters * kThreads : 1];
+  wait_for_predecessor();
+  if (!late) let_dependents_launch();
+  const int64_t row = blockIdx.x / parts;
+  const int part = blockIdx.x % parts;
+  // No __restrict__ and no read-only loads: a and residual may be residual_out itself.
   const Vec<T>* a_row = reinterpret_cast<const Vec<T>*>(a) + row * nvec;
-  const Vec<T>* r_row = residual != nullptr ? reinterpret_cast<const Vec<T>*>(residual) + row * nvec : nullptr;
-  Vec<T>* h_row = residual_out != nullptr ? reinterpret_cast<Vec<T>*>(residual_out) + row * nvec : nullptr;
-  Vec<T> h[kIters];
+  const Vec<T>* r_row = reinterpret_cast<const Vec<T>*>(residual) + row * nvec;
+  Vec<T> h[kIters], r[kIters];
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int j = threadIdx.x + i * kThreads;
     if (j < nvec) {
-      h[i] = a_row[j];
-      if (r_row != nullptr) add_residual(h[i], r_row[j]);
-      if (h_row != nullptr) h_row[j] = h[i];
+      h[i] = load_vec(a_row + j);
+      if (kResidual) r[i] = load_vec(r_row + j);
     }
   }
-  rmsnorm_row<T, kIters>(h, row, nvec, weight, eps, out, smem);
+  const Vec<T>* w = reinterpret_cast<const Vec<T>*>(weight);
+  if (kStage) {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int j = threadIdx.x + i * kThreads;
+      if (j < nvec && i % parts == part) copy_to_shared(staged + j, w + j);
+    }
+    w = staged;
+  }
+  const float scale = load_out_scale(out, kQuant);
+  // h = a (+ residual), kept in residual_out when the caller passed one (without a residual too:
+  // the caller then asked for a copy of a as the new residual).
+  Vec<T>* h_row = reinterpret_cast<Vec<T>*>(residual_out) + row * nvec;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int j = threadIdx.x + i * kThreads;
+    if (j < nvec) {
+      if (kResidual) add_residual(h[i], r[i]);
+      if (residual_out != nullptr && i % parts == part) store_vec(h_row + j, h[i]);
+    }
+  }
+  rmsnorm_row<T, kIters, RowMode<kQuant, kStage, true>>(h, w, scale, row, nvec, eps, out, smem, parts, part);
+  if (late) let_dependents_launch();
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -68,26 +121,58 @@ Output make_output(int64_t cols, int quant, void* out, void* scales, const float
                 fp4::padded_cols(cols / fp4::kBlock)};
 }
 
-template <typename T, int kIters>
+// The current device's SM count (0 if it cannot be read: every launch then triggers late).
+int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+template <typename T, int kIters, int kQuant>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
-                         const Output& out, int64_t rows, int nvec, float eps, cudaStream_t st) {
-  // Always a programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused
-  // path, or behind any kernel of the caller's, the launch overlaps that kernel's tail.
-  return launch(true, rmsnorm_kernel<T, kIters>, static_cast<unsigned>(rows), kThreads, st, static_cast<const T*>(a),
-                static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
-                nvec, eps);
+                         const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
+  const int sms = sm_count();
+  // Blocks per row: as many as kIters allows while every block still has an SM of its own.
+  int parts = 1;
+  while (parts * 2 <= kIters && parts * 2 <= kMaxParts && int64_t(rows) * parts * 2 <= sms) parts *= 2;
+  const int64_t blocks = int64_t(rows) * parts;
+  const bool late = blocks > sms;
+  // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
+  // behind any kernel of the caller's, the launch overlaps that kernel's tail.
+  const auto args = [&](auto kernel) {
+    return launch(true, kernel, static_cast<unsigned>(blocks), kThreads, st, static_cast<const T*>(a),
+                  static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
+                  nvec, eps, late, parts);
+  };
+  return residual != nullptr ? args(rmsnorm_kernel<T, kIters, kQuant, true>)
+                             : args(rmsnorm_kernel<T, kIters, kQuant, false>);
+}
+
+template <typename T, int kIters>
+cudaError_t launch_quant(const void* a, const void* residual, const void* weight, void* residual_out,
+                         const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
+  switch (out.quant) {
+    case kQuantNone: return launch_iters<T, kIters, kQuantNone>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+    case kQuantFp8: return launch_iters<T, kIters, kQuantFp8>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+    default: return launch_iters<T, kIters, kQuantNvfp4>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+  }
 }
 
 template <typename T>
 cudaError_t launch_rows(const void* a, const void* residual, const void* weight, void* residual_out, const Output& out,
                         int64_t rows, int64_t cols, float eps, cudaStream_t st) {
   const int nvec = static_cast<int>(cols / kVec);
+  const int n = static_cast<int>(rows);
   const int iters = (nvec + kThreads - 1) / kThreads;
-  if (iters <= 1) return launch_iters<T, 1>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  if (iters <= 2) return launch_iters<T, 2>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  if (iters <= 4) return launch_iters<T, 4>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  if (iters <= 8) return launch_iters<T, 8>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
-  return launch_iters<T, kMaxIters>(a, residual, weight, residual_out, out, rows, nvec, eps, st);
+  if (iters <= 1) return launch_quant<T, 1>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  if (iters <= 2) return launch_quant<T, 2>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  if (iters <= 4) return launch_quant<T, 4>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  if (iters <= 8) return launch_quant<T, 8>(a, residual, weight, residual_out, out, n, nvec, eps, st);
+  return launch_quant<T, kMaxIters>(a, residual, weight, residual_out, out, n, nvec, eps, st);
 }
 
 // ------------------------------------------------------------------------- host reference run
@@ -129,7 +214,7 @@ void rmsnorm_on_host(const void* a, const void* residual, const void* weight, in
         std::memcpy(static_cast<Vec<T>*>(out) + row * nvec + j, &y, sizeof y);
       } else if (quant == kQuantFp8) {
         uint32_t words[2];
-        fp8_vec(yf, scale, words);
+        fp8_vec_host(yf, scale, words);
         std::memcpy(static_cast<uint8_t*>(out) + (row * nvec + j) * 8, words, 8);  // little-endian
       } else {
         std::memcpy(&y_row[j * kVec], yf, sizeof yf);

@@ -137,8 +137,9 @@ SYMCOMM_HD uint8_t fp8_byte(float v) {
 #endif
 }
 
-// FP8 e4m3 of y / scale for one vector, as 8 bytes in one little-endian word pair.
-SYMCOMM_HD void fp8_vec(const float (&yf)[kVec], float scale, uint32_t (&words)[2]) {
+// FP8 e4m3 of y / scale for one vector, as 8 bytes in one little-endian word pair: the host
+// twin's code (the device has its own fp8_vec below, which gives the same bytes faster).
+inline void fp8_vec_host(const float (&yf)[kVec], float scale, uint32_t (&words)[2]) {
   words[0] = words[1] = 0u;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
@@ -177,12 +178,34 @@ struct Output {
 };
 
 #ifdef __CUDACC__
+// Value of rmsnorm_row's kQuant that means "read Output::quant at run time" (the fused kernels).
+constexpr int kQuantAny = -1;
+
+// One 16-byte vector in one instruction. Reading a Vec<T> through a pointer field by field made
+// nvcc 13.0 emit eight 2-byte loads (the residual and weight reads, sm_90 SASS, 2026-11-25).
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const Vec<T>* p) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  Vec<T> v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(Vec<T>* p, const Vec<T>& v) {
+  uint4 u;
+  memcpy(&u, &v, sizeof u);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
 // Steps 2 and 3 on the device: every thread of the block gets the row's sum. smem holds kWarps
-// floats; the leading barrier lets a block call this once per row, reusing smem.
+// floats; the leading barrier lets a block call this once per row, reusing smem (a block that
+// sums one row only needs none).
+template <bool kReused = true>
 __device__ __forceinline__ float block_sum(float partial, float* smem) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) partial = __fadd_rn(partial, __shfl_xor_sync(0xffffffffu, partial, o));
-  __syncthreads();
+  if (kReused) __syncthreads();
   if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = partial;
   __syncthreads();
   float total = smem[0];
@@ -191,39 +214,147 @@ __device__ __forceinline__ float block_sum(float partial, float* smem) {
   return total;
 }
 
+// FP8 output: e4m3(RN(y / scale)) without a division per value (the IEEE division is a call
+// behind a range check, one branch region per value in the sm_90 SASS). q = RN(y * RN(1 / scale)),
+// and the division runs only where q could give another byte:
+//   |q - RN(y / scale)| < 3 ulp of y / scale (two roundings of 2^-24 each, and RN's own), so at
+//   most 6 floats apart; the byte changes only across an e4m3 rounding midpoint, which for
+//   q >= 2^-6 (e4m3's normal range) has 0x80000 in its 20 low bits, 2^19 floats from either end
+//   of its binade. So q's byte is RN(y / scale)'s unless q's low bits are within 8 of 0x80000, or
+//   q is in [2^-12, 2^-6) (e4m3 subnormals, whose midpoints sit elsewhere; below 2^-12 both are
+//   far under 2^-10, half the least subnormal, and give a signed zero). Infinite y stays
+//   infinite and NaN stays NaN. Needs a scale whose reciprocal is a normal fp32 number (anything
+//   else divides). tests/gpu_sim/test_fp8_cvt.py compares it with the division for all 2^32 fp32
+//   values at nine scales.
+struct Fp8Scale {
+  float scale;
+  float inv;   // RN(1 / scale)
+  bool fast;   // inv is normal: the rule above holds
+};
+
+__device__ __forceinline__ Fp8Scale fp8_scale(float scale) {
+  const float inv = __frcp_rn(scale);
+  const uint32_t e = (__float_as_uint(inv) >> 23) & 0xFFu;
+  return Fp8Scale{scale, inv, e != 0u && e != 0xFFu};
+}
+
+__device__ __forceinline__ bool fp8_needs_division(float q) {
+  const uint32_t b = __float_as_uint(q) & 0x7FFFFFFFu;
+  const bool subnormal = b - 0x39800000u < 0x3C800000u - 0x39800000u;  // 2^-12 <= |q| < 2^-6
+  const bool near_midpoint = (b & 0xFFFFFu) - (0x80000u - 8u) <= 16u;
+  return subnormal || near_midpoint;
+}
+
+// fp8_vec's bytes: two values per conversion (cvt.rn.satfinite.e4m3x2), then a NaN's byte made
+// 0x7F whatever its sign, as fp8_byte (satfinite never gives 0x7F or 0xFF for a number).
+__device__ __forceinline__ void fp8_vec(const float (&yf)[kVec], const Fp8Scale& s, uint32_t (&words)[2]) {
+  float q[kVec];
+  bool divide = !s.fast;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    q[i] = __fmul_rn(yf[i], s.inv);
+    divide |= fp8_needs_division(q[i]);
+  }
+  if (divide) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) q[i] = __fdiv_rn(yf[i], s.scale);
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    uint32_t w = 0u;
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const uint32_t two = __nv_cvt_float2_to_fp8x2(make_float2(q[4 * k + 2 * p], q[4 * k + 2 * p + 1]),
+                                                    __NV_SATFINITE, __NV_E4M3);
+      w |= two << (16 * p);
+    }
+    const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;  // bytes 0x7F / 0xFF
+    words[k] = w & ~nan;
+  }
+}
+
+// The output's scale (FP8 dequant scale / NVFP4 global scale; 1 without quantization). Callers
+// read it before the row's sum and use it only after: nvcc moved a use made before the sum
+// (FP8's reciprocal) to right after the load, stalling the thread there for a memory round trip.
+__device__ __forceinline__ float load_out_scale(const Output& out, int quant) {
+  return quant == kQuantNone ? 1.0f : (out.scale_ptr != nullptr ? *out.scale_ptr : out.scale_value);
+}
+
+// A 16-byte copy from global to shared memory that bypasses registers (cp.async, sm_80), and the
+// wait for this thread's copies. A thread that reads back only what it copied needs no barrier.
+template <typename T>
+__device__ __forceinline__ void copy_to_shared(Vec<T>* dst, const Vec<T>* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Makes nvcc treat the packed words of h as new values, so that the fp32 conversions made for
+// the sum of squares are not kept alive across the reduction for normalize (32 registers at a
+// 7168-wide row, which cost blocks per SM); converting again is one instruction a value.
+template <typename T>
+__device__ __forceinline__ void launder(Vec<T>& h) {
+  uint32_t* u = reinterpret_cast<uint32_t*>(&h);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(u[k]));
+}
+
+// How rmsnorm_row is called. kQuant: out.quant when the caller knows it at compile time (less
+// code and fewer registers), kQuantAny otherwise. kStaged: w is a shared-memory copy made with
+// copy_to_shared by this thread, waited for only after the row's sum. kOneRow: the block sums
+// one row only (block_sum needs no leading barrier).
+template <int kQuant_, bool kStaged_ = false, bool kOneRow_ = false>
+struct RowMode {
+  static constexpr int kQuant = kQuant_;
+  static constexpr bool kStaged = kStaged_;
+  static constexpr bool kOneRow = kOneRow_;
+};
+
 // One row, after the all-reduce and the residual add: thread t (blockDim.x == kThreads) holds
 // h[i] = vector t + i * kThreads of the row (already rounded to T, and already stored to the
 // new residual by the caller if it keeps one) for every such vector below nvec; the rest of h
-// is ignored. Writes y (or its FP8 / NVFP4 encoding) for the row. Every thread of the block
-// must call it (it synchronises the block), with the same row, nvec and output.
+// is ignored. w is the weight as vectors (global memory, or this thread's shared-memory copies:
+// it reads w[t + i * kThreads] only), scale is load_out_scale(out, quant), Mode a RowMode. Writes
+// y (or its FP8 / NVFP4 encoding) for the row's vectors of the iterations i with i % parts ==
+// part (all of them with the defaults): blocks that share a row each sum all of it, in the same
+// order, and write their part. Every thread of the block must call it (it synchronises the
+// block), with the same row, nvec, output and part.
 // For NVFP4, hidden must be a multiple of 16: the two halves of a 16-value block are vectors
 // 2k and 2k+1, held by lanes t and t^1 of one warp in the same iteration, which exchange amax.
-template <typename T, int kIters>
-__device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], int64_t row, int nvec,
-                                            const T* weight, float eps, const Output& out, float* smem) {
+template <typename T, int kIters, typename Mode>
+__device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const Vec<T>* w, float scale, int64_t row,
+                                            int nvec, float eps, const Output& out, float* smem, int parts = 1,
+                                            int part = 0) {
+  const int quant = Mode::kQuant == kQuantAny ? out.quant : Mode::kQuant;
   const int t = threadIdx.x;
+  Vec<T> h[kIters];
   float acc = 0.0f;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
+    h[i] = h_in[i];
     if (t + i * kThreads < nvec) acc = sumsq_step(acc, h[i]);
+    launder(h[i]);
   }
   const int64_t hidden = int64_t(nvec) * kVec;
-  const float rinv = inv_rms(block_sum(acc, smem), hidden, eps);
-  const float scale = out.quant == kQuantNone ? 1.0f : (out.scale_ptr != nullptr ? *out.scale_ptr : out.scale_value);
-  const Vec<T>* w = reinterpret_cast<const Vec<T>*>(weight);
+  const float rinv = inv_rms(block_sum<!Mode::kOneRow>(acc, smem), hidden, eps);
+  if (Mode::kStaged) wait_copies();
+  Fp8Scale fp8;
+  if (quant == kQuantFp8) fp8 = fp8_scale(scale);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
+    if (i % parts != part) continue;  // uniform over the block
     const int j = t + i * kThreads;
     const bool active = j < nvec;
     Vec<T> y;
     float yf[kVec];
-    if (active) normalize(h[i], w[j], rinv, y, yf);
-    if (out.quant == kQuantNone) {
-      if (active) reinterpret_cast<Vec<T>*>(out.y)[row * nvec + j] = y;
-    } else if (out.quant == kQuantFp8) {
+    if (active) normalize(h[i], load_vec(w + j), rinv, y, yf);
+    if (quant == kQuantNone) {
+      if (active) store_vec(reinterpret_cast<Vec<T>*>(out.y) + row * nvec + j, y);
+    } else if (quant == kQuantFp8) {
       if (active) {
         uint32_t words[2];
-        fp8_vec(yf, scale, words);
+        fp8_vec(yf, fp8, words);
         reinterpret_cast<uint2*>(out.y)[row * nvec + j] = make_uint2(words[0], words[1]);
       }
     } else {
@@ -247,6 +378,16 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], int64_t r
       }
     }
   }
+}
+
+// The same with the weight read from global memory after the row's sum and the scale read
+// before it: what the fused kernels call.
+template <typename T, int kIters>
+__device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], int64_t row, int nvec, const T* weight,
+                                            float eps, const Output& out, float* smem) {
+  const float scale = load_out_scale(out, out.quant);
+  rmsnorm_row<T, kIters, RowMode<kQuantAny>>(h, reinterpret_cast<const Vec<T>*>(weight), scale, row, nvec, eps, out,
+                                             smem);
 }
 #endif  // __CUDACC__
 

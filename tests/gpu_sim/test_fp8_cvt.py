@@ -69,3 +69,62 @@ def test_the_check_sees_a_difference():
                                                               mismatches, example))
     cupy.cuda.runtime.deviceSynchronize()
     assert int(mismatches[0]) > 0
+
+
+# rmsnorm.cuh's device fp8_vec multiplies by the scale's reciprocal and divides only where the
+# product could round to another byte than the quotient. Checked here against the division for
+# every fp32 pattern, eight consecutive patterns per vector, at scales with a normal reciprocal
+# (the fast path) and without one (everything divides).
+_FAST_KERNEL = r"""
+#include "rmsnorm.cuh"
+extern "C" __global__ void fp8_vec_mismatches(float scale, unsigned long long first, unsigned long long vectors,
+                                              unsigned long long* mismatches, unsigned int* example,
+                                              unsigned long long* divided) {
+  const symcomm::norm::Fp8Scale s = symcomm::norm::fp8_scale(scale);
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long v = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; v < vectors; v += stride) {
+    float y[8];
+    bool any = false;
+    for (int k = 0; k < 8; ++k) {
+      y[k] = __uint_as_float((unsigned int)(first + v * 8 + k));
+      any |= symcomm::norm::fp8_needs_division(__fmul_rn(y[k], s.inv));
+    }
+    if (any || !s.fast) atomicAdd(divided, 1ull);
+    unsigned int words[2];
+    symcomm::norm::fp8_vec(y, s, words);
+    for (int k = 0; k < 8; ++k) {
+      const unsigned char got = (unsigned char)(words[k >> 2] >> ((k & 3) * 8));
+      if (got != symcomm::fp4::e4m3_saturate(__fdiv_rn(y[k], scale))) {
+        atomicAdd(mismatches, 1ull);
+        atomicMin(example, __float_as_uint(y[k]));
+      }
+    }
+  }
+}
+"""
+
+# 2^-5 (the norm tests' scale), 448 / 6, values with long mantissas, extreme but normal
+# reciprocals, and three without one (fp32 subnormal scale, huge scale, FLT_MAX).
+FP8_SCALES = (2.0 ** -5, 448.0 / 6, 0.37, 1.7e-5, 6.5e4, 1e-30, 2.0 ** -130, 3.0e38, 3.4028234663852886e38)
+
+
+@pytest.mark.parametrize("scale", FP8_SCALES)
+def test_device_fp8_vec_equals_division_for_every_fp32(scale):
+    cupy = _cupy()
+    module = cupy.RawModule(code=_FAST_KERNEL, backend="nvcc", options=("-std=c++17", f"-I{CSRC}", "-arch=sm_90"))
+    kernel = module.get_function("fp8_vec_mismatches")
+    mismatches = cupy.zeros(1, dtype=cupy.uint64)
+    divided = cupy.zeros(1, dtype=cupy.uint64)
+    example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
+    chunk = 1 << 30
+    for first in range(0, 1 << 32, chunk):
+        kernel((4096,), (256,), (cupy.float32(scale), cupy.uint64(first), cupy.uint64(chunk // 8), mismatches, example,
+                                 divided))
+    cupy.cuda.runtime.deviceSynchronize()
+    assert int(mismatches[0]) == 0, f"{int(mismatches[0])} values differ, the lowest pattern 0x{int(example[0]):08x}"
+    share = int(divided[0]) / (1 << 29)
+    # The fast path must be what runs for most vectors when the reciprocal is normal (NaNs, tiny
+    # and huge values divide): else this test would compare the division with itself.
+    inv = 1.0 / float(cupy.float32(scale))  # the fp32 scale's reciprocal, unrounded
+    fast = 2.0 ** -126 <= inv < 2.0 ** 128
+    assert share < 0.1 if fast else share == 1.0, share

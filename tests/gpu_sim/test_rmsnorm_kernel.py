@@ -71,6 +71,67 @@ def test_kernel_matches_host_entry_point_bitwise(dtype, tokens, hidden, with_res
         _same(got, host, f"{dtype} {tokens}x{hidden} residual={with_residual} {quant} swizzle={swizzle}")
 
 
+# Row widths for every kIters instantiation of the kernel (vectors of 8 per thread: 1, 2, 4, 8 with
+# the weight staged in shared memory, 16 read from global memory), odd multiples of 8 (no NVFP4)
+# and of 16, rows of one vector, and the widest row.
+WIDTHS = (8, 24, 2056, 7176, 7184, 12296, 16384, 24592, 32768)
+
+
+@pytest.mark.parametrize("hidden", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_row_width_class(dtype, hidden):
+    a, r, w = _rows(3, hidden, dtype, hidden + 1), _rows(3, hidden, dtype, hidden + 2), _rows(1, hidden, dtype, hidden)[0]
+    dev = torch.device("cuda")
+    for quant, as_tensor, swizzle in MODES:
+        if quant == "nvfp4" and hidden % 16:
+            continue
+        host = fn.rmsnorm_host(a, w, r, EPS, quant=quant, scale=_scale(quant, False, None), swizzle=swizzle)
+        got = fn.add_rmsnorm(a.to(dev), w.to(dev), residual=r.to(dev), eps=EPS, quant=quant,
+                             scale=_scale(quant, as_tensor, dev), swizzle=swizzle, impl="kernel")
+        torch.cuda.synchronize()
+        _same(got, host, f"{dtype} 3x{hidden} {quant} swizzle={swizzle}")
+
+
+@pytest.mark.parametrize("tokens", (4, 16, 64, 256, 2048, 4100))
+def test_token_count_classes(tokens):
+    """Decode to prefill sizes at the benchmark's width, with and without residual."""
+    dtype, hidden, dev = torch.bfloat16, 7168, torch.device("cuda")
+    a, r, w = _rows(tokens, hidden, dtype, tokens), _rows(tokens, hidden, dtype, tokens + 1), _rows(1, hidden, dtype, 5)[0]
+    for residual in (None, r):
+        for quant in (None, "fp8", "nvfp4"):
+            host = fn.rmsnorm_host(a, w, residual, EPS, quant=quant, scale=_scale(quant, False, None))
+            got = fn.add_rmsnorm(a.to(dev), w.to(dev), residual=None if residual is None else residual.to(dev),
+                                 eps=EPS, quant=quant, scale=_scale(quant, True, dev), impl="kernel")
+            torch.cuda.synchronize()
+            _same(got, host, f"{tokens} rows residual={residual is not None} {quant}")
+
+
+@pytest.mark.parametrize("tokens", (1, 300))
+def test_new_residual_without_residual_is_a_copy(tokens):
+    """residual_out given, no residual: h = a is written there (the kernel without a residual)."""
+    dev = torch.device("cuda")
+    a, w = _rows(tokens, 7168, torch.bfloat16, 9), _rows(1, 7168, torch.bfloat16, 10)[0]
+    h = torch.full((tokens, 7168), 7.0, dtype=torch.bfloat16, device=dev)
+    got = fn.add_rmsnorm(a.to(dev), w.to(dev), residual_out=h, eps=EPS, impl="kernel")
+    torch.cuda.synchronize()
+    assert got.residual is h
+    _same(got, fn.rmsnorm_host(a, w, None, EPS), f"{tokens} rows, residual_out only")
+
+
+def test_fp8_output_division_fallback():
+    """Values whose quotient falls in e4m3's subnormal range take the exact division (rmsnorm.cuh's
+    fp8_vec); scales whose reciprocal is not a normal float divide everything."""
+    dev = torch.device("cuda")
+    a = _rows(64, 2048, torch.bfloat16, 3)
+    a[:, ::7] *= 2.0 ** -11  # y / scale around 2^-12 .. 2^-6 in every vector
+    w = _rows(1, 2048, torch.bfloat16, 4)[0]
+    for scale in (FP8_SCALE, 2.0 ** -130, 3.0e38, 0.37):
+        host = fn.rmsnorm_host(a, w, None, EPS, quant="fp8", scale=scale)
+        got = fn.add_rmsnorm(a.to(dev), w.to(dev), eps=EPS, quant="fp8", scale=scale, impl="kernel")
+        torch.cuda.synchronize()
+        _same(got, host, f"fp8 scale={scale}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_in_place_residual_and_empty_rows(dtype):
     dev = torch.device("cuda")
