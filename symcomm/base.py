@@ -75,7 +75,7 @@ class Call:
     """
 
     __slots__ = ("op", "inputs", "outputs", "in_ptrs", "out_ptrs", "sizes", "redop", "nbytes", "dtype",
-                 "table_key", "single", "_symmetric")
+                 "table_key", "single", "symmetric")
 
     def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                  in_ptrs: Sequence[int], out_ptrs: Sequence[int], sizes: list[int] | None,
@@ -91,7 +91,7 @@ class Call:
         self.dtype = inputs[0].dtype
         self.table_key = table_key or op
         self.single = True  # all_gatherv: given one tensor (not a list), so it returns one
-        self._symmetric: bool | None = None  # memo of the symmetric path's window test
+        self.symmetric: bool | None = None  # memo of the symmetric path's window test (backends/nccl.py)
 
     @property
     def even(self) -> bool:

@@ -20,8 +20,9 @@ import torch
 from symcomm import _nccl
 from symcomm.operations import collectives
 from symcomm.backends import nccl as nccl_backend
-from symcomm.backends.nccl import (RSV_PADDED, RSV_REDUCE_PER_ROOT, RSV_SCHEDULES, RSV_SEND_RECV, RsvRule,
-                                   rsv_schedule)
+from symcomm.backends import nccl_schedules
+from symcomm.backends.nccl_schedules import (RSV_PADDED, RSV_REDUCE_PER_ROOT, RSV_SCHEDULES, RSV_SEND_RECV, RsvRule,
+                                             rsv_schedule)
 from symcomm.errors import ArgumentError
 
 CPU = torch.device("cpu")
@@ -396,7 +397,7 @@ def test_send_recv_is_not_eligible_for_fp8():
 
 
 def test_rules_pick_by_bytes_and_padding_and_skip_ineligible(monkeypatch):
-    monkeypatch.setattr(nccl_backend, "RSV_SCHEDULE_RULES", {4: (
+    monkeypatch.setattr(nccl_schedules, "RSV_SCHEDULE_RULES", {4: (
         RsvRule(max_bytes=1000, max_padding=math.inf, schedule=RSV_SEND_RECV),
         RsvRule(max_bytes=10 ** 6, max_padding=1.5, schedule=RSV_PADDED),
     )})
@@ -413,7 +414,7 @@ def test_rules_pick_by_bytes_and_padding_and_skip_ineligible(monkeypatch):
 def test_rules_choose_the_same_schedule_on_every_rank(monkeypatch):
     # Limits between the ranks' own output sizes (0 to 5 rows of 14 bytes) and the input's 140
     # bytes: a choice read from this rank's slice, not the call, would split the ranks here.
-    monkeypatch.setattr(nccl_backend, "RSV_SCHEDULE_RULES", {4: (
+    monkeypatch.setattr(nccl_schedules, "RSV_SCHEDULE_RULES", {4: (
         RsvRule(max_bytes=50, max_padding=math.inf, schedule=RSV_SEND_RECV),
         RsvRule(max_bytes=200, max_padding=math.inf, schedule=RSV_PADDED),
     )})

@@ -149,3 +149,55 @@ def test_every_number_in_the_readme_cites_the_file_it_comes_from():
 
 def test_the_citation_check_flags_a_bare_number():
     assert _uncited_paragraphs("It takes 4.2 µs.\n\nCited 4.2 µs (" + "bench/results/" + "x.txt).") == ["It takes 4.2 µs."]
+
+
+def _private_definitions(package: Path) -> dict[str, set[str]]:
+    """_name -> the symcomm modules that define it (a function, class, assignment or attribute)."""
+    defined: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        module = str(path.relative_to(package))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names = [node.attr]
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names = [node.id]
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    defined.setdefault(name, set()).add(module)
+    return defined
+
+
+def private_reach_through(package: Path = PACKAGE) -> list[str]:
+    """``x._name`` where ``_name`` is a private member another symcomm module defines, and
+    ``from symcomm... import _name``: one module reaching into another's underscore members.
+    ``self._name`` is a class's own (or inherited, protected) member and stays allowed."""
+    defined = _private_definitions(package)
+    found = []
+    for path in package.rglob("*.py"):
+        module = str(path.relative_to(package))
+        for node in ast.walk(ast.parse(path.read_text())):
+            own = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if isinstance(node, ast.Attribute) and not own and node.attr in defined and module not in defined[node.attr]:
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("symcomm")):
+                found += [f"{path.name}:{node.lineno}: imports {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__") and a.name not in ("_nccl",
+                                                                                                      "_native")]
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_members():
+    found = private_reach_through()
+    assert not found, "use a public name (or move the code into the module that owns it):\n" + "\n".join(found)
+
+
+def test_the_reach_through_finder_finds_one(tmp_path):
+    package = tmp_path / "symcomm"
+    package.mkdir()
+    (package / "owner.py").write_text("class Owner:\n    def __init__(self):\n        self._state = 1\n")
+    (package / "user.py").write_text("from .owner import _helper\n\ndef peek(o):\n    return o._state + self_ok()\n")
+    found = private_reach_through(package)
+    assert sorted(found) == ["user.py:1: imports _helper", "user.py:4: o._state"], found
