@@ -65,9 +65,7 @@ def parse_lib(text: str) -> tuple[str, str]:
 
 def load_lib(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
-    for name in ("symcomm_rmsnorm", "symcomm_fp4_quantize"):
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = _native.SIGNATURES[name]
+    _native.bind(lib, path)  # refuses a build of another ABI
     return lib
 
 
@@ -128,10 +126,11 @@ def norm_call(lib: ctypes.CDLL, b: NormBuffers, case: str) -> Callable[[int], No
     scales = b.scales if case == "nvfp4" else None
     scale = {"fp8": b.fp8_scale, "nvfp4": b.global_scale}.get(case)
     dtype = _native.DTYPE_CODES[torch.bfloat16]
+    args = _native.RmsnormArgs(ptr(residual), b.w.data_ptr(), dtype, tokens, hidden, EPS, ptr(h), quant,
+                               out.data_ptr(), ptr(scales), ptr(scale), 0.0, 0)
 
     def call(_: int) -> None:
-        rc = lib.symcomm_rmsnorm(b.a.data_ptr(), ptr(residual), b.w.data_ptr(), dtype, tokens, hidden, EPS, ptr(h),
-                                 quant, out.data_ptr(), ptr(scales), ptr(scale), 0.0, 0, stream())
+        rc = lib.symcomm_rmsnorm(b.a.data_ptr(), ctypes.byref(args), stream())
         if rc != 0:
             raise RuntimeError(f"symcomm_rmsnorm returned {rc}")
     return call

@@ -36,6 +36,7 @@
 // Plain C ABI, no libtorch: every entry point takes raw pointers and a cudaStream_t and
 // returns a cudaError_t (csrc/symcomm.h declares them).
 #include "peer.cuh"
+#include "symcomm_testing.h"
 
 #include <cudaTypedefs.h>
 
@@ -301,18 +302,11 @@ cudaError_t driver(Driver** out) {
 cudaError_t driver_error(CUresult r) { return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown; }
 
 // The allocation that holds ptr: IPC handles name whole allocations, so a peer maps the base
-// and adds the offset. cuMemGetAddressRange is a driver call; it is looked up at run time so
-// the library does not link libcuda (CI builds it on machines without a driver).
+// and adds the offset (cuMemGetAddressRange, a driver call: looked up like the others).
 cudaError_t allocation_base(const void* ptr, uintptr_t* base) {
   static PFN_cuMemGetAddressRange_v3020 get_range = nullptr;
-  if (get_range == nullptr) {
-    cudaDriverEntryPointQueryResult found;
-    void* fn = nullptr;
-    cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
-    if (err != cudaSuccess) return err;
-    if (found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorSymbolNotFound;
-    get_range = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(fn);
-  }
+  const cudaError_t err = driver_fn("cuMemGetAddressRange", &get_range);
+  if (err != cudaSuccess) return err;
   CUdeviceptr b = 0;
   size_t size = 0;
   if (get_range(&b, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) return cudaErrorInvalidValue;
@@ -323,6 +317,8 @@ cudaError_t allocation_base(const void* ptr, uintptr_t* base) {
 }  // namespace
 
 extern "C" {
+
+int symcomm_abi_version(void) { return SYMCOMM_ABI_VERSION; }
 
 // Allocates this rank's buffer (signals, staging, scratch, flag-free receive buffers) and the
 // slot table. Not collective; symcomm_ar_open is.
@@ -672,11 +668,8 @@ int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dty
   if (nbytes % 16 || slot < 0 || slot >= c->max_slots) return cudaErrorInvalidValue;
   if (algo == kFlagFree ? nbytes > c->flagfree_bytes : nbytes > c->staging_bytes) return cudaErrorInvalidValue;
   if (nbytes == 0) return cudaSuccess;
-  if (stage && algo != kFlagFree) {
-    err = cudaMemcpyAsync(c->base + kSignalBytes, in, nbytes, cudaMemcpyDeviceToDevice, stream);
-    if (err != cudaSuccess) return err;
-    slot = 0, in_offset = 0;
-  }
+  if (stage && algo != kFlagFree && (err = stage_input(c, in, nbytes, &slot, &in_offset, stream)) != cudaSuccess)
+    return err;
   const uint4* src = static_cast<const uint4*>(in);
   uint4* dst = static_cast<uint4*>(out);
   const size_t nvec = nbytes / 16;
@@ -697,11 +690,7 @@ int symcomm_ar_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const vo
   if ((total_bytes | row_offset | nbytes) % 16 || row_offset + nbytes > total_bytes || slot < 0 ||
       slot >= c->max_slots || (stage && total_bytes > c->staging_bytes))
     return cudaErrorInvalidValue;
-  if (stage) {
-    if ((err = cudaMemcpyAsync(c->base + kSignalBytes, in, total_bytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
-      return err;
-    slot = 0, in_offset = 0;
-  }
+  if (stage && (err = stage_input(c, in, total_bytes, &slot, &in_offset, stream)) != cudaSuccess) return err;
   // One-shot over this rank's rows: every peer's input holds them at the same offset. A rank
   // with no rows still launches (nvec 0) and meets its peers at both barriers. The grid follows
   // the total, equal on every rank, never this rank's share.

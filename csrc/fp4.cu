@@ -15,6 +15,7 @@
 // every piece is __host__ __device__: the *_host entry points run the very same functions on the
 // CPU, so CI (no GPU) checks this file against the reference.
 #include "symcomm.h"
+#include "symcomm_testing.h"
 #include "fp4.cuh"
 
 #include <cuda_runtime.h>

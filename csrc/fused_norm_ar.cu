@@ -288,10 +288,16 @@ constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
 extern "C" {
 
-int symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* x, int slot,
-                       uint64_t in_offset, int stage, const void* residual, const void* weight, int64_t rows,
-                       int64_t cols, float eps, void* residual_out, symcomm_norm_quant_t quant, void* out,
-                       void* scales, const void* scale_ptr, float scale_value, int swizzle, cudaStream_t stream) {
+int symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, const void* x, int slot, uint64_t in_offset,
+                       int stage, const symcomm_rmsnorm_args_t* args, cudaStream_t stream) {
+  if (args == nullptr) return cudaErrorInvalidValue;
+  const symcomm_dtype_t dtype = args->dtype;
+  const void *residual = args->residual, *weight = args->weight, *scale_ptr = args->scale_ptr;
+  const int64_t rows = args->rows, cols = args->cols;
+  const float eps = args->eps, scale_value = args->scale_value;
+  void *residual_out = args->residual_out, *out = args->out, *scales = args->scales;
+  const symcomm_norm_quant_t quant = args->quant;
+  const int swizzle = args->swizzle;
   Context* c = &ctx->impl;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
@@ -308,11 +314,8 @@ int symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t
       (algo == SYMCOMM_AR_TWOSHOT && scratch_need > c->staging_bytes))
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (stage && algo != SYMCOMM_AR_FLAGFREE) {
-    if ((err = cudaMemcpyAsync(c->base + kSignalBytes, x, nbytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
-      return err;
-    slot = 0, in_offset = 0;
-  }
+  if (stage && algo != SYMCOMM_AR_FLAGFREE && (err = stage_input(c, x, nbytes, &slot, &in_offset, stream)) != cudaSuccess)
+    return err;
   if (q == norm::kQuantNvfp4 && swizzle) {
     // The padding of the 128x4 tiles reads as zero scales, as symcomm.fp4.quantize writes it.
     const size_t padded = size_t(symcomm::fp4::padded_rows(rows)) * symcomm::fp4::padded_cols(cols / 16);

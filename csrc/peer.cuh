@@ -166,6 +166,16 @@ struct Context {
   std::map<char*, size_t> imported;     // peers' cuMem regions mapped here -> their size
 };
 
+// Copies an eager input that peers cannot map into this rank's staging buffer, which they
+// read as slot 0 at offset 0 (slot 0 holds every rank's staging address): the stage != 0
+// prologue of every launch that reads peers' inputs.
+inline cudaError_t stage_input(const Context* c, const void* in, size_t nbytes, int* slot, uint64_t* offset,
+                               cudaStream_t stream) {
+  const cudaError_t err = cudaMemcpyAsync(c->base + kSignalBytes, in, nbytes, cudaMemcpyDeviceToDevice, stream);
+  if (err == cudaSuccess) *slot = 0, *offset = 0;
+  return err;
+}
+
 // ------------------------------------------------------------------ device helpers
 __device__ __forceinline__ uint64_t now_ns() {
   uint64_t t;

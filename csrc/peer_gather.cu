@@ -2,6 +2,7 @@
 // (symcomm/operations/all_gatherv_fp4.py): their kernels and entry points, over the peer machinery of peer.cuh
 // and, for the dispatch, the codec of fp4.cuh.
 #include "peer.cuh"
+#include "symcomm_testing.h"
 #include "fp4.cuh"
 
 #include <cstring>
@@ -186,11 +187,16 @@ int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, cons
   });
 }
 
-int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
-                           int64_t row_offset, int64_t total_rows, const void* gs_ptr, float gs_value,
-                           int payload_slot, uint64_t payload_offset, int scales_slot, uint64_t scales_offset,
-                           int nextra, const uint64_t* extra_srcs, const int* extra_slots,
-                           const uint64_t* extra_offsets, const uint64_t* extra_row_bytes, cudaStream_t stream) {
+int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const symcomm_gatherv_fp4_args_t* args, cudaStream_t stream) {
+  if (args == nullptr) return cudaErrorInvalidValue;
+  const symcomm_gatherv_fp4_args_t& g = *args;
+  const void* x = g.x;
+  const symcomm_dtype_t dtype = g.dtype;
+  const int64_t rows = g.rows, cols = g.cols, row_offset = g.row_offset, total_rows = g.total_rows;
+  const int payload_slot = g.payload_slot, scales_slot = g.scales_slot, nextra = g.nextra;
+  const uint64_t payload_offset = g.payload_offset, scales_offset = g.scales_offset;
+  const uint64_t *extra_srcs = g.extra_srcs, *extra_offsets = g.extra_offsets, *extra_row_bytes = g.extra_row_bytes;
+  const int* extra_slots = g.extra_slots;
   Context* c = &ctx->impl;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
@@ -204,8 +210,8 @@ int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtyp
       bad_slot(scales_slot))
     return cudaErrorInvalidValue;
   job.x = x;
-  job.gs_ptr = static_cast<const float*>(gs_ptr);
-  job.gs_value = gs_value;
+  job.gs_ptr = static_cast<const float*>(g.gs_ptr);
+  job.gs_value = g.gs_value;
   job.payload_slot = payload_slot;
   job.scales_slot = scales_slot;
   job.payload_offset = payload_offset;
@@ -233,13 +239,16 @@ int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtyp
   });
 }
 
-int symcomm_ar_gatherv_fp4_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols, int64_t row_offset,
-                                int64_t total_rows, float global_scale, void* payload, void* scales) {
+int symcomm_ar_gatherv_fp4_host(const symcomm_gatherv_fp4_args_t* args, void* payload, void* scales) {
+  if (args == nullptr) return cudaErrorInvalidValue;
+  const void* x = args->x;
+  const int64_t rows = args->rows, cols = args->cols, row_offset = args->row_offset, total_rows = args->total_rows;
+  const float global_scale = args->gs_value;
   Fp4Rows where{};
   if (!fp4_shape(rows, cols, row_offset, total_rows, &where)) return cudaErrorInvalidValue;
   auto* p = static_cast<uint8_t*>(payload);
   auto* sc = static_cast<uint8_t*>(scales);
-  switch (dtype) {
+  switch (args->dtype) {
     case SYMCOMM_BFLOAT16: gatherv_fp4_on_host<__nv_bfloat16>(x, where, global_scale, p, sc); break;
     case SYMCOMM_FLOAT16: gatherv_fp4_on_host<__half>(x, where, global_scale, p, sc); break;
     default: return cudaErrorInvalidValue;

@@ -3,6 +3,7 @@
 // all-reduce kernel is compared with bit for bit. The math and the reduction order are in
 // csrc/rmsnorm.cuh; this file only loads rows, launches, and runs the same code on the host.
 #include "symcomm.h"
+#include "symcomm_testing.h"
 #include "launch.cuh"
 #include "rmsnorm.cuh"
 
@@ -244,38 +245,45 @@ size_t swizzled_bytes(int64_t rows, int64_t cols) {
 // shape, dtype, quant mode or alignment).
 extern "C" {
 
-int symcomm_rmsnorm(const void* a, const void* residual, const void* weight, symcomm_dtype_t dtype, int64_t rows,
-                    int64_t cols, float eps, void* residual_out, symcomm_norm_quant_t quant, void* out, void* scales,
-                    const void* scale_ptr, float scale_value, int swizzle, cudaStream_t st) {
-  const int q = static_cast<int>(quant);
-  if (!valid(a, residual, weight, rows, cols, residual_out, q, out, scales)) return cudaErrorInvalidValue;
+int symcomm_rmsnorm(const void* a, const symcomm_rmsnorm_args_t* args, cudaStream_t st) {
+  if (args == nullptr) return cudaErrorInvalidValue;
+  const symcomm_rmsnorm_args_t& g = *args;
+  const int q = static_cast<int>(g.quant);
+  const int64_t rows = g.rows, cols = g.cols;
+  if (!valid(a, g.residual, g.weight, rows, cols, g.residual_out, q, g.out, g.scales)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (q == kQuantNvfp4 && swizzle && (fp4::padded_rows(rows) != rows || fp4::padded_cols(cols / 16) != cols / 16)) {
+  if (q == kQuantNvfp4 && g.swizzle && (fp4::padded_rows(rows) != rows || fp4::padded_cols(cols / 16) != cols / 16)) {
     // Padding must read as zero scales, as symcomm.fp4.quantize writes it.
-    const cudaError_t err = cudaMemsetAsync(scales, 0, swizzled_bytes(rows, cols), st);
+    const cudaError_t err = cudaMemsetAsync(g.scales, 0, swizzled_bytes(rows, cols), st);
     if (err != cudaSuccess) return err;
   }
-  const Output o = make_output(cols, q, out, scales, static_cast<const float*>(scale_ptr), scale_value, swizzle);
-  switch (dtype) {
-    case SYMCOMM_FLOAT16: return launch_rows<__half>(a, residual, weight, residual_out, o, rows, cols, eps, st);
-    case SYMCOMM_BFLOAT16: return launch_rows<__nv_bfloat16>(a, residual, weight, residual_out, o, rows, cols, eps, st);
+  const Output o = make_output(cols, q, g.out, g.scales, static_cast<const float*>(g.scale_ptr), g.scale_value,
+                               g.swizzle);
+  switch (g.dtype) {
+    case SYMCOMM_FLOAT16:
+      return launch_rows<__half>(a, g.residual, g.weight, g.residual_out, o, rows, cols, g.eps, st);
+    case SYMCOMM_BFLOAT16:
+      return launch_rows<__nv_bfloat16>(a, g.residual, g.weight, g.residual_out, o, rows, cols, g.eps, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
-int symcomm_rmsnorm_host(const void* a, const void* residual, const void* weight, symcomm_dtype_t dtype,
-                         int64_t rows, int64_t cols, float eps, void* residual_out, symcomm_norm_quant_t quant,
-                         void* out, void* scales, float scale, int swizzle) {
-  const int q = static_cast<int>(quant);
-  if (!valid(a, residual, weight, rows, cols, residual_out, q, out, scales)) return cudaErrorInvalidValue;
-  auto* sc = static_cast<uint8_t*>(scales);
-  if (q == kQuantNvfp4 && swizzle && rows > 0) std::memset(sc, 0, swizzled_bytes(rows, cols));
-  switch (dtype) {
+int symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_t* args) {
+  if (args == nullptr) return cudaErrorInvalidValue;
+  const symcomm_rmsnorm_args_t& g = *args;
+  const int q = static_cast<int>(g.quant);
+  const int64_t rows = g.rows, cols = g.cols;
+  if (!valid(a, g.residual, g.weight, rows, cols, g.residual_out, q, g.out, g.scales)) return cudaErrorInvalidValue;
+  auto* sc = static_cast<uint8_t*>(g.scales);
+  if (q == kQuantNvfp4 && g.swizzle && rows > 0) std::memset(sc, 0, swizzled_bytes(rows, cols));
+  switch (g.dtype) {
     case SYMCOMM_FLOAT16:
-      rmsnorm_on_host<__half>(a, residual, weight, rows, cols, eps, residual_out, q, out, sc, scale, swizzle);
+      rmsnorm_on_host<__half>(a, g.residual, g.weight, rows, cols, g.eps, g.residual_out, q, g.out, sc,
+                              g.scale_value, g.swizzle);
       break;
     case SYMCOMM_BFLOAT16:
-      rmsnorm_on_host<__nv_bfloat16>(a, residual, weight, rows, cols, eps, residual_out, q, out, sc, scale, swizzle);
+      rmsnorm_on_host<__nv_bfloat16>(a, g.residual, g.weight, rows, cols, g.eps, g.residual_out, q, g.out, sc,
+                                     g.scale_value, g.swizzle);
       break;
     default: return cudaErrorInvalidValue;
   }

@@ -13,7 +13,9 @@
  *
  * The library is loaded with ctypes; symcomm/_native.py holds the matching ctypes table and
  * tests/test_native_header.py fails when the two disagree. Every source file includes this
- * header, so the compiler rejects a definition that drifts from its declaration.
+ * header, so the compiler rejects a definition that drifts from its declaration. Hooks that
+ * exist only for tests and measurements (simulated ranks, CPU twins of the kernels) are
+ * declared in csrc/symcomm_testing.h instead: exported, but not part of the API.
  *
  * Only <stddef.h> and <stdint.h> are needed: callers without the CUDA toolkit (ctypes, plain C)
  * can use the header as is.
@@ -27,6 +29,14 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/*
+ * The ABI version: it changes whenever a declaration of this header or of symcomm_testing.h
+ * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
+ * the Python side refuses a library whose version is not its own (a stale build).
+ */
+#define SYMCOMM_ABI_VERSION 2
+int symcomm_abi_version(void);
 
 /*
  * Status codes. Functions that can fail return a symcomm_status_t:
@@ -148,33 +158,9 @@ symcomm_status_t symcomm_ar_handle(symcomm_ar_t ctx, char* handle_out);
  * not wait for peers. Blocks for a host-to-device copy. */
 symcomm_status_t symcomm_ar_open(symcomm_ar_t ctx, const char* handles);
 
-/* Testing: simulated ranks. Links world contexts of ONE process (ctxs[r] created with rank r,
- * all on one device, same sizes) as if symcomm_ar_open had mapped each other's buffers: the
- * peer tables and slot 0 take the other contexts' own device pointers, no IPC. Also caps every
- * later launch on these contexts at max_blocks blocks (never raised above the real caps): all
- * ranks' blocks must be resident on the one GPU at once, since each spins waiting for the
- * others. Call once, before any symcomm_ar_run on them. Proves barrier, sentinel and indexing
- * logic only; it says nothing about NVLink timing. Blocks for host-to-device copies. */
-symcomm_status_t symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks);
 
-/* Testing only. Sets every block's barrier epoch of this context (the device-side, local epoch
- * array) to epoch, so tests can place a world just below and across 2^31 and 2^32 without
- * making that many calls. Call it on every rank of the world with the same value, while no
- * kernel of this world is in flight on any rank; epochs only move forward, so a value below
- * any block's current epoch is refused (invalid value). Blocks for device copies. */
-symcomm_status_t symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch);
 
-/* Whether this context's later launches are programmatic dependent launches (csrc/launch.cuh):
- * on (nonzero) from symcomm_ar_create. Every rank may choose for itself; the kernels are the
- * same either way, only when their blocks are scheduled differs. It exists to measure what the
- * overlap gains. Graphs keep the launches they captured. */
-symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
 
-/* Testing only: copies nbytes from src to dst on stream, but only after delay_ns, in a kernel
- * that lets a programmatic dependent launch behind it be scheduled at once. A peer kernel
- * launched next must still read dst's new bytes: it waits for its predecessor first. */
-symcomm_status_t symcomm_debug_late_copy(void* dst, const void* src, uint64_t nbytes, uint64_t delay_ns,
-                                         symcomm_stream_t stream);
 
 /* Peer-to-peer self test, step 1: writes token into every peer's probe word. Blocks until the
  * device is idle. The caller waits for all ranks before step 2. */
@@ -256,7 +242,8 @@ symcomm_status_t symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_
                                     const uint64_t* dst_offsets, const uint64_t* nbytes, uint64_t total_bytes,
                                     symcomm_stream_t stream);
 
-/* Fused NVFP4 dispatch: quantizes this rank's rows x [rows, cols] (dtype bf16 or fp16, cols a
+/* Fused NVFP4 dispatch (arguments in symcomm_gatherv_fp4_args_t below): quantizes this rank's
+ * rows x [rows, cols] (dtype bf16 or fp16, cols a
  * positive multiple of 16, x 16-byte aligned) with the codec of symcomm_fp4_quantize, bit for
  * bit, and writes the payload (cols/2 bytes per row) and the linear block scales (cols/16
  * bytes per row) straight into every rank's gathered outputs, itself included, at row
@@ -269,21 +256,28 @@ symcomm_status_t symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_
  * row sizes are multiples of 16. Every rank passes the same cols, total_rows, slots, offsets and
  * row sizes (they size the grid); a rank with no rows passes rows 0 and still takes part.
  * Enqueued on stream; waits are bounded as in symcomm_ar_run. */
-symcomm_status_t symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const void* x, symcomm_dtype_t dtype, int64_t rows,
-                                        int64_t cols, int64_t row_offset, int64_t total_rows, const void* gs_ptr,
-                                        float gs_value, int payload_slot, uint64_t payload_offset, int scales_slot,
-                                        uint64_t scales_offset, int nextra, const uint64_t* extra_srcs,
-                                        const int* extra_slots, const uint64_t* extra_offsets,
-                                        const uint64_t* extra_row_bytes, symcomm_stream_t stream);
+typedef struct {
+  const void* x;              /* this rank's rows x cols, 16-byte aligned */
+  symcomm_dtype_t dtype;      /* SYMCOMM_BFLOAT16 or SYMCOMM_FLOAT16 */
+  int64_t rows;
+  int64_t cols;
+  int64_t row_offset;         /* this rank's first row in the gathered outputs */
+  int64_t total_rows;
+  const void* gs_ptr;         /* the global scale on the device, or NULL: gs_value */
+  float gs_value;
+  int payload_slot;
+  uint64_t payload_offset;
+  int scales_slot;
+  uint64_t scales_offset;
+  int nextra;
+  const uint64_t* extra_srcs;
+  const int* extra_slots;
+  const uint64_t* extra_offsets;
+  const uint64_t* extra_row_bytes;
+} symcomm_gatherv_fp4_args_t;
+symcomm_status_t symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const symcomm_gatherv_fp4_args_t* args,
+                                        symcomm_stream_t stream);
 
-/* symcomm_ar_gatherv_fp4's encoding and addressing on the CPU: writes this rank's payload and
- * scale bytes into host buffers holding the whole gathered payload and scales (total_rows rows
- * from row 0), exactly where the kernel writes them on every rank, through the same per-block
- * routine. Needs no GPU and returns when done; exists so CI checks the fused kernel's bytes
- * against the codec without a device. */
-symcomm_status_t symcomm_ar_gatherv_fp4_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
-                                             int64_t row_offset, int64_t total_rows, float global_scale,
-                                             void* payload, void* scales);
 
 /* Uneven reduce-scatter (sum): every rank's input holds total_bytes; this rank sums the
  * nbytes at row_offset of every rank's input, in rank order in fp32 (the one-shot kernel), into
@@ -326,12 +320,6 @@ symcomm_status_t symcomm_fp4_dequantize(const void* packed, const void* scales, 
                                         const void* gs_ptr, float gs_value, int swizzled, void* out,
                                         symcomm_dtype_t dtype, symcomm_stream_t stream);
 
-/* The same per-block code as the kernels, run on the CPU over host memory; needs no GPU and
- * returns when done. Exists so CI checks the kernels' math without a device. */
-symcomm_status_t symcomm_fp4_quantize_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
-                                           float global_scale, void* packed, void* scales, int swizzle);
-symcomm_status_t symcomm_fp4_dequantize_host(const void* packed, const void* scales, int64_t rows, int64_t cols,
-                                             float global_scale, int swizzled, void* out, symcomm_dtype_t dtype);
 
 /* ------------------------------------------------------------------------------------------
  * Residual add + RMSNorm (rmsnorm.cu; csrc/rmsnorm.cuh holds the math, the rounding contract
@@ -355,37 +343,47 @@ typedef enum {
   SYMCOMM_NORM_QUANT_MAX_ENUM = 0x7fffffff
 } symcomm_norm_quant_t;
 
-/* Enqueues one kernel (one block per row, a programmatic dependent launch: csrc/launch.cuh) on
- * stream, plus a memset of the swizzled scale padding; returns without waiting. The scale is read on the device from scale_ptr (one float)
- * when it is not NULL, otherwise scale_value is used (ignored for SYMCOMM_NORM_NONE). */
-symcomm_status_t symcomm_rmsnorm(const void* a, const void* residual, const void* weight, symcomm_dtype_t dtype,
-                                 int64_t rows, int64_t cols, float eps, void* residual_out,
-                                 symcomm_norm_quant_t quant, void* out, void* scales, const void* scale_ptr,
-                                 float scale_value, int swizzle, symcomm_stream_t stream);
+/*
+ * The arguments of one residual add + RMSNorm, after its input a (or, fused, the all-reduced x):
+ * symcomm_rmsnorm, symcomm_ar_rmsnorm and the testing header's symcomm_rmsnorm_host take them.
+ * The scale is read on the device from scale_ptr (one float) when it is not NULL, otherwise
+ * scale_value is used (ignored for SYMCOMM_NORM_NONE; the host twin reads scale_value only).
+ */
+typedef struct {
+  const void* residual;       /* rows x cols of dtype, or NULL */
+  const void* weight;         /* cols values of dtype */
+  symcomm_dtype_t dtype;      /* SYMCOMM_BFLOAT16 or SYMCOMM_FLOAT16 */
+  int64_t rows;
+  int64_t cols;
+  float eps;
+  void* residual_out;         /* h; NULL: not written (the fused call requires it) */
+  symcomm_norm_quant_t quant;
+  void* out;                  /* y, its FP8 bytes, or its NVFP4 codes */
+  void* scales;               /* NVFP4 block scales, else NULL */
+  const void* scale_ptr;
+  float scale_value;
+  int swizzle;
+} symcomm_rmsnorm_args_t;
 
-/* The same per-row code on the CPU over host memory (the reduction in the kernel's order), so
- * CI checks the kernel's math without a device and GPU tests compare the kernel with it. */
-symcomm_status_t symcomm_rmsnorm_host(const void* a, const void* residual, const void* weight,
-                                      symcomm_dtype_t dtype, int64_t rows, int64_t cols, float eps,
-                                      void* residual_out, symcomm_norm_quant_t quant, void* out, void* scales,
-                                      float scale, int swizzle);
+/* Enqueues one kernel (a programmatic dependent launch: csrc/launch.cuh) on stream, plus a
+ * memset of the swizzled scale padding; returns without waiting. */
+symcomm_status_t symcomm_rmsnorm(const void* a, const symcomm_rmsnorm_args_t* args, symcomm_stream_t stream);
 
 /* Fused all-reduce (sum) + residual add + RMSNorm (fused_norm_ar.cu): a = the all-reduce of x
  * over the context's ranks with kernel `algo`, then exactly symcomm_rmsnorm's outputs for a
  * (same arguments and rules; its bits equal that all-reduce followed by symcomm_rmsnorm).
  * dtype is fp16 or bf16, cols a multiple of 16 and at most 8192 (a row is held in registers).
  * Input as in symcomm_ar_run: stage != 0 copies x into the staging buffer first (one-shot,
- * two-shot), otherwise slot `slot` is read at in_offset; flag-free reads x directly.
+ * two-shot), otherwise slot `slot` is read at in_offset; flag-free reads x directly. The rest
+ * is args (symcomm_rmsnorm_args_t).
  * residual_out is required and, with out and scales, must not overlap x. Capacity: the input
  * (rows x cols x 2 bytes) fits the flag-free buffer or the staging buffer; two-shot also needs
  * its scratch (the staging size) to hold h, y and the scales. With two-shot the residual is
  * read by each row's owner rank only, so it must be equal on every rank. Collective and
  * bounded like symcomm_ar_run; enqueued on stream. */
-symcomm_status_t symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* x,
-                                    int slot, uint64_t in_offset, int stage, const void* residual,
-                                    const void* weight, int64_t rows, int64_t cols, float eps, void* residual_out,
-                                    symcomm_norm_quant_t quant, void* out, void* scales, const void* scale_ptr,
-                                    float scale_value, int swizzle, symcomm_stream_t stream);
+symcomm_status_t symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, const void* x, int slot,
+                                    uint64_t in_offset, int stage, const symcomm_rmsnorm_args_t* args,
+                                    symcomm_stream_t stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */

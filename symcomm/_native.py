@@ -1,7 +1,10 @@
 """Loads csrc/'s shared library (plain C ABI, no libtorch) built by setup.py.
 
-csrc/symcomm.h declares the ABI; ``SIGNATURES`` is its ctypes twin and the only place Python
-declares native signatures (tests/test_native_header.py fails when the two disagree).
+csrc/symcomm.h declares the ABI and csrc/symcomm_testing.h the hooks that exist for tests and
+measurements; ``SIGNATURES``, ``TESTING_SIGNATURES`` and the argument structs below are their
+ctypes twins and the only place Python declares native signatures (tests/test_native_header.py
+fails when they disagree). A library built from other sources is refused at load: its
+``symcomm_abi_version()`` must be ABI_VERSION.
 
 Looked up at ``SYMCOMM_NATIVE_LIBRARY``, then inside the package. Missing is not an error:
 the caller records why symmetric memory is off and carries on with plain NCCL.
@@ -24,8 +27,32 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _int
 _ar = _stream = _ptr
 
+ABI_VERSION = 2  # symcomm.h's SYMCOMM_ABI_VERSION
+
+
+class RmsnormArgs(ctypes.Structure):
+    """symcomm_rmsnorm_args_t."""
+
+    _fields_ = [("residual", _ptr), ("weight", _ptr), ("dtype", _dtype), ("rows", _i64), ("cols", _i64),
+                ("eps", _f32), ("residual_out", _ptr), ("quant", _quant), ("out", _ptr), ("scales", _ptr),
+                ("scale_ptr", _ptr), ("scale_value", _f32), ("swizzle", _int)]
+
+
+class GathervFp4Args(ctypes.Structure):
+    """symcomm_gatherv_fp4_args_t."""
+
+    _fields_ = [("x", _ptr), ("dtype", _dtype), ("rows", _i64), ("cols", _i64), ("row_offset", _i64),
+                ("total_rows", _i64), ("gs_ptr", _ptr), ("gs_value", _f32), ("payload_slot", _int),
+                ("payload_offset", _u64), ("scales_slot", _int), ("scales_offset", _u64), ("nextra", _int),
+                ("extra_srcs", _c.POINTER(_u64)), ("extra_slots", _c.POINTER(_int)),
+                ("extra_offsets", _c.POINTER(_u64)), ("extra_row_bytes", _c.POINTER(_u64))]
+
+
+STRUCTS = {"symcomm_rmsnorm_args_t": RmsnormArgs, "symcomm_gatherv_fp4_args_t": GathervFp4Args}
+
 # name -> (argtypes, restype), in symcomm.h's order.
 SIGNATURES: dict[str, tuple[list, object]] = {
+    "symcomm_abi_version": ([], _int),
     # pool_alloc.cc
     "symcomm_pool_create": ([], _int),
     "symcomm_pool_add_region": ([_int, _size, _size], _status),  # base is a uintptr_t
@@ -40,10 +67,6 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_create": ([_int, _int, _int, _size, _size, _int, _f64, _c.POINTER(_ar)], _status),
     "symcomm_ar_handle": ([_ar, _bytes], _status),
     "symcomm_ar_open": ([_ar, _bytes], _status),
-    "symcomm_ar_sim_link": ([_c.POINTER(_ar), _int, _int], _status),  # testing: simulated ranks
-    "symcomm_ar_debug_seed_epochs": ([_ar, _u64], _status),  # testing: epochs near the old wrap
-    "symcomm_ar_set_overlap": ([_ar, _int], _status),  # measuring: programmatic launch on/off
-    "symcomm_debug_late_copy": ([_ptr, _ptr, _u64, _u64, _stream], _status),  # testing: a late predecessor
     "symcomm_ar_probe_write": ([_ar, _u32], _status),
     "symcomm_ar_probe_read": ([_ar, _c.POINTER(_u32)], _status),
     "symcomm_ar_buffer_handle": ([_ar, _ptr, _bytes, _c.POINTER(_u64)], _status),
@@ -59,10 +82,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_run": ([_ar, _algo, _dtype, _ptr, _int, _u64, _ptr, _u64, _int, _stream], _status),
     "symcomm_ar_gatherv": ([_ar, _int, _c.POINTER(_u64), _c.POINTER(_int), _c.POINTER(_u64), _c.POINTER(_u64), _u64,
                             _stream], _status),
-    "symcomm_ar_gatherv_fp4": ([_ar, _ptr, _dtype, _i64, _i64, _i64, _i64, _ptr, _f32, _int, _u64, _int, _u64, _int,
-                                _c.POINTER(_u64), _c.POINTER(_int), _c.POINTER(_u64), _c.POINTER(_u64), _stream],
-                               _status),
-    "symcomm_ar_gatherv_fp4_host": ([_ptr, _dtype, _i64, _i64, _i64, _i64, _f32, _ptr, _ptr], _status),
+    "symcomm_ar_gatherv_fp4": ([_ar, _c.POINTER(GathervFp4Args), _stream], _status),
     "symcomm_ar_reduce_scatterv": ([_ar, _dtype, _ptr, _int, _u64, _u64, _u64, _ptr, _u64, _int, _stream], _status),
     "symcomm_ar_destroy": ([_ar], _status),
     "symcomm_ar_retire": ([_ar], _status),
@@ -70,16 +90,21 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     # fp4.cu
     "symcomm_fp4_quantize": ([_ptr, _dtype, _i64, _i64, _ptr, _f32, _ptr, _ptr, _int, _stream], _status),
     "symcomm_fp4_dequantize": ([_ptr, _ptr, _i64, _i64, _ptr, _f32, _int, _ptr, _dtype, _stream], _status),
+    # rmsnorm.cu
+    "symcomm_rmsnorm": ([_ptr, _c.POINTER(RmsnormArgs), _stream], _status),
+    # fused_norm_ar.cu
+    "symcomm_ar_rmsnorm": ([_ar, _algo, _ptr, _int, _u64, _int, _c.POINTER(RmsnormArgs), _stream], _status),
+}
+# symcomm_testing.h: exported for tests and measurements, not API.
+TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
+    "symcomm_ar_sim_link": ([_c.POINTER(_ar), _int, _int], _status),
+    "symcomm_ar_debug_seed_epochs": ([_ar, _u64], _status),
+    "symcomm_ar_set_overlap": ([_ar, _int], _status),
+    "symcomm_debug_late_copy": ([_ptr, _ptr, _u64, _u64, _stream], _status),
+    "symcomm_ar_gatherv_fp4_host": ([_c.POINTER(GathervFp4Args), _ptr, _ptr], _status),
     "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
     "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),
-    # rmsnorm.cu
-    "symcomm_rmsnorm": ([_ptr, _ptr, _ptr, _dtype, _i64, _i64, _f32, _ptr, _quant, _ptr, _ptr, _ptr, _f32, _int,
-                         _stream], _status),
-    "symcomm_rmsnorm_host": ([_ptr, _ptr, _ptr, _dtype, _i64, _i64, _f32, _ptr, _quant, _ptr, _ptr, _f32, _int],
-                             _status),
-    # fused_norm_ar.cu
-    "symcomm_ar_rmsnorm": ([_ar, _algo, _dtype, _ptr, _int, _u64, _int, _ptr, _ptr, _i64, _i64, _f32, _ptr, _quant,
-                            _ptr, _ptr, _ptr, _f32, _int, _stream], _status),
+    "symcomm_rmsnorm_host": ([_ptr, _c.POINTER(RmsnormArgs)], _status),
 }
 
 # symcomm_dtype_t
@@ -104,16 +129,25 @@ def library_path() -> str | None:
 
 
 def bind(lib: ctypes.CDLL, path: str) -> None:
-    """Declare every SIGNATURES entry on ``lib``; OSError saying why ``lib`` is not usable."""
-    missing = [name for name in SIGNATURES if not hasattr(lib, name)]
+    """Declare every signature on ``lib``; OSError saying why ``lib`` is not usable."""
+    table = {**SIGNATURES, **TESTING_SIGNATURES}
+    missing = [name for name in table if not hasattr(lib, name)]
     # OSError like a missing library: callers treat both as "native code unavailable".
-    if len(missing) == len(SIGNATURES):
+    if len(missing) == len(table):
         raise OSError(f"{path} is not symcomm's native library: it exports none of its functions "
                       f"(check SYMCOMM_NATIVE_LIBRARY)")
+    if "symcomm_abi_version" in missing:
+        raise OSError(f"{path} predates symcomm's ABI versioning (this symcomm needs ABI {ABI_VERSION}): rebuild it "
+                      f"(pip install -e .)")
+    lib.symcomm_abi_version.argtypes, lib.symcomm_abi_version.restype = [], _int
+    built = lib.symcomm_abi_version()
+    if built != ABI_VERSION:
+        raise OSError(f"{path} was built for symcomm ABI {built}, and this symcomm needs ABI {ABI_VERSION}: rebuild "
+                      f"it (pip install -e .)")
     if missing:
-        raise OSError(f"{path} lacks {len(missing)} of symcomm's functions (first: {missing[0]}): it predates "
-                      f"this symcomm; rebuild it (pip install -e .)")
-    for name, (argtypes, restype) in SIGNATURES.items():
+        raise OSError(f"{path} lacks {len(missing)} of symcomm's functions (first: {missing[0]}) though it says ABI "
+                      f"{built}: a broken build; rebuild it (pip install -e .)")
+    for name, (argtypes, restype) in table.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
 

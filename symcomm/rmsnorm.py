@@ -19,6 +19,7 @@ Rounding contract (csrc/rmsnorm.cuh is the normative text, docs/fused-norm.md th
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import NamedTuple
 
@@ -279,17 +280,30 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def launch_args(call: NormCall, residual_out: torch.Tensor | None, out: torch.Tensor,
+                scales: torch.Tensor | None) -> _native.RmsnormArgs:
+    """symcomm_rmsnorm_args_t for ``call``: what the standalone kernel, its CPU twin and the fused
+    kernels take after their input."""
+    if call.scale is None:
+        scale_ptr, scale_value = None, 0.0
+    elif isinstance(call.scale, torch.Tensor) and call.x.device.type == "cpu":
+        scale_ptr, scale_value = None, float(fp4.scale_tensor(call.scale).item())  # the twin reads the value
+    else:
+        scale_ptr, scale_value = fp4.launch_scale(call.scale)
+    return _native.RmsnormArgs(_ptr(call.residual), call.weight.data_ptr(), _native.DTYPE_CODES[call.x.dtype],
+                               call.tokens, call.hidden, call.eps, _ptr(residual_out),
+                               _native.NORM_QUANT_CODES[call.quant], out.data_ptr(), _ptr(scales), scale_ptr,
+                               scale_value, int(call.swizzle))
+
+
 def launch_kernel(a: torch.Tensor, call: NormCall, residual_out: torch.Tensor | None, out: torch.Tensor,
-            scales: torch.Tensor | None) -> None:
+                  scales: torch.Tensor | None) -> None:
     """One launch of csrc/rmsnorm.cu on the current stream; reads a, writes residual_out (h, unless
     None) and out/scales."""
     lib = fp4.native_lib()
-    scale_ptr, scale_value = fp4.launch_scale(call.scale) if call.scale is not None else (None, 0.0)
+    args = launch_args(call, residual_out, out, scales)
     with fp4.on_device(a.device):
-        rc = lib.symcomm_rmsnorm(a.data_ptr(), _ptr(call.residual), call.weight.data_ptr(),
-                                 _native.DTYPE_CODES[a.dtype], call.tokens, call.hidden, call.eps,
-                                 _ptr(residual_out), _native.NORM_QUANT_CODES[call.quant], out.data_ptr(),
-                                 _ptr(scales), scale_ptr, scale_value, int(call.swizzle), fp4.current_stream(a.device))
+        rc = lib.symcomm_rmsnorm(a.data_ptr(), ctypes.byref(args), fp4.current_stream(a.device))
     _native.check(lib, "symcomm_rmsnorm", rc)
 
 
@@ -340,14 +354,10 @@ def rmsnorm_host(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor |
     """csrc/rmsnorm.cu's per-row code run on the CPU (symcomm_rmsnorm_host), for CPU tensors: how CI
     checks the kernel's math without a GPU, and what GPU tests compare the kernel with."""
     call = check_args(torch.device("cpu"), a, weight, residual, eps, None, None, quant, scale, swizzle)
-    scale_value = 0.0 if call.scale is None else float(fp4.scale_tensor(call.scale).item())
     y, scales = allocate(call)
     h = torch.empty_like(call.x)
     lib = fp4.host_lib()
-    rc = lib.symcomm_rmsnorm_host(call.x.data_ptr(), _ptr(call.residual), call.weight.data_ptr(),
-                                  _native.DTYPE_CODES[call.x.dtype], call.tokens, call.hidden, call.eps,
-                                  h.data_ptr(), _native.NORM_QUANT_CODES[quant], y.data_ptr(), _ptr(scales),
-                                  scale_value, int(swizzle))
+    rc = lib.symcomm_rmsnorm_host(call.x.data_ptr(), ctypes.byref(launch_args(call, h, y, scales)))
     _native.check(lib, "symcomm_rmsnorm_host", rc)
     return NormedResult(y, h, scales)
 

@@ -4,6 +4,8 @@ launch it builds, the choice select() explains over gloo, and check mode's offse
 with stand-ins for the pool and the peers."""
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ import symcomm
 from _spawn import run_world
 from types import SimpleNamespace
 
-from symcomm import base, check_mode, fp4
+from symcomm import _native, base, check_mode, fp4
 from symcomm.backends.composite import UnfusedFp4Path
 from symcomm.backends.fp4_push import CAPTURE_CODE, FusedPushFp4Path, fused_rows_host
 from symcomm.operations.all_gatherv_fp4 import ALL_GATHERV_FP4, FUSED, UNFUSED, Fp4Call, Fp4Choice, Fp4Gathered
@@ -91,10 +93,10 @@ def test_host_twin_rejects_bad_arguments():
             call()
     lib = fp4.host_lib()
     # The entry point refuses what Python would never pass: rows past the gathered output.
-    assert lib.symcomm_ar_gatherv_fp4_host(x.data_ptr(), 2, 2, 32, 3, 4, 1.0, packed.data_ptr(),
-                                           scales.data_ptr()) != 0
-    assert lib.symcomm_ar_gatherv_fp4_host(x.data_ptr(), 0, 2, 32, 0, 4, 1.0, packed.data_ptr(),
-                                           scales.data_ptr()) != 0  # fp32: not a fused dtype
+    past = _native.GathervFp4Args(x=x.data_ptr(), dtype=2, rows=2, cols=32, row_offset=3, total_rows=4, gs_value=1.0)
+    assert lib.symcomm_ar_gatherv_fp4_host(ctypes.byref(past), packed.data_ptr(), scales.data_ptr()) != 0
+    fp32 = _native.GathervFp4Args(x=x.data_ptr(), dtype=0, rows=2, cols=32, row_offset=0, total_rows=4, gs_value=1.0)
+    assert lib.symcomm_ar_gatherv_fp4_host(ctypes.byref(fp32), packed.data_ptr(), scales.data_ptr()) != 0  # not fused
 
 
 # ------------------------------------------------------------------------ why_not, with stand-ins
@@ -136,8 +138,12 @@ class FakeLib:
     def __init__(self):
         self.launches = []
 
-    def symcomm_ar_gatherv_fp4(self, *args):
-        self.launches.append(args)
+    def symcomm_ar_gatherv_fp4(self, ctx, args, stream):
+        a = args._obj  # ctypes.byref's target: the symcomm_gatherv_fp4_args_t
+        k = a.nextra
+        self.launches.append((ctx, a.x, a.dtype, a.rows, a.cols, a.row_offset, a.total_rows, a.gs_ptr, a.gs_value,
+                              a.payload_slot, a.payload_offset, a.scales_slot, a.scales_offset, k, a.extra_srcs[:k],
+                              a.extra_slots[:k], a.extra_offsets[:k], a.extra_row_bytes[:k], stream))
         return 0
 
 

@@ -1,4 +1,4 @@
-"""csrc/symcomm.h against its ctypes twin, symcomm/_native.py.
+"""csrc/symcomm.h and csrc/symcomm_testing.h against their ctypes twin, symcomm/_native.py.
 
 A ctypes declaration that drifts from C does not fail loudly: a wrong integer width or a
 missing argument passes garbage. So the header is parsed here and every function, argument,
@@ -21,6 +21,7 @@ from symcomm.errors import CudaError
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "symcomm.h"
+TESTING_HEADER = ROOT / "csrc" / "symcomm_testing.h"
 BUILT = sorted((ROOT / "symcomm" / "_native").glob("libsymcomm*.so"))
 needs_library = pytest.mark.skipif(not BUILT, reason="csrc/ is not built under symcomm/_native/")
 
@@ -36,6 +37,7 @@ _SCALARS = {
 class Header(NamedTuple):
     functions: dict[str, tuple[list, object]]  # name -> (argtypes, restype), as ctypes types
     enums: dict[str, dict[str, int]]            # typedef name ("" for anonymous) -> values
+    structs: dict[str, list[tuple[str, object]]]  # typedef name -> [(field, ctypes type)]
 
 
 def _enum_values(body: str) -> dict[str, int]:
@@ -48,6 +50,8 @@ def _enum_values(body: str) -> dict[str, int]:
 
 
 def parse_header(text: str) -> Header:
+    """One header's declarations. A struct type in a signature is matched by name with
+    _native.STRUCTS (its fields are compared separately, in test_structs_match_the_header)."""
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
     text = re.sub(r"^\s*#[^\n]*", " ", text, flags=re.M)
@@ -59,6 +63,9 @@ def parse_header(text: str) -> Header:
         enums.setdefault(name if typedef else "", {}).update(_enum_values(body))
     text = re.sub(enum_re, " ", text, flags=re.S)
 
+    struct_bodies = dict((name, body) for body, name in re.findall(r"typedef\s+struct\s*\{(.*?)\}\s*(\w+)\s*;",
+                                                                   text, flags=re.S))
+    text = re.sub(r"typedef\s+struct\s*\{.*?\}\s*\w+\s*;", " ", text, flags=re.S)
     handles = set(re.findall(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;", text))
     aliases = dict((new, old) for old, new in re.findall(r"typedef\s+(\w+)\s+(\w+)\s*;", text))
     aliases.update((name, "int") for name in enums if name)
@@ -73,6 +80,8 @@ def parse_header(text: str) -> Header:
         assert len(tokens) == 1 + stars, f"cannot read type {decl!r}"
         if base in handles or (base == "void" and stars):
             pointee, stars = _c.c_void_p, stars - (base == "void")
+        elif base in struct_bodies:
+            pointee = _native.STRUCTS[base]
         elif base == "char" and stars == 1:
             return _c.c_char_p
         elif base == "void" and is_return:
@@ -85,13 +94,15 @@ def parse_header(text: str) -> Header:
             pointee = _c.POINTER(pointee)
         return pointee
 
+    structs = {name: [(field.split()[-1].lstrip("*"), ctype(field)) for field in map(str.strip, body.split(";"))
+                      if field] for name, body in struct_bodies.items()}
     functions = {}
     for ret, name, params in re.findall(r"([\w\s\*]+?)\b(symcomm_\w+)\s*\(([^)]*)\)\s*;", text):
         params = params.strip()
         argtypes = [] if params in ("", "void") else [ctype(p) for p in params.split(",")]
         assert name not in functions, f"{name} declared twice"
         functions[name] = (argtypes, ctype(ret, is_return=True))
-    return Header(functions, enums)
+    return Header(functions, enums, structs)
 
 
 def _name(t) -> str:
@@ -118,21 +129,48 @@ def header() -> Header:
     return parse_header(HEADER.read_text())
 
 
+@pytest.fixture(scope="module")
+def testing_header(header) -> Header:
+    # The testing header includes symcomm.h; its own text is parsed with symcomm.h's types known.
+    types = re.findall(r"typedef\s+struct\s*\{.*?\}\s*\w+\s*;|typedef[^;{]*;|typedef\s+enum\s*\{.*?\}\s*\w*\s*;",
+                       re.sub(r"/\*.*?\*/", " ", HEADER.read_text(), flags=re.S), flags=re.S)
+    return parse_header("\n".join(types) + TESTING_HEADER.read_text())
+
+
 def test_ctypes_table_matches_header(header):
     assert len(header.functions) >= 20  # the parser found the declarations at all
     assert compare(header.functions, _native.SIGNATURES) == []
 
 
+def test_testing_table_matches_the_testing_header(testing_header):
+    assert len(testing_header.functions) >= 8
+    assert compare(testing_header.functions, _native.TESTING_SIGNATURES) == []
+
+
+def test_structs_match_the_header(header):
+    assert set(header.structs) == set(_native.STRUCTS) and header.structs
+    for name, fields in header.structs.items():
+        ours = [(f, t) for f, t in _native.STRUCTS[name]._fields_]
+        assert [f for f, _ in fields] == [f for f, _ in ours], name
+        for (field, theirs), (_, mine) in zip(fields, ours):
+            assert theirs is mine or (theirs.__name__ == mine.__name__), f"{name}.{field}: {theirs} vs {mine}"
+
+
+def test_abi_versions_agree():
+    version = int(re.search(r"#define SYMCOMM_ABI_VERSION (\d+)", HEADER.read_text()).group(1))
+    assert version == _native.ABI_VERSION
+
+
 def test_comparison_reports_each_kind_of_drift(header):
     table = dict(_native.SIGNATURES)
-    args, ret = table.pop("symcomm_fp4_quantize_host")
+    args, ret = table.pop("symcomm_fp4_quantize")
     table["symcomm_not_in_header"] = ([], _c.c_int)
     table["symcomm_ar_run"] = (table["symcomm_ar_run"][0][:-1], _c.c_int)  # stream dropped
     table["symcomm_pool_add_region"] = ([_c.c_int, _c.c_int, _c.c_size_t], _c.c_int)  # base narrowed
     table["symcomm_pool_bytes_in_use"] = ([_c.c_int], _c.c_int)  # size_t result as int
     table["symcomm_ar_probe_read"] = ([_c.c_void_p, _c.POINTER(_c.c_uint64)], _c.c_int)  # wrong pointee
     problems = "\n".join(compare(header.functions, table))
-    for name in ("symcomm_fp4_quantize_host", "symcomm_not_in_header", "symcomm_ar_run",
+    for name in ("symcomm_fp4_quantize", "symcomm_not_in_header", "symcomm_ar_run",
                  "symcomm_pool_add_region", "symcomm_pool_bytes_in_use", "symcomm_ar_probe_read"):
         assert name in problems
 
@@ -165,21 +203,24 @@ def test_header_is_self_contained_c():
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    result = subprocess.run([cc, "-std=c99", "-pedantic", "-Wall", "-Werror", "-fsyntax-only", "-x", "c",
-                             str(HEADER)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    for header_file in (HEADER, TESTING_HEADER):
+        result = subprocess.run([cc, "-std=c99", "-pedantic", "-Wall", "-Werror", "-fsyntax-only", "-x", "c",
+                                 "-I", str(HEADER.parent), str(header_file)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{header_file.name}: {result.stderr}"
 
 
 @needs_library
-def test_library_exports_exactly_the_header(header):
+def test_library_exports_exactly_the_header(header, testing_header):
     lib = ctypes.CDLL(str(BUILT[0]))
-    for name in header.functions:
+    declared = {**header.functions, **testing_header.functions}
+    for name in declared:
         assert hasattr(lib, name), f"{BUILT[0].name} does not export {name}"
+    assert lib.symcomm_abi_version() == _native.ABI_VERSION
     nm = shutil.which("nm")
     if nm is not None:  # the other direction: nothing exported that the header does not declare
         out = subprocess.run([nm, "-D", "--defined-only", str(BUILT[0])], capture_output=True, text=True).stdout
         exported = set(re.findall(r"\bT\s+(symcomm_\w+)$", out, flags=re.M))
-        assert exported == set(header.functions)
+        assert exported == set(declared)
 
 
 @needs_library

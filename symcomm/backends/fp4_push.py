@@ -86,10 +86,10 @@ class FusedPushFp4Path(PeerPath):
         offsets = (_c.c_uint64 * k)(*(offset for _, offset in where[2:]))
         rows = (_c.c_uint64 * k)(*(row_bytes(o) for o in call.gathered_extra))
         gs_ptr, gs_value = fp4.launch_scale(call.gs)
-        code = context.lib.symcomm_ar_gatherv_fp4(
-            context.ctx, x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, sum(call.sizes[:context.rank]), total,
-            gs_ptr, gs_value, where[0][0], where[0][1], where[1][0], where[1][1], k, srcs, slots, offsets, rows,
-            context.launch_stream(session))
+        args = _native.GathervFp4Args(x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, sum(call.sizes[:context.rank]),
+                                      total, gs_ptr, gs_value, where[0][0], where[0][1], where[1][0], where[1][1], k,
+                                      srcs, slots, offsets, rows)
+        code = context.lib.symcomm_ar_gatherv_fp4(context.ctx, ctypes.byref(args), context.launch_stream(session))
         if code:
             context.check("fused FP4 dispatch launch", code)
 
@@ -112,6 +112,7 @@ def fused_rows_host(x: torch.Tensor, global_scale: float, row_offset: int, packe
     gs = fp4.check_global_scale(global_scale, cpu)
     gs = float(gs.item()) if isinstance(gs, torch.Tensor) else gs
     lib = fp4.host_lib()
-    _native.check(lib, "symcomm_ar_gatherv_fp4_host", lib.symcomm_ar_gatherv_fp4_host(
-        x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, row_offset, total, gs, packed.data_ptr(),
-        scales.data_ptr()))
+    args = _native.GathervFp4Args(x=x.data_ptr(), dtype=_native.DTYPE_CODES[x.dtype], rows=n, cols=h,
+                                  row_offset=row_offset, total_rows=total, gs_value=gs)
+    _native.check(lib, "symcomm_ar_gatherv_fp4_host",
+                  lib.symcomm_ar_gatherv_fp4_host(ctypes.byref(args), packed.data_ptr(), scales.data_ptr()))

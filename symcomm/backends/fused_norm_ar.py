@@ -9,14 +9,14 @@ where the all-reduce of x alone would run on that kernel.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING
 
-from .. import _native, fp4
+from .. import rmsnorm
 from ..base import FLAGFREE, TWOSHOT, Setup
 from ..operations.all_reduce_rmsnorm import FUSED_KERNELS, OP, all_reduce_choice
 from ..peer.capture import CAPTURE_CODES
 from ..peer.context import aligned
-from ..rmsnorm import NormCall
 from .custom_ar import ALGO_CODES
 from .peer_path import PeerPath
 
@@ -47,7 +47,7 @@ class FusedNormPath(PeerPath):
         self._dispatcher = setup.dispatcher
         return super().open(setup)
 
-    def why_not(self, call: NormCall) -> str | None:
+    def why_not(self, call: rmsnorm.NormCall) -> str | None:
         # A table that measured this op ranks the fused paths itself; otherwise they follow the
         # all-reduce's choice, as does any call that forces the all-reduce.
         if call.inner_algo != "auto" or OP not in self._dispatcher.table.rows:
@@ -56,7 +56,7 @@ class FusedNormPath(PeerPath):
                 return f"the all-reduce of x alone runs on {chosen}, not {self.kernel}"
         return self.limits(call)
 
-    def limits(self, call: NormCall) -> str | None:
+    def limits(self, call: rmsnorm.NormCall) -> str | None:
         """None if this path's kernel can take x [tokens, hidden]."""
         tokens, hidden = call.x.shape
         if hidden % 16 or hidden > FUSED_MAX_HIDDEN:
@@ -76,19 +76,14 @@ class FusedNormPath(PeerPath):
                         f"and scales of this call")
         return None
 
-    def run(self, call: NormCall) -> None:
+    def run(self, call: rmsnorm.NormCall) -> None:
         if not call.tokens:
             return
         context, x = self._context, aligned(call.x)
         stage, slot, offset, session = context.input_of(x.data_ptr(), x.nbytes, CAPTURE_CODES[self.name],
                                                         peers_read=self.kernel != FLAGFREE)
-        scale_ptr, scale_value = fp4.launch_scale(call.scale) if call.scale is not None else (None, 0.0)
-        residual, scales = call.residual, call.y_scales
-        code = context.lib.symcomm_ar_rmsnorm(
-            context.ctx, ALGO_CODES[self.kernel], _native.DTYPE_CODES[x.dtype], x.data_ptr(), slot, offset, stage,
-            None if residual is None else residual.data_ptr(), call.weight.data_ptr(), x.shape[0], x.shape[1],
-            call.eps, call.h.data_ptr(), _native.NORM_QUANT_CODES[call.quant], call.y.data_ptr(),
-            None if scales is None else scales.data_ptr(), scale_ptr, scale_value, int(call.swizzle),
-            context.launch_stream(session))
+        args = rmsnorm.launch_args(call, call.h, call.y, call.y_scales)
+        code = context.lib.symcomm_ar_rmsnorm(context.ctx, ALGO_CODES[self.kernel], x.data_ptr(), slot, offset, stage,
+                                              ctypes.byref(args), context.launch_stream(session))
         if code:
             context.check(f"fused all-reduce + RMSNorm ({self.kernel}) launch", code)

@@ -111,10 +111,12 @@ def test_fused_norm_waits_for_a_late_predecessor(world, algo, graph):
         def launch(r: int) -> None:
             stream = torch.cuda.current_stream()
             _late_copy(lib, xs[r], src[r], stream)
-            code = lib.symcomm_ar_rmsnorm(sim.ctxs[r], ALGO_CODES[algo], _native.DTYPE_CODES[dtype],
-                                          xs[r].data_ptr(), SLOT, 0, 0, residual.data_ptr(), weight.data_ptr(),
-                                          TOKENS, HIDDEN, 1e-6, hs[r].data_ptr(), _native.NORM_QUANT_CODES[None],
-                                          ys[r].data_ptr(), None, None, 0.0, 0, stream.cuda_stream)
+            args = _native.RmsnormArgs(residual=residual.data_ptr(), weight=weight.data_ptr(),
+                                       dtype=_native.DTYPE_CODES[dtype], rows=TOKENS, cols=HIDDEN, eps=1e-6,
+                                       residual_out=hs[r].data_ptr(), quant=_native.NORM_QUANT_CODES[None],
+                                       out=ys[r].data_ptr())
+            code = lib.symcomm_ar_rmsnorm(sim.ctxs[r], ALGO_CODES[algo], xs[r].data_ptr(), SLOT, 0, 0,
+                                          ctypes.byref(args), stream.cuda_stream)
             _native.check(lib, "symcomm_ar_rmsnorm", code)
 
         def reset() -> None:

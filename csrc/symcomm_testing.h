@@ -1,0 +1,70 @@
+/*
+ * symcomm_testing.h: what libsymcomm exports for tests and measurements only. Not API: these may
+ * change with any release (SYMCOMM_ABI_VERSION still counts them, since tests load them).
+ *
+ * tests/gpu_sim uses the simulated-rank hooks to run W ranks' kernels on one GPU; the CPU twins
+ * run the kernels' own per-row and per-block code on host memory, so CI (which has no GPU)
+ * checks the kernels' math and GPU tests compare the kernels with them. symcomm/_native.py's
+ * TESTING_SIGNATURES is the ctypes twin, held to this file by tests/test_native_header.py.
+ */
+#ifndef SYMCOMM_TESTING_H_
+#define SYMCOMM_TESTING_H_
+
+#include "symcomm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Testing: simulated ranks. Links world contexts of ONE process (ctxs[r] created with rank r,
+ * all on one device, same sizes) as if symcomm_ar_open had mapped each other's buffers: the
+ * peer tables and slot 0 take the other contexts' own device pointers, no IPC. Also caps every
+ * later launch on these contexts at max_blocks blocks (never raised above the real caps): all
+ * ranks' blocks must be resident on the one GPU at once, since each spins waiting for the
+ * others. Call once, before any symcomm_ar_run on them. Proves barrier, sentinel and indexing
+ * logic only; it says nothing about NVLink timing. Blocks for host-to-device copies. */
+symcomm_status_t symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks);
+
+/* Testing only. Sets every block's barrier epoch of this context (the device-side, local epoch
+ * array) to epoch, so tests can place a world just below and across 2^31 and 2^32 without
+ * making that many calls. Call it on every rank of the world with the same value, while no
+ * kernel of this world is in flight on any rank; epochs only move forward, so a value below
+ * any block's current epoch is refused (invalid value). Blocks for device copies. */
+symcomm_status_t symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch);
+
+/* Whether this context's later launches are programmatic dependent launches (csrc/launch.cuh):
+ * on (nonzero) from symcomm_ar_create. Every rank may choose for itself; the kernels are the
+ * same either way, only when their blocks are scheduled differs. It exists to measure what the
+ * overlap gains. Graphs keep the launches they captured. */
+symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
+
+/* Testing only: copies nbytes from src to dst on stream, but only after delay_ns, in a kernel
+ * that lets a programmatic dependent launch behind it be scheduled at once. A peer kernel
+ * launched next must still read dst's new bytes: it waits for its predecessor first. */
+symcomm_status_t symcomm_debug_late_copy(void* dst, const void* src, uint64_t nbytes, uint64_t delay_ns,
+                                         symcomm_stream_t stream);
+
+/* symcomm_ar_gatherv_fp4's encoding and addressing on the CPU: writes this rank's payload and
+ * scale bytes into host buffers holding the whole gathered payload and scales (total_rows rows
+ * from row 0), exactly where the kernel writes them on every rank, through the same per-block
+ * routine (args' x, dtype, rows, cols, row_offset, total_rows and gs_value; the rest is unused).
+ * Needs no GPU and returns when done; exists so CI checks the fused kernel's bytes against the
+ * codec without a device. */
+symcomm_status_t symcomm_ar_gatherv_fp4_host(const symcomm_gatherv_fp4_args_t* args, void* payload, void* scales);
+
+/* The same per-block code as the kernels, run on the CPU over host memory; needs no GPU and
+ * returns when done. Exists so CI checks the kernels' math without a device. */
+symcomm_status_t symcomm_fp4_quantize_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,
+                                           float global_scale, void* packed, void* scales, int swizzle);
+symcomm_status_t symcomm_fp4_dequantize_host(const void* packed, const void* scales, int64_t rows, int64_t cols,
+                                             float global_scale, int swizzled, void* out, symcomm_dtype_t dtype);
+
+/* The same per-row code on the CPU over host memory (the reduction in the kernel's order), so
+ * CI checks the kernel's math without a device and GPU tests compare the kernel with it. */
+symcomm_status_t symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_t* args);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* SYMCOMM_TESTING_H_ */
