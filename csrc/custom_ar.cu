@@ -41,6 +41,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace {
@@ -193,10 +194,17 @@ __global__ void late_copy(uint8_t* dst, const uint8_t* src, size_t nbytes, uint6
     dst[i] = src[i];
 }
 
+// Testing the other side: a programmatic dependent that never executes griddepcontrol.wait,
+// as NCCL 2.28's symmetric kernels are (launch.cuh). It reads src as soon as it is scheduled.
+__global__ void unwaiting_copy(uint8_t* dst, const uint8_t* src, size_t nbytes) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nbytes; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
 template <typename T, int W>
 cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t in_offset, uint4* out, size_t nvec,
                          cudaStream_t stream) {
-  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  const Sync s = make_sync(c);
   switch (algo) {
     case kFlagFree:
       return launch(c->overlap, flag_free<T, W>, c->flagfree_blocks, kThreads, stream, s, c->flagfree, in, out, nvec,
@@ -316,9 +324,20 @@ cudaError_t allocation_base(const void* ptr, uintptr_t* base) {
 
 }  // namespace
 
+// launch.cuh's process-wide switch: whether kernels may signal their dependents early.
+static std::atomic<bool> g_dependents_early{true};
+
+namespace symcomm {
+bool dependents_early() { return g_dependents_early.load(std::memory_order_relaxed); }
+}  // namespace symcomm
+
 extern "C" {
 
 int symcomm_abi_version(void) { return SYMCOMM_ABI_VERSION; }
+
+int symcomm_set_early_dependents(int enabled) {
+  return int(g_dependents_early.exchange(enabled != 0));
+}
 
 // Allocates this rank's buffer (signals, staging, scratch, flag-free receive buffers) and the
 // slot table. Not collective; symcomm_ar_open is.
@@ -458,6 +477,11 @@ int symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled) {
 int symcomm_debug_late_copy(void* dst, const void* src, uint64_t nbytes, uint64_t delay_ns, cudaStream_t stream) {
   late_copy<<<4, 256, 0, stream>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), nbytes, delay_ns);
   return cudaGetLastError();
+}
+
+int symcomm_debug_unwaiting_copy(void* dst, const void* src, uint64_t nbytes, cudaStream_t stream) {
+  return launch(true, unwaiting_copy, 8, 256, stream, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src),
+                size_t(nbytes));
 }
 
 int symcomm_ar_probe_write(symcomm_ar_t ctx, uint32_t token) {
@@ -695,7 +719,7 @@ int symcomm_ar_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const vo
   // with no rows still launches (nvec 0) and meets its peers at both barriers. The grid follows
   // the total, equal on every rank, never this rank's share.
   const int blocks = blocks_for(c, total_bytes / 16 / size_t(c->world));
-  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  const Sync s = make_sync(c);
   uint4* dst = static_cast<uint4*>(out);
   return for_dtype(dtype, [&](auto t) {
     return for_world(c->world, [&](auto w) {

@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
 template <typename T, int W, int kIters>
 cudaError_t launch_norm(Context* c, int algo, const uint4* x, int slot, size_t in_offset, const NormRows<T>& a,
                         const ScratchLayout& lay, cudaStream_t stream) {
-  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  const Sync s = make_sync(c);
   // Equal on every rank (rows is), as block b meets block b.
   const int blocks = a.rows < c->grid_blocks ? a.rows : c->grid_blocks;
   switch (algo) {

@@ -21,6 +21,14 @@
 // are resident (the signal counts only once every block of the grid has given it), so a
 // dependent that occupies SMs cannot keep one of our blocks from starting while its peers spin.
 //
+// The signal is a promise about the *next* kernel, launched by someone else: a kernel launched
+// with PDL that never executes griddepcontrol.wait may then read our output before it is
+// written. NCCL 2.28 through 2.30.6 launch their symmetric kernels with PDL and do not wait
+// (NCCL's enqueue.cc; the generator of its symmetric kernels added the wait in 2.30.7). So
+// where such an NCCL is loaded, symcomm's NCCL path turns the early signal off for the process
+// (symcomm_set_early_dependents): every kernel of ours then lets the next one start only when
+// it exits. The wait stays: it is what makes us a safe dependent ourselves.
+//
 // Both instructions are no-ops in a kernel launched without PDL; griddepcontrol needs sm_90
 // (setup.py builds sm_90 and newer), and older targets compile them out.
 #ifndef SYMCOMM_LAUNCH_CUH_
@@ -47,11 +55,15 @@ __device__ __forceinline__ void let_dependents_launch() {
 #endif
 }
 
-// Wait for the kernel this one may overlap, then let the next one be scheduled.
-__device__ __forceinline__ void enter_after_predecessor() {
+// Wait for the kernel this one may overlap, then, if ``early``, let the next one be scheduled.
+__device__ __forceinline__ void enter_after_predecessor(bool early) {
   wait_for_predecessor();
-  let_dependents_launch();
+  if (early) let_dependents_launch();
 }
+
+// Whether kernels may signal their dependents early (symcomm_set_early_dependents; on unless
+// turned off). Defined once, in custom_ar.cu; read at every launch and passed to the kernel.
+bool dependents_early();
 
 // kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent launch when
 // `overlap` is set. Returns the launch's own error, and clears it as cudaGetLastError does after

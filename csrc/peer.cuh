@@ -98,6 +98,7 @@ struct Sync {
   uint64_t* alarm;  // device address of this context's mapped host word
   uint64_t timeout_ns;
   int rank;
+  bool early;       // signal dependents on entry (launch.cuh's dependents_early)
 };
 
 // symcomm.h's SYMCOMM_AR_ABORT_* layout: kind, the barrier phase, the peer that never came.
@@ -165,6 +166,11 @@ struct Context {
   uint64_t next_token = 1;
   std::map<char*, size_t> imported;     // peers' cuMem regions mapped here -> their size
 };
+
+// What a kernel of this context needs to meet its peers.
+inline Sync make_sync(const Context* c) {
+  return Sync{c->signals, c->alarm_dev, c->timeout_ns, c->rank, dependents_early()};
+}
 
 // Copies an eager input that peers cannot map into this rank's staging buffer, which they
 // read as slot 0 at offset 0 (slot 0 holds every rank's staging address): the stage != 0
@@ -281,7 +287,7 @@ __device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epo
 // here, so this is where they wait for the kernel before them (launch.cuh).
 __device__ __forceinline__ uint64_t next_epoch(const Sync& s) {
   __shared__ uint64_t epoch;
-  enter_after_predecessor();
+  enter_after_predecessor(s.early);
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
     const uint64_t e = self->epoch[blockIdx.x] + 1;
@@ -318,7 +324,7 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 // whatever their thread mapping: the clear below covers [0, prev) with the launch's own stride.
 __device__ __forceinline__ void flagfree_turn(const Sync& s, size_t nvec, uint32_t* buf, uint32_t* prev,
                                               bool* stopped) {
-  enter_after_predecessor();  // the flag-free kernels' entry, as next_epoch is the others'
+  enter_after_predecessor(s.early);  // the flag-free kernels' entry, as next_epoch is the others'
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
     *stopped = has_given_up(s);

@@ -181,7 +181,7 @@ int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, cons
   // The grid must be the same on every rank (block b meets block b), so it follows the total,
   // which every rank knows, not this rank's share.
   const int blocks = blocks_for(c, total_bytes / 16 / size_t(c->world));
-  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     return launch(c->overlap, gather_push<decltype(w)::value>, blocks, kThreads, stream, s, c->slots, pieces);
   });
@@ -230,7 +230,7 @@ int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const symcomm_gatherv_fp4_args_t* a
   }
   // Equal on every rank (block b meets block b): it follows the totals, which every rank knows.
   const int blocks = blocks_for(c, total_vectors / size_t(c->world));
-  const Sync s{c->signals, c->alarm_dev, c->timeout_ns, c->rank};
+  const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     if (dtype == SYMCOMM_BFLOAT16)

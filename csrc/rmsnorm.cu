@@ -42,25 +42,30 @@ constexpr int min_blocks(int iters, bool residual) {
 // Most blocks a row is split over at decode sizes (parts below).
 constexpr int kMaxParts = 4;
 
-// late: let the next kernel on the stream launch only once this block is done. Launched early,
+// signal: when to let the next kernel on the stream launch (launch.cuh). kSignalEarly on entry;
+// kSignalLate only once this block is done. Launched early,
 // its blocks take the SM slots this grid leaves free and wait there; with more rows than SMs
 // that placed them unevenly (2.3 to 1 rows per SM) and made the next call slower: at 256 rows of
 // 7168, 6.4 us per call against 4.6 with one slot fewer per SM (H100, bench/NOTES.md).
+// kSignalNever where early signals are off for the process (dependents_early): the next kernel
+// then starts when this grid exits.
 //
 // parts: blocks per row. With fewer rows than SMs a row's normalisation and quantization (a few
 // hundred instructions a thread after the sum) ran on one SM while the others idled: FP8 output
 // cost 1.9x bf16's time at one row (H100, bench/NOTES.md). Block b takes row b / parts, loads
 // and sums all of it (the same order, so the same rinv in every block), and stores h and y for
 // the iterations i with i % parts == b % parts.
+enum DependentSignal : int { kSignalEarly = 0, kSignalLate = 1, kSignalNever = 2 };
+
 template <typename T, int kIters, int kQuant, bool kResidual>
 __global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsnorm_kernel(
-    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int nvec, float eps, bool late,
+    const T* a, const T* residual, const T* weight, T* residual_out, Output out, int nvec, float eps, int signal,
     int parts) {
   constexpr bool kStage = kIters <= kSmemIters;
   __shared__ float smem[kWarps];
   __shared__ Vec<T> staged[kStage ? kIters * kThreads : 1];
   wait_for_predecessor();
-  if (!late) let_dependents_launch();
+  if (signal == kSignalEarly) let_dependents_launch();
   const int64_t row = blockIdx.x / parts;
   const int part = blockIdx.x % parts;
   // No __restrict__ and no read-only loads: a and residual may be residual_out itself.
@@ -97,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsno
     }
   }
   rmsnorm_row<T, kIters, RowMode<kQuant, kStage, true>>(h, w, scale, row, nvec, eps, out, smem, parts, part);
-  if (late) let_dependents_launch();
+  if (signal == kSignalLate) let_dependents_launch();
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -141,13 +146,13 @@ cudaError_t launch_iters(const void* a, const void* residual, const void* weight
   int parts = 1;
   while (parts * 2 <= kIters && parts * 2 <= kMaxParts && int64_t(rows) * parts * 2 <= sms) parts *= 2;
   const int64_t blocks = int64_t(rows) * parts;
-  const bool late = blocks > sms;
+  const int signal = !dependents_early() ? kSignalNever : blocks > sms ? kSignalLate : kSignalEarly;
   // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
   // behind any kernel of the caller's, the launch overlaps that kernel's tail.
   const auto args = [&](auto kernel) {
     return launch(true, kernel, static_cast<unsigned>(blocks), kThreads, st, static_cast<const T*>(a),
                   static_cast<const T*>(residual), static_cast<const T*>(weight), static_cast<T*>(residual_out), out,
-                  nvec, eps, late, parts);
+                  nvec, eps, signal, parts);
   };
   return residual != nullptr ? args(rmsnorm_kernel<T, kIters, kQuant, true>)
                              : args(rmsnorm_kernel<T, kIters, kQuant, false>);

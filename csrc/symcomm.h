@@ -39,6 +39,15 @@ extern "C" {
 int symcomm_abi_version(void);
 
 /*
+ * Whether symcomm's kernels signal the next kernel on their stream that it may start early
+ * (programmatic dependent launch, csrc/launch.cuh): on by default. Off, every kernel of the
+ * library lets the next one start only when it exits; symcomm turns it off where the loaded
+ * NCCL has symmetric kernels that start early without waiting for their predecessor (2.28 through
+ * 2.30.6). Process-wide; affects later launches only. Returns the previous setting.
+ */
+int symcomm_set_early_dependents(int enabled);
+
+/*
  * Status codes. Functions that can fail return a symcomm_status_t:
  *   0         success
  *   > 0       the cudaError_t the CUDA runtime reported; arguments that symcomm rejects itself

@@ -44,6 +44,12 @@ symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
 symcomm_status_t symcomm_debug_late_copy(void* dst, const void* src, uint64_t nbytes, uint64_t delay_ns,
                                          symcomm_stream_t stream);
 
+/* Testing only: copies nbytes from src to dst on stream in a programmatic dependent launch that
+ * never waits for its predecessor, as some NCCL versions' symmetric kernels do
+ * (symcomm_set_early_dependents). It sees the kernel before it complete only where that kernel
+ * did not let its dependents start early. */
+symcomm_status_t symcomm_debug_unwaiting_copy(void* dst, const void* src, uint64_t nbytes, symcomm_stream_t stream);
+
 /* symcomm_ar_gatherv_fp4's encoding and addressing on the CPU: writes this rank's payload and
  * scale bytes into host buffers holding the whole gathered payload and scales (total_rows rows
  * from row 0), exactly where the kernel writes them on every rank, through the same per-block

@@ -53,6 +53,7 @@ STRUCTS = {"symcomm_rmsnorm_args_t": RmsnormArgs, "symcomm_gatherv_fp4_args_t": 
 # name -> (argtypes, restype), in symcomm.h's order.
 SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_abi_version": ([], _int),
+    "symcomm_set_early_dependents": ([_int], _int),
     # pool_alloc.cc
     "symcomm_pool_create": ([], _int),
     "symcomm_pool_add_region": ([_int, _size, _size], _status),  # base is a uintptr_t
@@ -101,6 +102,7 @@ TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_debug_seed_epochs": ([_ar, _u64], _status),
     "symcomm_ar_set_overlap": ([_ar, _int], _status),
     "symcomm_debug_late_copy": ([_ptr, _ptr, _u64, _u64, _stream], _status),
+    "symcomm_debug_unwaiting_copy": ([_ptr, _ptr, _u64, _stream], _status),
     "symcomm_ar_gatherv_fp4_host": ([_c.POINTER(GathervFp4Args), _ptr, _ptr], _status),
     "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
     "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),

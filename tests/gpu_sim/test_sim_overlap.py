@@ -17,7 +17,7 @@ import ctypes
 import pytest
 import torch
 
-from _sim import ALGOS, SimWorld, check_outputs, make_inputs, reference
+from _sim import ALGOS, LATE_CYCLES, SimWorld, check_outputs, make_inputs, reference
 from symcomm import _native, rmsnorm
 from symcomm.backends.custom_ar import ALGO_CODES
 
@@ -149,3 +149,106 @@ def test_standalone_norm_waits_for_a_late_predecessor():
     torch.cuda.synchronize()
     assert torch.equal(got.out.view(torch.int16), want.out.view(torch.int16))
 
+
+
+def _unwaiting_copy(lib, dst: torch.Tensor, src: torch.Tensor) -> None:
+    _native.check(lib, "symcomm_debug_unwaiting_copy",
+                  lib.symcomm_debug_unwaiting_copy(dst.data_ptr(), src.data_ptr(), src.nbytes,
+                                                   torch.cuda.current_stream().cuda_stream))
+
+
+def _stale_reads(lib, early: bool, trials: int) -> int:
+    """Trials in which a dependent that never waits (NCCL 2.28's symmetric kernels) copied a
+    norm output before the norm wrote it. Rows are few enough that the norm would signal its
+    dependents on entry (csrc/rmsnorm.cu), and wide, so the norm takes long."""
+    previous = lib.symcomm_set_early_dependents(int(early))
+    try:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        rows, hidden = max(1, sms // 4), 32768
+        gen = torch.Generator(device="cuda").manual_seed(11)
+        a = torch.randn(rows, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        weight = torch.randn(hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        want = rmsnorm.add_rmsnorm(a, weight, impl="kernel").out
+        out, seen = torch.empty_like(a), torch.empty_like(a)
+        stale = 0
+        for _ in range(trials):
+            out.fill_(float("nan"))
+            seen.zero_()
+            torch.cuda.synchronize()
+            rmsnorm.add_rmsnorm(a, weight, out=out, impl="kernel")
+            _unwaiting_copy(lib, seen, out)
+            torch.cuda.synchronize()
+            assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+            stale += not torch.equal(seen.view(torch.int16), want.view(torch.int16))
+        return stale
+    finally:
+        lib.symcomm_set_early_dependents(previous)
+
+
+def test_early_signals_off_protect_a_dependent_that_never_waits(capsys):
+    """What NcclPath does where the loaded NCCL's symmetric kernels do not wait: with our early
+    signal off, such a kernel launched behind ours sees our whole output, every time. With it
+    on, the same dependent may read too soon (printed, not asserted: it is a race)."""
+    lib = _native.load().lib
+    trials = 50
+    off = _stale_reads(lib, early=False, trials=trials)
+    on = _stale_reads(lib, early=True, trials=trials)
+    with capsys.disabled():
+        print(f"\nunwaiting dependent behind the norm: stale in {on}/{trials} trials with early signals on, "
+              f"{off}/{trials} with them off")
+    assert off == 0
+
+
+def _stale_behind_all_reduce(algo: str, early: bool, trials: int) -> int:
+    """Trials in which a dependent that never waits, launched behind rank 0's all-reduce,
+    copied rank 0's output before the all-reduce wrote it. Rank 1 starts tens of milliseconds
+    late, so rank 0's kernel sits in its barrier (or waits for rank 1's data) all that time."""
+    world = 2
+    gen = torch.Generator().manual_seed(17 + ALGOS.index(algo))
+    previous = _native.load().lib.symcomm_set_early_dependents(int(early))
+    try:
+        with SimWorld(world) as sim:
+            src = make_inputs(world, NBYTES, torch.bfloat16, gen)
+            outs = [torch.empty_like(s) for s in src]
+            seen = torch.empty_like(src[0])
+            stale = 0
+            here = torch.cuda.current_stream()
+            for _ in range(trials):
+                for out in outs:
+                    out.fill_(-3.0)
+                seen.fill_(-5.0)
+                for r in range(world):
+                    stream = sim.streams[r]
+                    stream.wait_stream(here)
+                    with torch.cuda.stream(stream):
+                        if r == 1:
+                            torch.cuda._sleep(LATE_CYCLES // 10)
+                        _native.check(sim.lib, "symcomm_ar_run", sim.lib.symcomm_ar_run(
+                            sim.ctxs[r], ALGO_CODES[algo], _native.DTYPE_CODES[torch.bfloat16], src[r].data_ptr(), 0,
+                            0, outs[r].data_ptr(), NBYTES, 1, stream.cuda_stream))
+                        if r == 0:  # directly behind the all-reduce, as NCCL's next launch would be
+                            _unwaiting_copy(sim.lib, seen, outs[0])
+                for s in sim.streams:
+                    here.wait_stream(s)
+                torch.cuda.synchronize()
+                check_outputs(outs, src, f"{algo} early={early}")
+                stale += not torch.equal(seen.view(torch.int16), outs[0].view(torch.int16))
+            assert all(sim.alarm(r) == 0 for r in range(world))
+            return stale
+    finally:
+        _native.load().lib.symcomm_set_early_dependents(previous)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_early_signals_off_protect_a_dependent_of_the_all_reduce(algo, capsys):
+    """The hazard is real: with early signals on, a dependent that never waits reads rank 0's
+    output while the all-reduce still waits for rank 1. With them off (what NcclPath sets beside
+    NCCL 2.28 through 2.30.6) it never does."""
+    trials = 5
+    on = _stale_behind_all_reduce(algo, early=True, trials=trials)
+    off = _stale_behind_all_reduce(algo, early=False, trials=trials)
+    with capsys.disabled():
+        print(f"\n{algo}: unwaiting dependent behind the all-reduce stale in {on}/{trials} trials with early "
+              f"signals on, {off}/{trials} with them off")
+    assert on == trials, "the dependent should have overtaken a kernel that signalled on entry"
+    assert off == 0
