@@ -22,8 +22,9 @@ Cases (``--cases`` picks some; the default is all):
   and in-place symmetric all_reduces of 1 KiB and 64 MiB on it.
 - ``torch_pg``: torch's ProcessGroupNCCL: new_group("nccl"), one all_reduce, a 64 MiB one.
 - ``graph_usage_one``: ``nccl`` with graphUsageMode=1, where the loaded NCCL has it (>= 2.29.2).
-- ``symcomm``, ``symcomm_no_custom``, ``symcomm_nccl_only``: ``Communicator()`` (default; with
-  custom_ar_capacity=0; with symmetric=False too), one eager all_reduce, the first
+- ``symcomm``, ``symcomm_no_custom``, ``symcomm_nccl_only``, ``symcomm_graph_comms``:
+  ``Communicator()`` (default; with custom_ar_capacity=0; with symmetric=False too; with
+  graph_communicators=True), one eager all_reduce, the first
   ``graph_capture()`` of one all_reduce and its replay, close. capabilities() is kept.
 - ``graph_capture_nccl``: two graphs of one raw ncclAllReduce each; ``graph_capture_torch_only``: a
   graph of one torch kernel: what capture costs, and whether NCCL is why.
@@ -376,6 +377,7 @@ def cases() -> dict[str, Callable[[Case], None]]:
               "window_on_split": _window(on_split=True),
               "torch_pg": case_torch_pg, "graph_usage_one": case_graph_usage_one,
               "symcomm": _symcomm(), "symcomm_no_custom": _symcomm(custom_ar_capacity=0),
+              "symcomm_graph_comms": _symcomm(graph_communicators=True),
               "symcomm_nccl_only": _symcomm(custom_ar_capacity=0, symmetric=False),
               "graph_capture_nccl": case_graph_capture_nccl,
               "graph_capture_torch_only": case_graph_capture_torch_only,
@@ -383,6 +385,7 @@ def cases() -> dict[str, Callable[[Case], None]]:
               "design_plain_ctas16": _design(CommConfig(max_ctas=16), ctas4),
               "design_split": _design(CommConfig(split_share=True), ctas4, split=True),
               "pg_then_nccl": _plain(), "pg_then_symcomm": _symcomm(),
+              "pg_then_symcomm_graph_comms": _symcomm(graph_communicators=True),
               "pg_then_design_plain_default": _design(None, ctas4)}
     for n in (2, 4, 8):
         table[f"timing_ctas{n}"] = _timing(CommConfig(max_ctas=n))
@@ -479,6 +482,10 @@ def report(results: dict[str, dict[str, Any]]) -> None:
                      if k.endswith("_graph_communicator") and isinstance(v, dict)}
             print(f"{'':<20} capabilities(): graph communicator bytes {graph}; symmetric capacity "
                   f"{caps.get('symmetric_memory', {}).get('capacity')}")
+            if memory := caps.get("memory"):
+                print(f"{'':<20} capabilities()['memory']: {_mib(memory['total_bytes']).strip()} MiB in all, "
+                      f"{_mib(memory['beyond_pool_bytes']).strip()} beyond the pool: "
+                      + ", ".join(f"{k} {_mib(v).strip()}" for k, v in memory["components"].items()))
     timing = {name: res["ranks"][0]["extra"]["timing"] for name, res in results.items()
               if res["ranks"] and "timing" in res["ranks"][0]["extra"]}
     if timing:

@@ -1,5 +1,6 @@
 """Every public op at world 1 on one GPU: eager, inside use_symmetric_memory, under CUDA-graph
-capture (replay bitwise equal to eager), FP4, select() and capabilities(), then a clean close.
+capture (replay bitwise equal to eager, with and without graph communicators), FP4, select()
+and capabilities(), a clean close, then 50 open/capture/close rounds that must not leak.
 
     torchrun --nproc-per-node=1 scripts/world1_check.py
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import symcomm
-from symcomm import fp4
+from symcomm import _native, fp4
 
 CHECKS: list[str] = []
 
@@ -42,6 +43,101 @@ def every_op(comm: symcomm.Communicator, x: torch.Tensor, tag: str) -> list[torc
     return outs
 
 
+def graphs(comm: symcomm.Communicator, tag: str) -> None:
+    """Capture every op twice, replay in mixed order with fresh inputs, bitwise vs eager; and
+    check which NCCL communicator each launch named: with graph_communicators=True every
+    captured launch goes to a graph communicator of its own, otherwise none is opened."""
+    launches: list[tuple[str, str, int, bool]] = []
+
+    class Recording:  # forwards every NCCL call unchanged, noting its communicator
+        def __init__(self, lib, path: str) -> None:
+            self._lib, self._path = lib, path
+
+        def __getattr__(self, name: str):
+            fn = getattr(self._lib, name)
+            if not name.startswith("nccl") or name.startswith("ncclGroup"):
+                return fn
+
+            def call(*args):
+                launches.append((self._path, name, args[-2], torch.cuda.is_current_stream_capturing()))
+                return fn(*args)
+            return call
+
+    nccl_paths = [comm.path(name) for name in ("nccl", "nccl-symm")]
+    for p in nccl_paths:
+        p._lib = Recording(p._lib, p.name)
+
+    y = rand((128, 32), torch.float16, 11)
+    static = y.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        every_op(comm, static, f"{tag} warm-up")
+    torch.cuda.current_stream().wait_stream(side)
+    captured, results = [], []
+    for _ in range(2):
+        g = torch.cuda.CUDAGraph()
+        with comm.graph_capture(), torch.cuda.graph(g):
+            res = [comm.all_reduce(static), comm.all_gather(static), comm.all_gatherv(static, [128]),
+                   comm.reduce_scatter(static), comm.reduce_scatterv(static, [128])]
+        captured.append(g)
+        results.append(res)
+    for step, which in enumerate((1, 0, 0, 1)):
+        fresh = rand((128, 32), torch.float16, 100 + step)
+        static.copy_(fresh)
+        captured[which].replay()
+        torch.cuda.synchronize()
+        eager = [comm.all_reduce(fresh), comm.all_gather(fresh), comm.all_gatherv(fresh, [128]),
+                 comm.reduce_scatter(fresh), comm.reduce_scatterv(fresh, [128])]
+        ok(f"{tag} graph {which} replay {step} bitwise equal to eager",
+           all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(results[which], eager)))
+
+    comms = {p.name: (p.comm, p.graph_comm) for p in nccl_paths}
+    enabled = comm.capabilities()["nccl_graph_communicator"]["enabled"]
+    print(f"{tag} communicators (eager, graph):", comms, flush=True)
+    if enabled:
+        ok(f"{tag} graph_capture() opened a graph communicator per NCCL path",
+           all(g and g != e for e, g in comms.values()), comms)
+    else:
+        ok(f"{tag} no graph communicator unless asked for", all(not g for _, g in comms.values()), comms)
+    wrong = [l for l in launches if l[2] != comms[l[0]][1 if l[3] and enabled else 0]]
+    ok(f"{tag} {sum(l[3] for l in launches)} captured launches, {sum(not l[3] for l in launches)} eager ones, "
+       f"each on its communicator", not wrong and launches, wrong[:5])
+    print(f"{tag} memory:", comm.capabilities()["memory"], flush=True)
+    for p in nccl_paths:
+        p._lib = p._lib._lib
+
+
+def memory_loop(rounds: int) -> None:
+    """Open, capture on, and close a communicator ``rounds`` times: device memory must come
+    back each time (NCCL's own one-time state settles after the first round)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free = []
+    for i in range(rounds):
+        c = symcomm.Communicator(symmetric_capacity=16 << 20, graph_communicators=bool(i % 2))
+        x = rand((64, 64), torch.bfloat16, i)
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            c.all_reduce(x)
+        torch.cuda.current_stream().wait_stream(side)
+        with c.graph_capture(), torch.cuda.graph(g):
+            c.all_reduce(x)
+        g.replay()
+        torch.cuda.synchronize()
+        del g, x
+        c.close()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free.append(torch.cuda.mem_get_info()[0])
+    growth = (free[1] - free[-1]) / 2**20  # MiB lost between round 2 and the last
+    print(f"memory loop: free MiB per round {[round(f / 2**20) for f in free[:4]]} ... "
+          f"{round(free[-1] / 2**20)}; growth after round 1: {growth:.1f} MiB", flush=True)
+    ok(f"{rounds} open/capture/close rounds leak no device memory (< 4 MiB)", growth < 4, growth)
+
+
 def main() -> None:
     torch.cuda.set_device(0)
     dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", 0))
@@ -51,6 +147,9 @@ def main() -> None:
     ok("device is cuda", comm.device.type == "cuda", comm.device)
     ok("nccl open", "nccl" in comm.algorithms(), caps["paths"]["nccl"])
     ok("nccl-symm open", "nccl-symm" in comm.algorithms(), caps["paths"]["nccl-symm"])
+    early = caps["nccl"]["early_dependent_launch"]
+    ok(f"NCCL {caps['nccl']['version']}: symcomm's kernels signal dependents early = {early}",
+       bool(_native.load().lib.symcomm_set_early_dependents(int(early))) == early)
     ok("custom kernels off at world 1 with a reason",
        "world size 1" in caps["paths"]["custom-oneshot"].get("reason", ""), caps["paths"]["custom-oneshot"])
 
@@ -75,64 +174,7 @@ def main() -> None:
     print("select:", choice, flush=True)
     ok("select names a path and explains the rest", bool(choice.algo) and bool(choice.rejected))
 
-    # Which communicator each NCCL launch names: wrap both NCCL paths' libraries so every call
-    # is recorded (with whether a capture was under way) and then forwarded unchanged.
-    launches: list[tuple[str, str, int, bool]] = []
-
-    class Recording:
-        def __init__(self, lib, path: str) -> None:
-            self._lib, self._path = lib, path
-
-        def __getattr__(self, name: str):
-            fn = getattr(self._lib, name)
-            if not name.startswith("nccl") or name.startswith("ncclGroup"):
-                return fn
-
-            def call(*args):
-                launches.append((self._path, name, args[-2], torch.cuda.is_current_stream_capturing()))
-                return fn(*args)
-            return call
-
-    nccl_paths = [comm.path(name) for name in ("nccl", "nccl-symm")]
-    for p in nccl_paths:
-        p._lib = Recording(p._lib, p.name)
-
-    # graphs: capture every op twice, replay in mixed order with fresh inputs, bitwise vs eager
-    y = rand((128, 32), torch.float16, 11)
-    static = y.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        every_op(comm, static, "warm-up")
-    torch.cuda.current_stream().wait_stream(side)
-    graphs, results = [], []
-    for _ in range(2):
-        g = torch.cuda.CUDAGraph()
-        with comm.graph_capture(), torch.cuda.graph(g):
-            res = [comm.all_reduce(static), comm.all_gather(static), comm.all_gatherv(static, [128]),
-                   comm.reduce_scatter(static), comm.reduce_scatterv(static, [128])]
-        graphs.append(g)
-        results.append(res)
-    for step, which in enumerate((1, 0, 0, 1)):
-        fresh = rand((128, 32), torch.float16, 100 + step)
-        static.copy_(fresh)
-        graphs[which].replay()
-        torch.cuda.synchronize()
-        eager = [comm.all_reduce(fresh), comm.all_gather(fresh), comm.all_gatherv(fresh, [128]),
-                 comm.reduce_scatter(fresh), comm.reduce_scatterv(fresh, [128])]
-        ok(f"graph {which} replay {step} bitwise equal to eager",
-           all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(results[which], eager)))
-
-    graph_comms = {p.name: (p.comm, p.graph_comm) for p in nccl_paths}
-    print("communicators (eager, graph):", graph_comms, flush=True)
-    ok("graph_capture() opened a graph communicator per NCCL path",
-       all(g and g != e for e, g in graph_comms.values()), graph_comms)
-    wrong = [l for l in launches if l[2] != graph_comms[l[0]][1 if l[3] else 0]]
-    ok(f"{sum(l[3] for l in launches)} captured launches on graph communicators, "
-       f"{sum(not l[3] for l in launches)} eager ones on eager communicators", not wrong and launches, wrong[:5])
-    caps = comm.capabilities()
-    print("graph communicator memory:", caps["nccl_graph_communicator"], caps["nccl-symm_graph_communicator"],
-          flush=True)
+    graphs(comm, "default")
 
     # FP4: the gather at world 1 must equal a local quantization bit for bit
     h = 64
@@ -151,9 +193,14 @@ def main() -> None:
     got = comm.all_gatherv_fp4(xf, [16], fp4.global_scale_for(xf, comm), swizzle=True)
     ok("fp4 swizzled scales", got.scales.shape == fp4.swizzled_shape(16, h // fp4.BLOCK))
 
-    del x, out, xs, xf, static, y, graphs, results, got
+    del x, out, xs, xf, got
     comm.close()
     ok("closed", comm.closed and comm.group is None)
+
+    second = symcomm.Communicator(symmetric_capacity=16 << 20, graph_communicators=True)
+    graphs(second, "graph-comms")
+    second.close()
+    memory_loop(50)
     dist.destroy_process_group()
     print(f"world1: {len(CHECKS)} checks passed", flush=True)
 

@@ -51,7 +51,9 @@ BOUNDED_WAITS = (
 )
 UNBOUNDED_WAITS = (
     "NCCL collectives on symcomm's own NCCL communicators (paths nccl and nccl-symm): NCCL itself "
-    "waits for a missing peer; the kernel stays in the stream",
+    "waits for a missing peer; the kernel stays in the stream until close() times out and aborts the "
+    "communicator, which stops NCCL's symmetric kernels only from NCCL 2.29.7 "
+    "(capabilities()['nccl']['features']['abortable_symmetric_kernels'])",
     "collectives of the torch path on CUDA tensors: the process group's own timeout (its watchdog) "
     "bounds them",
     "the caller's own torch.distributed calls",

@@ -19,6 +19,7 @@ from .errors import ArgumentError, CommClosedError, CommTimeoutError, PeerMismat
 from .lifecycle import close_paths, open_paths
 from .methods import OperationMethods
 from .operations import ALL_REDUCE, OPERATIONS, Operation
+from .backends.nccl import PLAIN_MAX_CTAS
 from .peer.context import DEFAULT_STAGING_BYTES
 from .peers import Peers
 from .pool import SymmetricPool
@@ -41,14 +42,19 @@ class Communicator(OperationMethods):
     more, also collectively. ``custom_ar_capacity`` bounds the messages symcomm's own
     all-reduce kernels take (0 turns them off, as does SYMCOMM_DISABLE_CUSTOM_AR=1). ``check``
     overrides SYMCOMM_CHECK, ``timeout_s`` SYMCOMM_TIMEOUT_S (default: the group's own
-    timeout). ``paths`` and ``operations`` replace the shipped lists (symcomm.backends.PATHS,
-    symcomm.operations.OPERATIONS), for extensions and tests: ``run()`` runs any operation.
+    timeout). ``graph_communicators`` makes the first graph_capture() open a second NCCL
+    communicator per NCCL path for captured launches (docs/memory.md: hundreds of MiB, for a
+    graph-mixing cost not yet shown to matter). ``nccl_max_ctas`` caps the plain NCCL
+    communicator's channels (each holds device memory). ``paths`` and ``operations`` replace
+    the shipped lists (symcomm.backends.PATHS, symcomm.operations.OPERATIONS), for extensions
+    and tests: ``run()`` runs any operation.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | int | None = None,
                  *, symmetric: bool = True, symmetric_capacity: int = DEFAULT_SYMMETRIC_CAPACITY,
                  check: bool | None = None, timeout_s: float | None = None,
-                 custom_ar_capacity: int = DEFAULT_STAGING_BYTES, paths: Sequence[PathFactory] | None = None,
+                 custom_ar_capacity: int = DEFAULT_STAGING_BYTES, graph_communicators: bool = False,
+                 nccl_max_ctas: int = PLAIN_MAX_CTAS, paths: Sequence[PathFactory] | None = None,
                  operations: Sequence[Operation] | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ArgumentError("torch.distributed is not initialized: call init_process_group first")
@@ -75,7 +81,9 @@ class Communicator(OperationMethods):
         try:
             options = {"symmetric": bool(symmetric),
                        "symmetric_capacity": validate.capacity("symmetric_capacity", symmetric_capacity, 1),
-                       "custom_ar_capacity": validate.capacity("custom_ar_capacity", custom_ar_capacity, 16)}
+                       "custom_ar_capacity": validate.capacity("custom_ar_capacity", custom_ar_capacity, 16),
+                       "graph_communicators": validate.flag("graph_communicators", graph_communicators),
+                       "nccl_max_ctas": validate.count("nccl_max_ctas", nccl_max_ctas, 1, 64)}
             self.timeout_s, self.timeout_source = validate.timeout(timeout_s, group)
             self.peers.timeout_s = self.timeout_s
             self.check = settings.check_mode() if check is None else bool(check)
@@ -85,9 +93,7 @@ class Communicator(OperationMethods):
             self.router = Router(table, self.operations, self.peers.rank)
             # The first vote: every rank is here, and agrees on what must be equal everywhere.
             self.peers.agree(_SETUP, "Communicator(): every rank must pass the same arguments and settings",
-                             {"check mode": int(self.check), "symmetric": int(options["symmetric"]),
-                              "symmetric_capacity": options["symmetric_capacity"],
-                              "custom_ar_capacity": options["custom_ar_capacity"]})
+                             {"check mode": int(self.check), **{name: int(value) for name, value in options.items()}})
             setup = Setup(self.peers, self.device, self.timeout_s, options, dispatcher=self.router)
             open_paths(PATHS if paths is None else paths, setup, self._opened, self._reasons)
         except BaseException as exc:
@@ -129,7 +135,7 @@ class Communicator(OperationMethods):
         self._require_open()
         if self._pool is None:
             raise SymmetricMemoryError(self.router.off_of(_COLLECTIVE).get(NCCL_SYMM, "symmetric memory is off"))
-        region = self._pool.reserve(nbytes)
+        region = self.router.paths_of(_COLLECTIVE)[NCCL_SYMM].reserve(nbytes)
         for path in self._live:
             path.add_region(region)
 
@@ -271,8 +277,16 @@ class Communicator(OperationMethods):
             "timeout": {"seconds": self.timeout_s, "source": self.timeout_source, "bounds": list(BOUNDED_WAITS),
                         "does_not_bound": list(UNBOUNDED_WAITS)},
         }
+        components: dict[str, int] = {}
         for path in self._opened:
-            caps.update(path.info())
+            info = path.info()
+            components.update(info.pop("device_bytes", {}))
+            caps.update(info)
+        total, pool = sum(components.values()), caps["symmetric_memory"]["capacity"]
+        caps["memory"] = {"components": components, "total_bytes": total, "beyond_pool_bytes": total - pool,
+                          "note": "device bytes each took when it was created (cudaMemGetInfo); the first NCCL "
+                                  "communicator of a process includes NCCL's one-time load, and NCCL adds "
+                                  "connection buffers at first use past world 1 (docs/memory.md)"}
         return caps
 
     # ---------------------------------------------------------------- teardown

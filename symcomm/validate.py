@@ -69,6 +69,18 @@ def timeout(timeout_s: object, group: dist.ProcessGroup) -> tuple[float, str]:
     return min(group_timeout_s(group), settings.MAX_TIMEOUT_S), "process group"
 
 
+def flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def count(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ArgumentError(f"{name} must be an int from {low} to {high}, got {value!r}")
+    return value
+
+
 def capacity(name: str, value: object, multiple: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % multiple:
         raise ArgumentError(f"{name} must be a non-negative multiple of {multiple} bytes, got {value!r}")

@@ -93,14 +93,17 @@ class _Peers:
 def test_graph_communicator_opens_once_and_closes_with_the_path(monkeypatch):
     path, lib = _path(monkeypatch, capturing=False, graph_comm=0)
     made = []
-    monkeypatch.setattr(nccl_backend, "new_comm", lambda nccl, peers, timeout_s, device: made.append(1) or GRAPH)
+    monkeypatch.setattr(nccl_backend, "new_comm", lambda nccl, peers, timeout_s, device, config=None: made.append(1) or GRAPH)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 2000))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     path._peers = _Peers()
     path.begin_capture()
+    assert made == [], "graph communicators are opt-in (Communicator(graph_communicators=True))"
+    path._graph_comms = True
+    path.begin_capture()
     path.begin_capture()
     assert made == [1] and path.graph_comm == GRAPH
-    assert path.info()["nccl_graph_communicator"] == {"open": True, "device_bytes": 0}
+    assert path.info()["nccl_graph_communicator"] == {"enabled": True, "open": True, "device_bytes": 0}
     path.close()
     assert ("ncclCommDestroy", EAGER) in lib.calls and ("ncclCommDestroy", GRAPH) in lib.calls
     assert path.comm == path.graph_comm == 0
@@ -118,8 +121,41 @@ def test_the_symmetric_path_registers_its_windows_on_the_graph_communicator(monk
 
     path.pool = Pool()
     path._peers = _Peers()
-    monkeypatch.setattr(nccl_backend, "new_comm", lambda nccl, peers, timeout_s, device: GRAPH)
+    path._graph_comms = True
+    monkeypatch.setattr(nccl_backend, "new_comm", lambda nccl, peers, timeout_s, device, config=None: GRAPH)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 2000))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     path.begin_capture()
     assert path.pool.comms == [GRAPH]
+
+
+class _Exchanger(_Peers):
+    def exchange(self, values):
+        return [values]
+
+
+@pytest.mark.parametrize("version,early", [((2, 27, 7), True), ((2, 28, 9), False), ((2, 30, 6), False),
+                                           ((2, 30, 7), True)])
+def test_opening_beside_an_nccl_whose_symmetric_kernels_never_wait_turns_early_signals_off(
+        monkeypatch, version, early):
+    """NCCL 2.28 through 2.30.6 launch symmetric kernels that may start before ours end
+    (csrc/launch.cuh): opening the NCCL path beside one must switch our early signal off."""
+    from symcomm.base import Setup
+
+    switched = []
+
+    class Native:
+        class lib:
+            @staticmethod
+            def symcomm_set_early_dependents(enabled):
+                switched.append(enabled)
+                return 1
+
+    library = _nccl.Library(_RecordingLib(), "/fake", "test", version)
+    monkeypatch.setattr(nccl_backend, "_native_or_none", lambda: Native)
+    monkeypatch.setattr(nccl_backend.NcclPath, "_local_blocker", lambda self, setup: (None, library))
+    monkeypatch.setattr(nccl_backend, "new_comm", lambda *args, **kwargs: EAGER)
+    path = nccl_backend.NcclPath()
+    assert path.open(Setup(_Exchanger(), CPU, 5.0, {})) is None
+    assert switched == ([] if early else [0])
+    assert path.info()["nccl"]["early_dependent_launch"] is early

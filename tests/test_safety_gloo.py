@@ -207,6 +207,29 @@ def test_constructor_failures_reach_every_rank(world, scenario):
     run_world(scenario, world, timeout_s=120)
 
 
+# ------------------------------------------------- issue 26's options: checked, voted, reported
+def _memory_options(rank, world):
+    for bad in ("yes", 1, None):
+        with pytest.raises(symcomm.ArgumentError, match="graph_communicators must be a bool"):
+            symcomm.Communicator(graph_communicators=bad)
+    for bad in (0, 65, True, 2.0):
+        with pytest.raises(symcomm.ArgumentError, match="nccl_max_ctas must be an int from 1 to 64"):
+            symcomm.Communicator(nccl_max_ctas=bad)
+    with pytest.raises(symcomm.PeerMismatchError, match="nccl_max_ctas"):
+        symcomm.Communicator(timeout_s=30, nccl_max_ctas=8 if rank == 0 else 16)
+    comm = symcomm.Communicator(timeout_s=30, graph_communicators=True, nccl_max_ctas=4)
+    memory = comm.capabilities()["memory"]
+    # On the CPU nothing is measured: no component, and nothing beyond a pool that is not there.
+    assert memory["components"] == {} and memory["total_bytes"] == 0 and memory["beyond_pool_bytes"] == 0, memory
+    _sum_is_right(comm, rank, world)
+    comm.close()
+
+
+@pytest.mark.parametrize("world", (2,))
+def test_memory_options_are_checked_and_must_agree(world):
+    run_world(_memory_options, world, timeout_s=120)
+
+
 # ------------------------------------------------------------ item 8: one rule for timeouts
 def _bad_timeouts(rank, world):
     for bad in (math.nan, math.inf, 0, -5, True, "10"):

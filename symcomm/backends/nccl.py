@@ -18,9 +18,11 @@ from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
 from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Setup, capturing, raw_stream, runner_table
 from ..peers import Peers
 
+from .._nccl_config import CommConfig
 from ..bounded import bounded
+from ..device_memory import measured
 from ..errors import ArgumentError, DtypeError, SymcommError
-from ..pool import GRANULE_SHIFT, SymmetricPool
+from ..pool import GRANULE_SHIFT, Region, SymmetricPool
 from .nccl_schedules import (RSV_PADDED, RSV_REDUCE_PER_ROOT, RSV_SCHEDULES, RSV_SEND_RECV, SENDRECV_GATHERV_MAX_BYTES,
                               rsv_schedule, sum_in_rank_order)
 
@@ -44,11 +46,41 @@ def unique_id(nccl: Library, peers: Peers) -> _nccl.UniqueId:
     return _nccl.UniqueId.from_bytes(raw[1:])
 
 
-def new_comm(nccl: Library, peers: Peers, timeout_s: float, device: torch.device) -> int:
-    """Collective: one NCCL communicator over ``peers``, its init bounded by ``timeout_s``."""
+# NCCL keeps state for every channel it may use: at world 1, 6 MiB per channel of maxCTAs (2 MiB
+# granules of tiny buffers), 388 MiB for a default communicator (bench/results/
+# 2026-11-25_h100_comm_memory). The plain communicator carries the large messages, whose
+# bandwidth needs channels: it keeps 16 (NCCL uses 16 or fewer on one NVLink host in the logs
+# seen so far; the multi-GPU run measures what the cap costs at 16-256 MiB). The symmetric one
+# serves the small messages NCCL's symmetric kernels win at, whose blocks NCCL caps at maxCTAs:
+# 8 keep its modelled bandwidth over 500 GB/s while it costs about 52 MiB.
+PLAIN_MAX_CTAS = 16
+SYMM_MAX_CTAS = 8
+# NCCL 2.28 through 2.30.6 launch their symmetric kernels as programmatic dependents that do not
+# wait for their predecessor (csrc/launch.cuh): symcomm's kernels must not let them start early.
+_PDL_UNSAFE = ((2, 28, 0), (2, 30, 7))
+
+
+def early_dependents_safe(version: tuple[int, int, int]) -> bool:
+    """Whether symcomm's kernels may let the next kernel start early with this NCCL loaded."""
+    return not _PDL_UNSAFE[0] <= version < _PDL_UNSAFE[1]
+
+
+def new_comm(nccl: Library, peers: Peers, timeout_s: float, device: torch.device,
+             config: CommConfig | None = None) -> int:
+    """Collective: one NCCL communicator over ``peers``, its init bounded by ``timeout_s``;
+    ``config`` where this NCCL takes one (before 2.27.3 NCCL picks everything)."""
     uid = unique_id(nccl, peers)
-    return bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(peers.world_size, uid, peers.rank),
+    if config is not None and nccl.config_layout is None:
+        config = None
+    return bounded("ncclCommInitRank", lambda: nccl.comm_init_rank(peers.world_size, uid, peers.rank, config),
                    timeout_s, device)
+
+
+def _native_or_none():
+    try:
+        return _native.load()
+    except OSError:
+        return None  # no kernels of ours to restrain
 
 
 def _agree(setup: Setup, reason: str | None) -> str | None:
@@ -71,6 +103,9 @@ class NcclPath(Path):
         # a communicator that serves both pays NCCL's graph-mixing cost on every captured call.
         self.graph_comm = 0
         self.graph_comm_bytes = 0  # device memory it took, measured when it was opened
+        self.comm_bytes = 0  # the same for the eager communicator
+        self._graph_comms = False  # graph_capture() opens graph communicators (Communicator option)
+        self._config: CommConfig | None = None
         self._peers: Peers | None = None
         self._timeout_s = 0.0
         self._lib = None
@@ -90,9 +125,18 @@ class NcclPath(Path):
         reason = _agree(setup, reason)
         if reason is not None:
             return reason
-        self._peers, self._timeout_s = setup.peers, setup.timeout_s
-        self.attach(nccl, new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
+        self._open_comm(setup, nccl, CommConfig(max_ctas=setup.options.get("nccl_max_ctas", PLAIN_MAX_CTAS)))
+        if not early_dependents_safe(nccl.version) and (native := _native_or_none()) is not None:
+            native.lib.symcomm_set_early_dependents(0)
         return None
+
+    def _open_comm(self, setup: Setup, nccl: Library, config: CommConfig) -> None:
+        self._peers, self._timeout_s = setup.peers, setup.timeout_s
+        self._graph_comms = bool(setup.options.get("graph_communicators", False))
+        self._config = config
+        comm, self.comm_bytes = measured(setup.device, lambda: new_comm(nccl, setup.peers, setup.timeout_s,
+                                                                        setup.device, config))
+        self.attach(nccl, comm, setup.peers.rank, setup.device)
 
     def _local_blocker(self, setup: Setup) -> tuple[str | None, Library | None]:
         if setup.device.type != "cuda":
@@ -116,20 +160,19 @@ class NcclPath(Path):
                 pass
 
     def begin_capture(self) -> None:
-        if self.graph_comm or self._peers is None:
+        if self.graph_comm or self._peers is None or not self._graph_comms:
             return
         # Collective (graph_capture() is), and outside the capture, which cannot create one.
-        free_before = torch.cuda.mem_get_info(self._device)[0]
-        self.graph_comm = new_comm(self.nccl, self._peers, self._timeout_s, self._device)
-        try:
-            self._graph_comm_opened()
-        except BaseException:
-            # No half-ready graph communicator: a later graph_capture() tries again from scratch.
-            comm, self.graph_comm = self.graph_comm, 0
-            self.nccl.comm_destroy(comm)
-            raise
-        torch.cuda.synchronize(self._device)
-        self.graph_comm_bytes = max(free_before - torch.cuda.mem_get_info(self._device)[0], 0)
+        def open_graph_comm() -> None:
+            self.graph_comm = new_comm(self.nccl, self._peers, self._timeout_s, self._device, self._config)
+            try:
+                self._graph_comm_opened()
+            except BaseException:
+                # No half-ready graph communicator: a later graph_capture() tries again from scratch.
+                comm, self.graph_comm = self.graph_comm, 0
+                self.nccl.comm_destroy(comm)
+                raise
+        _, self.graph_comm_bytes = measured(self._device, open_graph_comm)
 
     def _graph_comm_opened(self) -> None:
         """Hook for the symmetric path, which registers its windows on the new communicator."""
@@ -138,9 +181,15 @@ class NcclPath(Path):
         nccl = self.nccl
         if nccl is None:
             return {}
-        return {"nccl": {"version": nccl.version_string, "library": nccl.path, "found_by": nccl.source},
-                f"{self.name}_graph_communicator": {"open": bool(self.graph_comm),
-                                                    "device_bytes": self.graph_comm_bytes}}
+        features = nccl.features
+        return {"nccl": {"version": nccl.version_string, "library": nccl.path, "found_by": nccl.source,
+                         "features": features,
+                         # csrc/launch.cuh: off where this NCCL's symmetric kernels do not wait
+                         "early_dependent_launch": early_dependents_safe(nccl.version)},
+                f"{self.name}_graph_communicator": {"enabled": self._graph_comms, "open": bool(self.graph_comm),
+                                                    "device_bytes": self.graph_comm_bytes},
+                "device_bytes": {f"{self.name} communicator": self.comm_bytes,
+                                 f"{self.name} graph communicator": self.graph_comm_bytes}}
 
     def barrier(self) -> None:
         """Every rank's GPU work so far is done: a one-element all-reduce, waited for. Only
@@ -403,6 +452,7 @@ class NcclSymmPath(NcclPath):
     def __init__(self) -> None:
         super().__init__()
         self.pool: SymmetricPool | None = None
+        self.pool_bytes = 0  # the pool's regions and their windows, measured when reserved
         self._reason: str | None = None
 
     def open(self, setup: Setup) -> str | None:
@@ -417,14 +467,15 @@ class NcclSymmPath(NcclPath):
         if reason is not None:
             self._reason = reason
             return reason
-        nccl = plain.nccl
-        self._peers, self._timeout_s = setup.peers, setup.timeout_s
-        self.attach(nccl, new_comm(nccl, setup.peers, setup.timeout_s, setup.device), setup.peers.rank, setup.device)
-        self.pool = SymmetricPool(nccl, _native.load(), self.comm, setup.device, setup.peers.exchange)
+        self._open_comm(setup, plain.nccl, CommConfig(max_ctas=SYMM_MAX_CTAS))
+        self.pool, pool_bytes = measured(setup.device, lambda: SymmetricPool(plain.nccl, _native.load(), self.comm,
+                                                                          setup.device, setup.peers.exchange))
         self._granules = self.pool.index.granules
         capacity = setup.options["symmetric_capacity"]
         if capacity > 0:
-            self.pool.reserve(capacity)
+            _, reserved = measured(setup.device, lambda: self.pool.reserve(capacity))
+            pool_bytes += reserved
+        self.pool_bytes = pool_bytes
         return None
 
     @staticmethod
@@ -443,9 +494,18 @@ class NcclSymmPath(NcclPath):
     def _graph_comm_opened(self) -> None:
         self.pool.add_comm(self.graph_comm)  # collective: every region, in order, as windows
 
+    def reserve(self, nbytes: int) -> Region:
+        """Collective: one more pool region (SymmetricPool.reserve), its device bytes counted."""
+        region, taken = measured(self._device, lambda: self.pool.reserve(nbytes))
+        self.pool_bytes += taken
+        return region
+
     def info(self) -> dict[str, Any]:
         pool = self.pool
-        return {**super().info(), "symmetric_memory": {
+        info = super().info()
+        if "device_bytes" in info:
+            info["device_bytes"]["symmetric pool (regions and their windows)"] = self.pool_bytes
+        return {**info, "symmetric_memory": {
             "enabled": pool is not None,
             "reason": self._reason,
             "capacity": pool.capacity if pool else 0,

@@ -92,7 +92,7 @@ class PeerPath(Path):
             # pool regions whose inputs the kernels read in place (else: staged, and why)
             "symmetric_regions_mapped": len(context.region_slots),
             "symmetric_regions_problem": context.region_problem,
-        }}
+        }, "device_bytes": {"peer kernels' buffers (staging, scratch, flag-free, slots)": self._shared.device_bytes}}
 
     def close(self) -> None:
         if self._context is not None:

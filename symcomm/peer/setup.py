@@ -20,6 +20,7 @@ import torch
 
 from .. import _native, settings
 from ..base import NCCL, NCCL_SYMM, Setup
+from ..device_memory import measured
 from ..errors import CudaError
 from ..fd_channel import IDENTITY_INTS, FdChannel, Identity
 from ..peers import Exchange
@@ -335,6 +336,7 @@ class SharedContext:
         self.exchange = exchange
         self._barrier = barrier
         self.users = 0
+        self.device_bytes = 0  # what opening the context took: its buffers and slot table
         self.abandoned = False  # set by abort(): a timed-out teardown must unmap nothing
         self._regions_seen: set[int] = set()
 
@@ -350,12 +352,13 @@ class SharedContext:
         pool = getattr(symm, "pool", None)
         regions = [] if pool is None else [(r.base, r.nbytes) for r in sorted(pool.regions.values(),
                                                                                 key=lambda r: r.number)]
-        context, reason = open_context(peers.rank, peers.world_size, setup.device, peers.exchange, setup.timeout_s,
-                                       None if pool is None else pool.index.granules, staging_bytes=capacity,
-                                       regions=regions,
-                                       # a rank's own choice: voted, since its peers may differ
-                                       off="turned off (custom_ar_capacity=0)" if capacity == 0 else None)
+        (context, reason), taken = measured(setup.device, lambda: open_context(
+            peers.rank, peers.world_size, setup.device, peers.exchange, setup.timeout_s,
+            None if pool is None else pool.index.granules, staging_bytes=capacity, regions=regions,
+            # a rank's own choice: voted, since its peers may differ
+            off="turned off (custom_ar_capacity=0)" if capacity == 0 else None))
         shared = cls(context, reason, peers.exchange, plain.barrier)
+        shared.device_bytes = taken
         shared._regions_seen.update(base for base, _ in regions)
         return shared
 
