@@ -339,9 +339,9 @@ def test_plot_is_a_png_with_both_panels(world_of_one, capsys, tmp_path):
 
 # ----------------------------------------------------------------------------- issue 24's frictions
 @pytest.mark.parametrize("flag,path,needle", [
-    ("--json", "no_such_folder/run.json", "does not exist"),
+    ("--json", "NO_SUCH_FOLDER/run.json", "does not exist"),
     ("--json", ".", "is a folder"),
-    ("--plot", "no_such_folder/run.png", "does not exist"),
+    ("--plot", "NO_SUCH_FOLDER/run.png", "does not exist"),
 ])
 def test_output_paths_are_checked_before_the_run(flag, path, needle, capsys, no_launcher_env, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -134,8 +134,12 @@ def test_an_install_without_nvcc_records_why(tmp_path, monkeypatch):
     import subprocess
 
     copy = tmp_path / "src"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "build", "*.so", ".ci-venv", "__pycache__",
-                                                             "*.egg-info", "bench", "tests"))
+    top_level_only = {".git", "build", ".ci-venv", "bench", "tests", "examples", "docs", "scripts"}
+
+    def skipped(folder: str, names: list[str]) -> set[str]:
+        here = {n for n in names if n.endswith((".so", ".egg-info")) or n in ("__pycache__", "build.json")}
+        return here | (top_level_only & set(names) if Path(folder) == ROOT else set())
+    shutil.copytree(ROOT, copy, ignore=skipped)
     path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
                            if d and not (Path(d) / "nvcc").exists())
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
