@@ -22,6 +22,6 @@ if gpu:                                              # CUDA-graph capturable
     with comm.graph_capture(), torch.cuda.graph(g):
         comm.all_reduce(x, out=out)
     g.replay()
-print(f"rank {comm.rank}: sum {out.float().sum().item():.4f}, rows {tuple(rows.shape)}, shard {tuple(shard.shape)}")
+print(f"rank {comm.rank}: sum {out.float().sum():.4f}, rows {tuple(rows.shape)}, shard {tuple(shard.shape)}")
 comm.close()
 dist.destroy_process_group()                         # without it, gloo can abort at exit
