@@ -242,7 +242,7 @@ def test_a_dtype_no_path_takes_is_one_line_before_the_header(world_of_one, capsy
     captured = capsys.readouterr()
     assert captured.out == ""
     line = _one_error_line(captured.err)
-    assert line.startswith("symcomm-bench: error: all_reduce -d f8e4m3 on this communicator (cpu): ")
+    assert line.startswith("symcomm-bench: error: all_reduce of f8e4m3 at 1024 B on this cpu communicator: ")
     assert "torch.distributed cannot reduce torch.float8_e4m3fn" in line
     assert "needs NCCL" not in line and len(line) < 200
 

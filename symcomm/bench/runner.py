@@ -121,8 +121,8 @@ class Runner:
                 continue
             return  # one column runs: --algo all reports the others in its summary
         if refusals:
-            raise BenchError(f"{self.cfg.op} -d {self.cfg.datatype} on this communicator "
-                             f"({self.device.type}): {refusals[0]}")
+            raise BenchError(f"{self.cfg.op} of {self.cfg.datatype} at {lay.nbytes} B on this "
+                             f"{self.device.type} communicator: {refusals[0]}")
 
     def _check_algo(self, algo: str, available: list[str]) -> str:
         if algo != "auto" and algo not in available:
