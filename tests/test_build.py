@@ -155,3 +155,7 @@ def test_an_install_without_nvcc_records_why(tmp_path, monkeypatch):
     assert not [n for n in names if n.endswith(".so")]
     record = json.loads(zipfile.ZipFile(wheel).read("symcomm/_native/build.json"))
     assert record["built"] is False and "nvcc not found" in record["reason"]
+    # Every module of the package is in the wheel: a package left out of pyproject's list
+    # breaks every install but an editable one.
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "symcomm").rglob("*.py")}
+    assert modules - set(names) == set()
