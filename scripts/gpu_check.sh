@@ -11,7 +11,9 @@
 #   fused = issue 12/13's numbers per world: tune (all_reduce_rmsnorm row included), the
 #   norm op with --algo all and that table, bench/gemm_overlap.py (overlap on/off);
 #   single = what one GPU can show: the README's two commands exactly as written (tests,
-#   benchmark) and scripts/world1_check.py (every op, symmetric memory, graphs, FP4 at world 1).
+#   benchmark) and scripts/world1_check.py (every op, symmetric memory, graphs, FP4 at world 1);
+#   build = scripts/time_build.sh: the former single nvcc call against setup.py's build, cold
+#   and warm, twice, interleaved (BUILD_ROUNDS).
 #   Every step has its own timeout and re-packs $OUT/partial.tgz, so what finished comes back
 #   even if the call is cut off.
 #   Narrower runs: TESTS (pytest paths, default tests/gpu), BENCH_OPS (default all_reduce
@@ -137,6 +139,10 @@ if [[ $MODE == single ]]; then
   note "  $(tail -1 "$OUT/results/readme_tests.txt")"
   step world1 180 torchrun --nproc-per-node=1 scripts/world1_check.py
   note "  $(tail -1 "$OUT/results/world1.txt")"
+  step about 60 python3 -m symcomm
+  sed 's/^/  /' "$OUT/results/about.txt" | tee -a "$SUMMARY"
+  step quickstart_w1 120 torchrun --nproc-per-node=1 examples/quickstart.py
+  note "  $(grep '^rank 0' "$OUT/results/quickstart_w1.txt")"
   # The README's main command, as written (-g 2 on one GPU), then on the GPU itself.
   step readme_bench 180 symcomm-bench all_reduce -g 2 -b 1K -e 1M
   step readme_bench_g1 180 symcomm-bench all_reduce -g 1 -b 1K -e 1M --algo all
@@ -145,6 +151,10 @@ if [[ $MODE == single ]]; then
   note "  $(grep -m1 -i 'device' "$OUT/results/readme_bench.txt")"
   step graph_mixing_w1 120 torchrun --nproc-per-node=1 bench/graph_mixing.py --json "$OUT/results/graph_mixing_w1.json"
   sed 's/^/  /' "$OUT/results/graph_mixing_w1.txt" | tee -a "$SUMMARY"
+fi
+if [[ $MODE == build ]]; then
+  step build_times 560 bash scripts/time_build.sh "${BUILD_ROUNDS:-2}"
+  sed 's/^/  /' "$OUT/results/build_times.txt" | tee -a "$SUMMARY"
 fi
 if [[ $MODE == all || $MODE == tests || $MODE == quick ]]; then
   for world in ${WORLDS:-2 4}; do gpu_tests "$world" gpu "${TEST_TIMEOUT:-420}" "${TESTS:-tests/gpu}"; done

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from . import settings
+from . import build_info, settings
 from .errors import CudaError
 
 _c = ctypes
@@ -163,7 +163,7 @@ def load() -> Native:
     if _LOADED is None:
         path = library_path()
         if path is None:
-            raise OSError("symcomm's native library was not built (install with nvcc on PATH)")
+            raise OSError(f"symcomm's native library is missing: {build_info.not_built_reason()}")
         lib = ctypes.CDLL(path)
         bind(lib, path)
         _LOADED = Native(lib, path)

@@ -30,7 +30,7 @@ VARIABLES: dict[str, str] = {
     "SYMCOMM_TUNING_FILE": "dispatch table to load (written by `symcomm-bench tune`)",
     "SYMCOMM_NCCL_LIBRARY": "libnccl to load; otherwise the one torch loaded, then the `nvidia-nccl` wheel, then the system's",
     "SYMCOMM_NATIVE_LIBRARY": "csrc/ library to load instead of the packaged one",
-    "SYMCOMM_CUDA_ARCHS": "nvcc `-gencode` flags at build time (read by setup.py; default sm_90 + compute_90 PTX)",
+    "SYMCOMM_CUDA_ARCHS": "nvcc `-gencode` flags at build time (read by setup.py; default sm_90 + compute_90 PTX; `none` builds no kernels)",
     "SYMCOMM_BENCH_CORRUPT": "symcomm-bench test hook: this rank spoils one output element, so #wrong must count it",
     "SYMCOMM_BENCH_DEBUG": "symcomm-bench prints the traceback of a failure, not just its one line",
     "PYTORCH_CUDA_ALLOC_CONF": "torch's, read only: expandable segments have no CUDA IPC handle, so captured inputs there are staged",

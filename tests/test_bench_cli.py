@@ -233,8 +233,39 @@ def test_fp4_gather_counts_an_injected_wrong_byte(world_of_one, capsys, monkeypa
     assert "R 512-element rows" in out and "fp4 vs unquantized" in out
 
 
-def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path):
-    # gloo cannot reduce fp8, so every path refuses: rows say N/A, the run goes on.
+@pytest.mark.parametrize("algo", ["auto", "all", "torch"])
+def test_a_dtype_no_path_takes_is_one_line_before_the_header(world_of_one, capsys, algo):
+    """gloo cannot reduce fp8: the first size's probe says so in one line naming the open
+    path's reason, not the closed paths' (no NCCL on the CPU), and nothing is printed before."""
+    assert cli.main(["all_reduce", "--device", "cpu", "-d", "f8e4m3", "--algo", algo, "-b", "1K",
+                     "-e", "2K", "-n", "1", "-w", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = _one_error_line(captured.err)
+    assert line.startswith("symcomm-bench: error: all_reduce of f8e4m3 at 1024 B on this cpu communicator: ")
+    assert "torch.distributed cannot reduce torch.float8_e4m3fn" in line
+    assert "needs NCCL" not in line and len(line) < 200
+
+
+def test_short_refusal_keeps_the_open_paths_reasons():
+    from symcomm.bench.runner import short_refusal
+
+    message = ("no path can serve this all_reduce: custom-oneshot: custom all-reduce: needs NCCL; "
+               "nccl: the device is the CPU; torch: cannot reduce fp8; a; b; custom-push: off")
+    paths = ["custom-oneshot", "nccl", "torch", "custom-push"]
+    assert short_refusal(message, paths, ["torch"]) == "torch: cannot reduce fp8; a; b"
+    assert short_refusal(message, paths, ["torch", "nccl"]) == "nccl: the device is the CPU; torch: cannot reduce fp8; a; b"
+    assert short_refusal("algo='torch' cannot serve this all_reduce: x", paths, ["torch"]) == (
+        "algo='torch' cannot serve this all_reduce: x")
+
+
+def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path, monkeypatch):
+    # A path that refuses calls in the middle of a sweep: its rows say N/A and the run goes
+    # on. fp8 stands in for such a refusal here (gloo cannot reduce it), with the probe that
+    # would refuse the whole run up front switched off.
+    from symcomm.bench import runner
+
+    monkeypatch.setattr(runner.Runner, "probe", lambda self: None)
     out = tmp_path / "fp8.json"
     assert cli.main(["all_reduce", "--device", "cpu", "-d", "f8e4m3", "--algo", "all", "-b", "1K",
                      "-e", "2K", "-n", "1", "-w", "0", "--json", str(out)]) == 0
@@ -304,3 +335,90 @@ def test_plot_is_a_png_with_both_panels(world_of_one, capsys, tmp_path):
     pixels = image.imread(str(out))
     assert pixels.shape[:2] == (height, width)
     assert pixels.std() > 0.05  # lines drawn, not a blank canvas
+
+
+# ----------------------------------------------------------------------------- issue 24's frictions
+@pytest.mark.parametrize("flag,path,needle", [
+    ("--json", "NO_SUCH_FOLDER/run.json", "does not exist"),
+    ("--json", ".", "is a folder"),
+    ("--plot", "NO_SUCH_FOLDER/run.png", "does not exist"),
+])
+def test_output_paths_are_checked_before_the_run(flag, path, needle, capsys, no_launcher_env, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    started = []
+    monkeypatch.setattr(cli, "run_rank", lambda cfg, launched: started.append(cfg) or 0)
+    assert cli.main(["all_reduce", "--device", "cpu", flag, path]) == 2
+    captured = capsys.readouterr()
+    assert needle in _one_error_line(captured.err) and flag in captured.err
+    assert started == [] and captured.out == ""
+
+
+def test_tune_output_is_checked_before_the_run(capsys, no_launcher_env, monkeypatch):
+    monkeypatch.setattr(cli, "run_rank", lambda cfg, launched: pytest.fail("the run started"))
+    assert cli.main(["tune", "--device", "cpu", "-o", "/no/such/folder/t.json"]) == 2
+    assert "-o/--output /no/such/folder/t.json: the folder /no/such/folder does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op", sorted(ops.NAMES))
+@pytest.mark.parametrize("device_name", ["cpu", "cuda"])
+def test_every_ops_default_dtype_is_one_it_takes(op, device_name):
+    spec = ops.spec(op)
+    datatype = spec.default_datatype(device_name)
+    spec.validate(datatype)  # raises BenchError where the op refuses it
+
+
+def test_the_norm_runs_with_its_default_dtype(world_of_one, capsys):
+    assert cli.main(["all_reduce_rmsnorm", "--device", "cpu", "-b", "16K", "-e", "16K", "-n", "1", "-w", "0"]) == 0
+    out = capsys.readouterr().out
+    assert " bfloat16 " in out
+    # Columns the CPU has no kernel for print N/A; every column that ran is right.
+    rows = table_rows(out)
+    assert any(w == "0" for _, _, w, _ in rows) and all(w in ("0", "N/A") for _, _, w, _ in rows)
+
+
+def test_sizes_below_one_element_run_as_one_with_a_note(world_of_one, capsys):
+    assert cli.main(["all_reduce", "--device", "cpu", "-b", "1", "-e", "8", "-n", "1", "-w", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "# Sizes: all_reduce of float at world 1 is empty below 4 B, so smaller sizes run as 4 B" in out
+    assert [(b, c) for b, c, _, _ in table_rows(out)] == [(4, 1), (8, 2)]
+
+
+def test_smallest_sizes_follow_each_ops_split():
+    assert ops.spec("all_reduce").smallest_size(3, 4) == 4
+    assert ops.spec("all_gather").smallest_size(3, 4) == 12        # one element per rank
+    assert ops.spec("reduce_scatter").smallest_size(2, 2) == 4
+    assert ops.spec("all_gatherv").smallest_size(2, 4) == 16        # one 16-byte row
+    norm = ops.spec("all_reduce_rmsnorm")
+    assert norm.smallest_size(2, 2) == norm.layout(1 << 20, 2, 2, 0).row * 2  # one token
+
+
+def test_the_preamble_says_why_the_cpu_and_what_native_library(world_of_one, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("# Device: cpu (gloo): no CUDA device visible") for line in lines)
+    native = [line for line in lines if line.startswith("# Native library: ")]
+    assert len(native) == 1
+    assert lines.index(native[0]) < lines.index("# Using algo: auto")
+
+
+def test_more_cpu_ranks_than_cores_run_with_a_warning(no_launcher_env, monkeypatch, capsys):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    launched = []
+    monkeypatch.setattr(cli, "launch_local", lambda world, argv: launched.append(world) or 0)
+    assert cli.main(["all_reduce", "--device", "cpu", "-g", "3"]) == 0
+    assert launched == [3]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["symcomm-bench: warning: 3 ranks share 2 CPU cores: they take turns, so the times include "
+                   "the waiting (the results are checked all the same)"]
+    assert cli.main(["all_reduce", "--device", "cpu", "-g", "9"]) == 2
+    assert "at most 8 ranks" in _one_error_line(capsys.readouterr().err)
+
+
+def test_an_oversubscribed_run_says_so_in_its_preamble(monkeypatch):
+    res = bench("all_reduce", "-g", "3", "--device", "cpu", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0")
+    assert res.returncode == 0, res.stderr
+    crowded = (os.cpu_count() or 1) < 3
+    assert ("# Oversubscribed: 3 ranks share" in res.stdout) == crowded
+    assert ("warning: 3 ranks share" in res.stderr) == crowded
+    assert all(w == "0" for *_, w, _ in table_rows(res.stdout))

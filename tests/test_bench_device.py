@@ -28,7 +28,7 @@ def no_launcher(monkeypatch):
 
 @pytest.mark.parametrize("visible,ranks,expected", [
     (0, 1, ("cpu", None)),
-    (0, 4, ("cpu", None)),                     # no GPU at all: nothing to explain
+    (0, 4, ("cpu", None)),                     # no GPU at all: nothing to insist on
     (1, 1, ("cuda", None)),
     (1, 2, ("cpu", "2 ranks need 2 GPUs, 1 visible")),
     (2, 2, ("cuda", None)),
@@ -40,7 +40,13 @@ def test_auto_takes_cuda_only_when_every_local_rank_gets_a_gpu(gpus, visible, ra
     gpus(visible)
     choice = device.resolve("auto", ranks)
     assert (choice.device, choice.fallback) == expected
-    assert (choice.note is None) == (expected[1] is None)
+    # Every run on the CPU says why in its preamble; only a fallback says how to insist.
+    assert (choice.note is None) == (expected[0] == "cuda")
+    if choice.device == "cpu":
+        assert choice.note.startswith("Device: cpu (gloo): ")
+        assert ("--device cuda to insist" in choice.note) == (expected[1] is not None)
+    if visible == 0:
+        assert "no CUDA device visible" in choice.note
 
 
 def test_the_fallback_note_says_how_to_insist(gpus):
@@ -51,7 +57,8 @@ def test_the_fallback_note_says_how_to_insist(gpus):
 @pytest.mark.parametrize("visible", [0, 1, 8])
 def test_explicit_devices_never_fall_back(gpus, visible):
     gpus(visible)
-    assert device.resolve("cpu", 2) == device.DeviceChoice("cpu")
+    assert device.resolve("cpu", 2) == device.DeviceChoice("cpu", why="--device cpu")
+    assert device.resolve("cpu", 2).note == "Device: cpu (gloo): --device cpu"
     if visible:
         assert device.resolve("cuda", 16) == device.DeviceChoice("cuda")
     else:

@@ -4,6 +4,7 @@ torchrun command their docstrings give."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,24 @@ def test_layer_step_bench_prints_its_table_on_cpu():
     assert skipped and all(r[3] == "skipped:" for r in skipped), out
     timed = [r for r in rows if r[2] in ("symcomm-auto", "torch.distributed")]
     assert all(float(r[3]) > 0 for r in timed), out
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_the_quickstart_runs_at_any_world_size(world):
+    """The README's example, the file itself under torchrun, run from outside the clone as a
+    user would (the clone is installed, or on PYTHONPATH as here): every rank gets the same
+    sum, its gathered rows and its shard, and the process group ends cleanly."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
+                           "--standalone", str(ROOT / "examples" / "quickstart.py")],
+                          cwd="/", env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "terminate called" not in done.stderr
+    # The ranks share one stdout: their lines may interleave, so each is found by its pattern.
+    found = sorted(re.findall(r"rank (\d+): sum (\S+), rows \((\d+), 1024\), shard \((\d+), 1024\)", done.stdout))
+    assert [int(rank) for rank, *_ in found] == list(range(world)), done.stdout
+    assert len({tuple(rest) for _, *rest in found}) == 1  # the same on every rank
+    _, _, rows, shard = found[0]
+    assert (int(rows), int(shard)) == (sum(3 + r for r in range(world)), 64)
+    assert done.stdout.count("Choice(algo='torch'") == 1  # rank 0 says which path, once

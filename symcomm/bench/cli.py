@@ -34,6 +34,9 @@ from .sizes import parse_size, sweep
 PROG = "symcomm-bench"
 EXIT_USAGE = 2
 TUNE = "tune"
+# CPU ranks beyond the cores take turns and still give checked results, but every rank is a
+# process holding torch (about 300 MB): past a few per core the machine pages, not computes.
+RANKS_PER_CORE = 4
 BASELINE = "baseline"
 
 
@@ -118,9 +121,22 @@ def _size(flag: str, text: str) -> int:
         raise BenchError(f"{flag}: {exc}") from None
 
 
+def check_output(flag: str, path: str) -> None:
+    """A file the run will write: refused now, before the run, if it cannot be written then."""
+    target = Path(path)
+    if target.is_dir():
+        raise BenchError(f"{flag} {path}: that is a folder; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise BenchError(f"{flag} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise BenchError(f"{flag} {path}: cannot write in {folder}")
+
+
 def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype: str,
-            fallback: str | None) -> dict:
-    """Checks the shared flags; returns them as BenchConfig fields."""
+            fallback: str | None, note: str | None = None) -> dict:
+    """Checks the shared flags; returns them as BenchConfig fields. ``note``: the preamble's
+    line on the device, where it needs explaining."""
     minbytes = _size("-b/--minbytes", args.minbytes)
     maxbytes = _size("-e/--maxbytes", args.maxbytes)
     if minbytes < 1:
@@ -147,7 +163,9 @@ def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype
         corrupt_rank = int(corrupt) if corrupt is not None else None
     except ValueError:
         raise BenchError(f"SYMCOMM_BENCH_CORRUPT must be a rank number, not {corrupt!r}") from None
-    notes = [devices.DeviceChoice(device, fallback).note] if fallback else []
+    if getattr(args, "json_path", None) is not None:
+        check_output("--json", args.json_path)
+    notes = [note] if note else []
     return dict(op=op, sizes=sweep(minbytes, maxbytes, args.stepfactor), minbytes=minbytes,
                 maxbytes=maxbytes, stepfactor=args.stepfactor, iters=args.iters,
                 warmup=args.warmup_iters, check=bool(args.check), datatype=datatype, redop=redop,
@@ -156,16 +174,17 @@ def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype
 
 
 def build_config(args: argparse.Namespace, device: str, command: str = "", *,
-                 fallback: str | None = None) -> BenchConfig:
+                 fallback: str | None = None, note: str | None = None) -> BenchConfig:
     """``device``: the resolved one; ``fallback``: why --device auto took the cpu, if it did."""
-    datatype = args.datatype or ("bfloat16" if device == "cuda" else "float")
-    fields = _fields(args, device, args.collective, args.redop, datatype, fallback)
+    datatype = args.datatype or ops.spec(args.collective).default_datatype(device)
+    fields = _fields(args, device, args.collective, args.redop, datatype, fallback, note)
     if not ALGO_NAME.match(args.algo):
         raise BenchError(f"--algo {args.algo!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
     if args.baseline is not None and args.algo != "all":
         raise BenchError("--baseline adds columns to the --algo all summary: pass --algo all")
     if args.plot_path is not None:
         plot.check_path(args.plot_path)
+        check_output("--plot", args.plot_path)
         plot.require_matplotlib()
     ops.spec(args.collective).validate(datatype)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
@@ -174,8 +193,10 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
 
 
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,
-                      fallback: str | None = None) -> TuneConfig:
-    fields = _fields(args, device, TUNE_OPS[0], "sum", args.datatype, fallback)
+                      fallback: str | None = None, note: str | None = None) -> TuneConfig:
+    fields = _fields(args, device, TUNE_OPS[0], "sum", args.datatype, fallback, note)
+    if args.output is not None:
+        check_output("-o/--output", args.output)
     # Graph replay is the default only where graphs exist: on the device actually chosen.
     graph = args.cudagraph if args.cudagraph is not None else (10 if device == "cuda" else 0)
     return TuneConfig(**fields, graph=graph, algo="all", with_auto=False, symmetric=None,
@@ -183,7 +204,7 @@ def build_tune_config(args: argparse.Namespace, device: str, command: str = "", 
 
 
 def build_baseline_config(args: argparse.Namespace, device: str, command: str = "", *,
-                          fallback: str | None = None) -> BaselineConfig:
+                          fallback: str | None = None, note: str | None = None) -> BaselineConfig:
     if ops.spec(args.collective).nccl is None:
         raise BenchError(f"{BASELINE}: {args.collective} has no NCCL collective of its own; "
                          f"{BASELINE} times {', '.join(ops.BASELINE_NAMES)}")
@@ -191,7 +212,7 @@ def build_baseline_config(args: argparse.Namespace, device: str, command: str = 
         why = (f"--device auto chose cpu: {fallback}" if fallback else
                "--device cpu" if args.device == "cpu" else "no CUDA device is visible")
         raise BenchError(f"{BASELINE} times NCCL, which needs CUDA ({why})")
-    fields = _fields(args, device, args.collective, args.redop, args.datatype, fallback)
+    fields = _fields(args, device, args.collective, args.redop, args.datatype, fallback, note)
     # algo and symmetric mean nothing here: each mode is a column with buffers of its own.
     return BaselineConfig(**fields, graph=args.cudagraph or 0, algo="nccl", symmetric=None,
                           json_path=args.json_path, command=command)
@@ -210,12 +231,23 @@ def _check_world(device: str, ngpus: int) -> None:
         raise BenchError(f"-g/--ngpus must be at least 1 (got {ngpus})")
     if device == "cuda":
         devices.require_gpus(ngpus)
-    else:
-        cores = os.cpu_count() or 1
-        if ngpus > cores:
-            # One rank per core at most: oversubscribed gloo ranks time the scheduler.
-            raise BenchError(f"-g {ngpus} needs {ngpus} CPU cores for --device cpu, "
-                             f"but this machine has {cores}")
+        return
+    cores = os.cpu_count() or 1
+    if ngpus > RANKS_PER_CORE * cores:
+        raise BenchError(f"-g {ngpus}: this machine's {cores} CPU cores take at most {RANKS_PER_CORE * cores} "
+                         f"ranks ({RANKS_PER_CORE} per core); spread more over machines with torchrun")
+    if (note := oversubscribed(ngpus)) is not None:
+        print(f"{PROG}: warning: {note}", file=sys.stderr)
+
+
+def oversubscribed(local_ranks: int) -> str | None:
+    """Where more CPU ranks than cores run here: they take turns on the cores, so the times
+    include the waiting (correctness is unaffected). The run goes on, saying so."""
+    cores = os.cpu_count() or 1
+    if local_ranks <= cores:
+        return None
+    return (f"{local_ranks} ranks share {cores} CPU cores: they take turns, so the times include "
+            "the waiting (the results are checked all the same)")
 
 
 def _free_port() -> int:
@@ -363,7 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             local_ranks = args.ngpus if args.ngpus is not None else 1
         choice = devices.resolve(args.device, local_ranks)
-        cfg = build(args, choice.device, command, fallback=choice.fallback)
+        cfg = build(args, choice.device, command, fallback=choice.fallback, note=choice.note)
+        if choice.device == "cpu" and (crowded := oversubscribed(local_ranks or 1)) is not None:
+            cfg.notes.append(f"Oversubscribed: {crowded}")
         if launched is not None:
             if args.ngpus is not None and args.ngpus != launched.world_size:
                 raise BenchError(f"-g {args.ngpus} conflicts with WORLD_SIZE={launched.world_size} "

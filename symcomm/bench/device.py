@@ -19,13 +19,21 @@ CHOICES = ("auto", "cpu", "cuda")
 class DeviceChoice:
     device: str                  # "cpu" or "cuda"
     fallback: str | None = None  # why auto took the cpu although GPUs are visible
+    why: str | None = None       # why the cpu at all: --device cpu, no GPU, or the fallback
 
     @property
     def note(self) -> str | None:
-        """The preamble line for a fallback."""
-        if self.fallback is None:
+        """The preamble line saying why the ranks run on the CPU; None on cuda."""
+        if self.device != "cpu":
             return None
-        return f"Device: cpu (gloo): {self.fallback}; pass --device cuda to insist"
+        hint = "; pass --device cuda to insist" if self.fallback else ""
+        return f"Device: cpu (gloo): {self.fallback or self.why or '--device cpu'}{hint}"
+
+
+def _no_gpu() -> str:
+    if torch.version.cuda is None:
+        return f"no CUDA device visible (torch {torch.__version__} is a CPU build)"
+    return f"no CUDA device visible (torch {torch.__version__}, CUDA {torch.version.cuda})"
 
 
 def resolve(requested: str, local_ranks: int | None) -> DeviceChoice:
@@ -36,20 +44,21 @@ def resolve(requested: str, local_ranks: int | None) -> DeviceChoice:
     that chose different devices would start different backends and wait on each other forever.
     """
     if requested == "cpu":
-        return DeviceChoice("cpu")
+        return DeviceChoice("cpu", why="--device cpu")
     has_cuda = torch.cuda.is_available()
     if requested == "cuda":
         if not has_cuda:
-            raise BenchError(f"--device cuda, but no CUDA device is visible (torch {torch.__version__})")
+            raise BenchError(f"--device cuda, but {_no_gpu()}")
         return DeviceChoice("cuda")
     if requested != "auto":
         raise BenchError(f"--device {requested!r}: choose from {', '.join(CHOICES)}")
     if not has_cuda:
-        return DeviceChoice("cpu")
+        return DeviceChoice("cpu", why=_no_gpu())
     visible = torch.cuda.device_count()
     if local_ranks is None or local_ranks <= visible:
         return DeviceChoice("cuda")
-    return DeviceChoice("cpu", f"{local_ranks} ranks need {local_ranks} GPUs, {visible} visible")
+    fallback = f"{local_ranks} ranks need {local_ranks} GPUs, {visible} visible"
+    return DeviceChoice("cpu", fallback, fallback)
 
 
 def require_gpus(ranks: int) -> None:

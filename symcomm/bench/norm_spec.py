@@ -80,6 +80,9 @@ class AllReduceRmsnorm(AllReduce):
         if DATATYPES[datatype][1] not in NORMABLE:
             raise BenchError(f"{self.name} normalises bfloat16 or half rows, not {datatype}")
 
+    def default_datatype(self, device: str) -> str:
+        return "bfloat16"  # the norm takes model activations: bf16 or fp16 rows only
+
     def notes(self, world: int, itemsize: int, path: str) -> list[str]:
         return [f"RMSNorm: x is [tokens, {HIDDEN}] (size / {HIDDEN * itemsize} B = tokens), eps {EPS}; columns "
                 f"{', '.join(VARIANTS)}; the auto columns take --algo {path}, the others force their norm path; "

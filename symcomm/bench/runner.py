@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import statistics
 import sys
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import symcomm
+from symcomm import about
 
 from . import ops, plot, report
 from .config import BenchConfig, BenchError
@@ -60,6 +62,7 @@ class Runner:
         self.stats_device = self.device if "nccl" in str(dist.get_backend()) else torch.device("cpu")
         self.notes: list[str] = list(cfg.notes)
         self.refused: dict[str, str] = {}  # algo -> first refusal, for --algo all
+        self._round_up_sizes()
         self.path, self.algos = self._columns()
         self.bufs = self._buffers()
         self.setup = Setup(comm, self.bufs, self.rank, self.world, self.device, self.dtype, cfg.redop,
@@ -69,10 +72,23 @@ class Runner:
                            getattr(comm, "graph_capture", nullcontext))
 
     # -- setup ---------------------------------------------------------------------------
+    def _round_up_sizes(self) -> None:
+        """Sizes too small for one element (or one per rank, or one row) would make empty
+        calls and print rows of zeros: they run at the smallest size that is not empty."""
+        itemsize = getattr(torch, self.cfg.torch_dtype_name).itemsize
+        smallest = self.spec.smallest_size(self.world, itemsize)
+        if smallest is None or min(self.cfg.sizes) >= smallest:
+            return
+        self.cfg.sizes = sorted({max(n, smallest) for n in self.cfg.sizes})
+        self.notes.append(f"Sizes: {self.cfg.op} of {self.cfg.type_name} at world {self.world} is empty below "
+                          f"{smallest} B, so smaller sizes run as {smallest} B")
+
     def _columns(self) -> tuple[str, list[str]]:
         """(path, columns): a spec's variants are the columns, each running --algo's path
         ("all": auto); otherwise every column is a path of its own."""
         available = list(self.comm.algorithms())
+        native = about.native_line()
+        self.notes.append(native[:1].upper() + native[1:])
         self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}; "
                           f"auto follows the {self.comm.capabilities().get('tuning_table')} table")
         path = "auto" if self.cfg.algo == "all" else self._check_algo(self.cfg.algo, available)
@@ -83,6 +99,30 @@ class Runner:
             paths = [a for a in available if not (a == "torch" and self.device.type == "cuda")]
             return path, paths + (["auto"] if self.cfg.with_auto else [])
         return path, [path]
+
+    def probe(self) -> None:
+        """One call of every column at the first size, before the header: a call symcomm
+        refuses (a dtype no path of this communicator takes, say) is then one line, not an
+        error after the header. Collective, like the sweep: every rank calls it."""
+        spec, nbytes = self.spec, self.cfg.sizes[0]
+        lay = spec.layout(nbytes, self.world, self.dtype.itemsize, self.rank)
+        cases = spec.cases(self.setup, lay, spec.inputs(self.setup, lay))
+        refusals = []
+        for algo in self.algos:
+            case = cases(algo, False)
+            if case is None:
+                continue
+            case.load()
+            try:
+                case.call()
+            except symcomm.ArgumentError as exc:
+                known = self.comm.capabilities().get("paths", {})
+                refusals.append(short_refusal(str(exc), list(known), self.comm.algorithms()))
+                continue
+            return  # one column runs: --algo all reports the others in its summary
+        if refusals:
+            raise BenchError(f"{self.cfg.op} of {self.cfg.datatype} at {lay.nbytes} B on this "
+                             f"{self.device.type} communicator: {refusals[0]}")
 
     def _check_algo(self, algo: str, available: list[str]) -> str:
         if algo != "auto" and algo not in available:
@@ -252,6 +292,20 @@ class Runner:
         return case.count()
 
 
+def short_refusal(message: str, paths: Sequence[str], open_paths: Sequence[str]) -> str:
+    """symcomm's "no path can serve this OP: p1: why; p2: why; ..." cut to the reasons of the
+    paths this communicator has open: the others' are why they are closed (no NCCL on the CPU,
+    say), which the preamble's path list already shows. ``paths``: every path name the message
+    may list. Any other message comes back whole."""
+    head, sep, rest = message.partition(": ")
+    if not sep or not head.startswith("no path can serve"):
+        return message
+    names = "|".join(re.escape(p) for p in sorted(set(paths) | set(open_paths), key=len, reverse=True))
+    parts = re.split(rf"(?:^|; )({names}): ", rest)
+    kept = [f"{parts[i]}: {parts[i + 1]}" for i in range(1, len(parts) - 1, 2) if parts[i] in open_paths]
+    return "; ".join(kept) if kept else message
+
+
 def _device_info(rank: int, device: torch.device) -> report.DeviceInfo:
     host = socket.gethostname()
     if device.type == "cuda":
@@ -316,6 +370,7 @@ def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
     emit = report.Emitter(runner.rank == 0)
     streaming = len(runner.algos) == 1
 
+    runner.probe()
     emit(report.header_lines(info))
     if streaming:
         emit(report.block_header(runner.algos[0]))

@@ -105,6 +105,20 @@ class OpSpec(ABC):
     def validate(self, datatype: str) -> None:
         """Raises BenchError where this op cannot run with ``datatype`` (a DATATYPES key)."""
 
+    def default_datatype(self, device: str) -> str:
+        """-d when none is given: a type this op takes on ``device`` (nccl-tests' float on
+        the CPU; bfloat16, what models send, on GPUs)."""
+        return "bfloat16" if device == "cuda" else "float"
+
+    def smallest_size(self, world: int, itemsize: int, limit: int = 1 << 24) -> int | None:
+        """The smallest message, in bytes, of which this op makes a non-empty call (its count
+        column above zero): one element, or one per rank, or one row. None if none up to
+        ``limit`` (a size so large is a spec's bug, not a user's)."""
+        for nbytes in range(itemsize, limit + 1, itemsize):
+            if self.layout(nbytes, world, itemsize, 0).count > 0:
+                return nbytes
+        return None
+
     # -- data and check -----------------------------------------------------------------
     @abstractmethod
     def input_elems(self, lay: Layout, rank: int) -> int:
