@@ -422,3 +422,28 @@ def test_an_oversubscribed_run_says_so_in_its_preamble(monkeypatch):
     assert ("# Oversubscribed: 3 ranks share" in res.stdout) == crowded
     assert ("warning: 3 ranks share" in res.stderr) == crowded
     assert all(w == "0" for *_, w, _ in table_rows(res.stdout))
+
+
+def test_an_extension_operation_is_benchmarked_with_its_own_paths(world_of_one, capsys, monkeypatch, tmp_path):
+    """--with adds a module's operations (tests/toy_scaled_all_reduce.py): its OP is accepted,
+    its paths are the columns, its results are checked (the sum times 2), and a spoiled
+    element is counted."""
+    args = ["scaled_all_reduce", "--with", "toy_scaled_all_reduce", "--device", "cpu", "-b", "1K", "-e", "4K",
+            "-n", "1", "-w", "0", "--algo", "all", "--json", str(tmp_path / "run.json")]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "Paths on this communicator: torch;" in out, out
+    rows = table_rows(out)
+    assert len(rows) == 3 * 2 and all(r[2] == r[3] == "0" for r in rows), rows  # torch and auto, 3 sizes
+    assert {r["algo"] for r in json.loads((tmp_path / "run.json").read_text())["rows"]} == {"torch", "auto"}
+    monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
+    monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
+    assert cli.main(args) == 1
+    assert any(r[2] != "0" for r in table_rows(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("module,needle", [("no_such_module_here", "cannot import it"),
+                                           ("json", "must export OPERATIONS")])
+def test_a_bad_extension_is_one_line(module, needle, capsys, no_launcher_env):
+    assert cli.main(["all_reduce", "--with", module]) == 2
+    assert needle in _one_error_line(capsys.readouterr().err)

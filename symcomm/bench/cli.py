@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 import symcomm
 from symcomm import settings
+from symcomm.backends import PATHS
+from symcomm.operations import OPERATIONS
 
 from . import baseline, ops, plot, report, runner, tune
 from . import device as devices
@@ -68,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Bandwidth and latency of symcomm collectives, printed in "
                 f"nccl-tests' table layout. '{PROG} {TUNE} -h' writes a dispatch table instead; "
                 f"'{PROG} {BASELINE} -h' times NCCL alone in its process, for --baseline.")
-    p.add_argument("collective", metavar="OP", choices=ops.NAMES, help=" | ".join(ops.NAMES))
+    p.add_argument("collective", metavar="OP", choices=ops.names(), help=" | ".join(ops.names()))
     _common(p, "32M", "32M", "default 0: eager")
+    p.add_argument("--with", dest="extensions", action="append", default=[], metavar="MODULE",
+                   help="also benchmark the operations of MODULE (importable; it exports OPERATIONS "
+                        "and PATHS, as an extension of symcomm does); repeatable")
     p.add_argument("-d", "--datatype", default=None,
                    help="float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2 "
                         "(default float on cpu, bfloat16 on cuda)")
@@ -105,7 +110,7 @@ def build_baseline_parser() -> argparse.ArgumentParser:
                 "NCCL communicator, the only one in each rank's process, with plain buffers (R0) and "
                 f"with symmetric windows (R2), as '{PROG} OP' times its paths; '{PROG} OP --algo all "
                 "--baseline FILE' then compares with it.")
-    p.add_argument("collective", metavar="OP", choices=ops.NAMES, help=" | ".join(ops.BASELINE_NAMES))
+    p.add_argument("collective", metavar="OP", choices=ops.names(), help=" | ".join(ops.BASELINE_NAMES))
     _common(p, "32M", "32M", "default 0: eager")
     p.add_argument("-d", "--datatype", default="bfloat16", help="default bfloat16, as the sweep on cuda")
     p.add_argument("-o", "--op", dest="redop", choices=REDOPS, default="sum", help="reduction (default sum)")
@@ -189,7 +194,7 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
     ops.spec(args.collective).validate(datatype)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
                        json_path=args.json_path, plot_path=args.plot_path, command=command,
-                       baseline=args.baseline)
+                       baseline=args.baseline, extension=getattr(args, "extension", None))
 
 
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,
@@ -361,6 +366,9 @@ def _communicator(cfg: BenchConfig, device: torch.device) -> symcomm.Communicato
             kwargs["symmetric"] = want
         if want and "symmetric_capacity" in params:
             kwargs["symmetric_capacity"] = 0
+    if cfg.extension is not None:
+        kwargs["paths"] = (*PATHS, *cfg.extension.paths)
+        kwargs["operations"] = (*OPERATIONS, *cfg.extension.operations)
     return symcomm.Communicator(device=device, **kwargs)
 
 
@@ -381,6 +389,18 @@ def _is_argument_error(exc: Exception) -> bool:
     return isinstance(exc, symcomm.ArgumentError)
 
 
+def _register_extensions(argv: Sequence[str]) -> ops.Extension | None:
+    """--with modules, registered before parsing so OP may name their operations."""
+    modules = [a.split("=", 1)[1] for a in argv if a.startswith("--with=")]
+    modules += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--with"]
+    if not modules:
+        return None
+    try:
+        return ops.extend(modules)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     launched = settings.launcher()
@@ -388,7 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = shlex.join([PROG, *argv])
         sub = SUBCOMMANDS.get(argv[0]) if argv else None
         parser, build = sub or (build_parser, build_config)
+        extension = None if sub else _register_extensions(argv)
         args = parser().parse_args(argv[1:] if sub else argv)
+        args.extension = extension
         # The ranks this machine runs: what the launcher started here, or what -g will start.
         if launched is not None:
             local_ranks = settings.local_world_size()

@@ -5,6 +5,8 @@ included) can depend on it.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import re
 from dataclasses import dataclass, field
 
@@ -73,6 +75,7 @@ class BenchConfig:
     with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
     command: str = ""        # the command line, for records (tuning files)
     baseline: str | None = None  # --baseline: a `symcomm-bench baseline` file to compare with
+    extension: Any = None    # --with: ops.Extension, whose operations and paths the communicator adds
 
     @property
     def type_name(self) -> str:

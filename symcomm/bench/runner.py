@@ -86,7 +86,9 @@ class Runner:
     def _columns(self) -> tuple[str, list[str]]:
         """(path, columns): a spec's variants are the columns, each running --algo's path
         ("all": auto); otherwise every column is a path of its own."""
-        available = list(self.comm.algorithms())
+        # A spec with variants runs its op on --algo's collective path; any other spec's
+        # columns are the paths of its own operation.
+        available = list(self.comm.algorithms() if self.spec.variants else self.comm.algorithms(self.cfg.op))
         native = about.native_line()
         self.notes.append(native[:1].upper() + native[1:])
         self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}; "
