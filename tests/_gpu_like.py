@@ -18,7 +18,8 @@ from symcomm.backends.composite import UnfusedFp4Path, reference_norm, unfused_n
 from symcomm.backends.custom_ar import AllReduceKernelPath
 from symcomm.backends.fp4_push import FusedPushFp4Path
 from symcomm.backends.fused_norm_ar import FusedNormPath
-from symcomm.backends.nccl import NcclPath, NcclSymmPath
+from symcomm.backends.nccl import NcclPath
+from symcomm.backends.nccl_symm import NcclSymmPath
 from symcomm.backends.peer_gather import PushPath
 from symcomm.backends.torch_dist import TorchPath
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT

@@ -13,6 +13,7 @@ import torch
 from symcomm import _nccl
 from symcomm.operations import collectives
 from symcomm.backends import nccl as nccl_backend
+from symcomm.backends.nccl_symm import NcclSymmPath
 
 EAGER, GRAPH = 11, 22
 CPU = torch.device("cpu")
@@ -110,7 +111,7 @@ def test_graph_communicator_opens_once_and_closes_with_the_path(monkeypatch):
 
 
 def test_the_symmetric_path_registers_its_windows_on_the_graph_communicator(monkeypatch):
-    path = nccl_backend.NcclSymmPath()
+    path = NcclSymmPath()
     path.attach(_nccl.Library(_RecordingLib(), "/fake", "test", (2, 28, 9)), EAGER, 1, CPU)
 
     class Pool:

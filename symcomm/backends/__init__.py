@@ -13,7 +13,8 @@ from .composite import UnfusedFp4Path, reference_norm, unfused_norm
 from .custom_ar import AllReduceKernelPath
 from .fp4_push import FusedPushFp4Path
 from .fused_norm_ar import FusedNormPath
-from .nccl import NcclPath, NcclSymmPath
+from .nccl import NcclPath
+from .nccl_symm import NcclSymmPath
 from .peer_gather import PushPath
 from .torch_dist import TorchPath
 

@@ -15,14 +15,14 @@ import torch
 
 from .. import _native, _nccl
 from .._nccl import DTYPES, REDUCE_OPS, UINT8, Library, reduce_dtype
-from ..base import NCCL, NCCL_SYMM, SCATTERING_OPS, Call, Path, Setup, capturing, raw_stream, runner_table
+from ..base import NCCL, SCATTERING_OPS, Call, Path, Setup, capturing, raw_stream, runner_table
 from ..peers import Peers
 
 from .._nccl_config import CommConfig
 from ..bounded import bounded
 from ..device_memory import measured
 from ..errors import ArgumentError, DtypeError, SymcommError
-from ..pool import GRANULE_SHIFT, Region, SymmetricPool
+from ..pool import GRANULE_SHIFT
 from .nccl_schedules import (RSV_PADDED, RSV_REDUCE_PER_ROOT, RSV_SCHEDULES, RSV_SEND_RECV, SENDRECV_GATHERV_MAX_BYTES,
                               rsv_schedule, sum_in_rank_order)
 
@@ -51,10 +51,8 @@ def unique_id(nccl: Library, peers: Peers) -> _nccl.UniqueId:
 # 2026-11-25_h100_comm_memory). The plain communicator carries the large messages, whose
 # bandwidth needs channels: it keeps 16 (NCCL uses 16 or fewer on one NVLink host in the logs
 # seen so far; the multi-GPU run measures what the cap costs at 16-256 MiB). The symmetric one
-# serves the small messages NCCL's symmetric kernels win at, whose blocks NCCL caps at maxCTAs:
-# 8 keep its modelled bandwidth over 500 GB/s while it costs about 52 MiB.
+# has its own cap (nccl_symm.py).
 PLAIN_MAX_CTAS = 16
-SYMM_MAX_CTAS = 8
 # NCCL 2.28 through 2.30.6 launch their symmetric kernels as programmatic dependents that do not
 # wait for their predecessor (csrc/launch.cuh): symcomm's kernels must not let them start early.
 _PDL_UNSAFE = ((2, 28, 0), (2, 30, 7))
@@ -83,7 +81,7 @@ def _native_or_none():
         return None  # no kernels of ours to restrain
 
 
-def _agree(setup: Setup, reason: str | None) -> str | None:
+def agree(setup: Setup, reason: str | None) -> str | None:
     """Collective vote: None only if no rank has a reason to stay off."""
     votes = setup.peers.exchange([0 if reason is None else 1])
     if reason is None and any(v for v, in votes):
@@ -122,7 +120,7 @@ class NcclPath(Path):
 
     def open(self, setup: Setup) -> str | None:
         reason, nccl = self._local_blocker(setup)
-        reason = _agree(setup, reason)
+        reason = agree(setup, reason)
         if reason is not None:
             return reason
         self._open_comm(setup, nccl, CommConfig(max_ctas=setup.options.get("nccl_max_ctas", PLAIN_MAX_CTAS)))
@@ -439,83 +437,3 @@ class NcclPath(Path):
     # schedule -> its function, unbound for the reason runner_table gives
     _RSV_RUNNERS = {RSV_REDUCE_PER_ROOT: _rsv_reduce_per_root, RSV_PADDED: _rsv_padded,
                     RSV_SEND_RECV: _rsv_send_recv}
-
-
-
-class NcclSymmPath(NcclPath):
-    """NCCL's symmetric kernels on a second communicator that has the pool registered as
-    windows. Owns the pool: regions are registered on this communicator."""
-
-    name = NCCL_SYMM
-    needs_equal_offsets = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pool: SymmetricPool | None = None
-        self.pool_bytes = 0  # the pool's regions and their windows, measured when reserved
-        self._reason: str | None = None
-
-    def open(self, setup: Setup) -> str | None:
-        plain = setup.opened.get(NCCL)
-        if plain is None:
-            # NCCL's own open already voted: every rank is here alike.
-            reason = f"symmetric memory: needs NCCL, which is off ({setup.off.get(NCCL, 'not opened')})"
-        else:
-            reason = _agree(setup, self._symmetric_blocker(setup, plain.nccl))
-            if reason is not None:
-                reason = f"symmetric memory: {reason}"
-        if reason is not None:
-            self._reason = reason
-            return reason
-        self._open_comm(setup, plain.nccl, CommConfig(max_ctas=SYMM_MAX_CTAS))
-        self.pool, pool_bytes = measured(setup.device, lambda: SymmetricPool(plain.nccl, _native.load(), self.comm,
-                                                                          setup.device, setup.peers.exchange))
-        self._granules = self.pool.index.granules
-        capacity = setup.options["symmetric_capacity"]
-        if capacity > 0:
-            _, reserved = measured(setup.device, lambda: self.pool.reserve(capacity))
-            pool_bytes += reserved
-        self.pool_bytes = pool_bytes
-        return None
-
-    @staticmethod
-    def _symmetric_blocker(setup: Setup, nccl: Library) -> str | None:
-        if not setup.options["symmetric"]:
-            return "disabled by the caller (symmetric=False)"
-        if not nccl.has_windows:
-            return (f"NCCL {nccl.version_string} has no symmetric windows "
-                    f"(needs >= {'.'.join(map(str, _nccl.SYMMETRIC_MIN_VERSION))})")
-        try:
-            _native.load()
-        except OSError as exc:
-            return str(exc)
-        return None
-
-    def _graph_comm_opened(self) -> None:
-        self.pool.add_comm(self.graph_comm)  # collective: every region, in order, as windows
-
-    def reserve(self, nbytes: int) -> Region:
-        """Collective: one more pool region (SymmetricPool.reserve), its device bytes counted."""
-        region, taken = measured(self._device, lambda: self.pool.reserve(nbytes))
-        self.pool_bytes += taken
-        return region
-
-    def info(self) -> dict[str, Any]:
-        pool = self.pool
-        info = super().info()
-        if "device_bytes" in info:
-            info["device_bytes"]["symmetric pool (regions and their windows)"] = self.pool_bytes
-        return {**info, "symmetric_memory": {
-            "enabled": pool is not None,
-            "reason": self._reason,
-            "capacity": pool.capacity if pool else 0,
-            "bytes_in_use": pool.bytes_in_use if pool else 0,
-            "regions": len(pool.regions) if pool else 0,
-        }}
-
-    def close(self) -> None:
-        pool, self.pool, self._granules = self.pool, None, None
-        if pool is not None:
-            torch.cuda.synchronize(self._device)
-            pool.close()  # deregistration is collective: every rank does it, in the same order
-        super().close()
