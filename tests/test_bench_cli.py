@@ -428,6 +428,7 @@ def test_an_extension_operation_is_benchmarked_with_its_own_paths(world_of_one, 
     """--with adds a module's operations (tests/toy_scaled_all_reduce.py): its OP is accepted,
     its paths are the columns, its results are checked (the sum times 2), and a spoiled
     element is counted."""
+    monkeypatch.setattr(ops, "SPECS", dict(ops.SPECS))  # the registration ends with the test
     args = ["scaled_all_reduce", "--with", "toy_scaled_all_reduce", "--device", "cpu", "-b", "1K", "-e", "4K",
             "-n", "1", "-w", "0", "--algo", "all", "--json", str(tmp_path / "run.json")]
     assert cli.main(args) == 0
@@ -444,6 +445,7 @@ def test_an_extension_operation_is_benchmarked_with_its_own_paths(world_of_one, 
 
 @pytest.mark.parametrize("module,needle", [("no_such_module_here", "cannot import it"),
                                            ("json", "must export OPERATIONS")])
-def test_a_bad_extension_is_one_line(module, needle, capsys, no_launcher_env):
+def test_a_bad_extension_is_one_line(module, needle, capsys, no_launcher_env, monkeypatch):
+    monkeypatch.setattr(ops, "SPECS", dict(ops.SPECS))
     assert cli.main(["all_reduce", "--with", module]) == 2
     assert needle in _one_error_line(capsys.readouterr().err)
