@@ -33,7 +33,7 @@ Cases (``--cases`` picks some; the default is all):
   maxCTAs 4 (its own, or split from the plain one) holding the 256 MiB window, both captured.
 - ``pg_then_*``: the same cases after torch's own NCCL group has run a collective (before the
   first sample), as in a serving engine: what symcomm adds to a process that already uses NCCL.
-- ``timing_ctas{2,4,8}``, ``timing_default``: a graph of 20 captured bf16 all_reduces per size
+- ``timing_ctas{2,4,8,16}``, ``timing_default``: a graph of 20 captured bf16 all_reduces per size
   (1 KiB..256 MiB), replayed 5 times back to back, each replay timed alone; the median / 20 is
   the time per call. At world 1 NCCL runs a local copy, whatever its channels: only world >= 2
   says what fewer CTAs cost in bandwidth.
@@ -387,7 +387,7 @@ def cases() -> dict[str, Callable[[Case], None]]:
               "pg_then_nccl": _plain(), "pg_then_symcomm": _symcomm(),
               "pg_then_symcomm_graph_comms": _symcomm(graph_communicators=True),
               "pg_then_design_plain_default": _design(None, ctas4)}
-    for n in (2, 4, 8):
+    for n in (2, 4, 8, 16):
         table[f"timing_ctas{n}"] = _timing(CommConfig(max_ctas=n))
     table["timing_default"] = _timing()
     return table

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
-#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|single] [OUT]
+#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|fused|memory|single|build] [OUT]
 #   tests = GPU tests per world; bench = per world, tune then, for each op, NCCL alone in its
 #   process (`symcomm-bench baseline`) and `--algo all` with the freshly tuned table (so auto is
 #   measured with it) compared with that baseline, and eager costs; all = both;
@@ -10,6 +10,8 @@
 #   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere);
 #   fused = issue 12/13's numbers per world: tune (all_reduce_rmsnorm row included), the
 #   norm op with --algo all and that table, bench/gemm_overlap.py (overlap on/off);
+#   memory = issue 30's first step per world: bench/comm_memory.py (symcomm with and without graph
+#   communicators, cold and after torch's NCCL group; symmetric-CTA timing) and bench/graph_mixing.py;
 #   single = what one GPU can show: the README's two commands exactly as written (tests,
 #   benchmark) and scripts/world1_check.py (every op, symmetric memory, graphs, FP4 at world 1);
 #   build = scripts/time_build.sh: the former single nvcc call against setup.py's build, cold
@@ -151,6 +153,18 @@ if [[ $MODE == single ]]; then
   note "  $(grep -m1 -i 'device' "$OUT/results/readme_bench.txt")"
   step graph_mixing_w1 120 torchrun --nproc-per-node=1 bench/graph_mixing.py --json "$OUT/results/graph_mixing_w1.json"
   sed 's/^/  /' "$OUT/results/graph_mixing_w1.txt" | tee -a "$SUMMARY"
+fi
+if [[ $MODE == memory ]]; then  # issue 30's first step: memory per rank and graph mixing, per world
+  for world in ${WORLDS:-2 4}; do
+    if ((world > NGPU)); then note "memory_w$world: NOT RUN ($NGPU GPUs)"; continue; fi
+    step "memory_w$world" 240 python3 bench/comm_memory.py --nproc "$world" \
+      --cases symcomm,symcomm_graph_comms,pg_then_symcomm,pg_then_symcomm_graph_comms,timing_ctas8,timing_ctas16,timing_default \
+      --json "$OUT/results/memory_w$world.json"
+    grep -E "capabilities\(\)\['memory'\]" "$OUT/results/memory_w$world.txt" | sed 's/^ */  /' | tee -a "$SUMMARY"
+    step "graph_mixing_w$world" 120 torchrun --nproc-per-node="$world" bench/graph_mixing.py \
+      --json "$OUT/results/graph_mixing_w$world.json"
+    sed 's/^/  /' "$OUT/results/graph_mixing_w$world.txt" | tee -a "$SUMMARY"
+  done
 fi
 if [[ $MODE == build ]]; then
   step build_times 560 bash scripts/time_build.sh "${BUILD_ROUNDS:-2}"
