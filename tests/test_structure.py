@@ -1,10 +1,12 @@
 """Rules of the code's shape that a reviewer would otherwise have to re-check by hand:
 imports form a DAG, the vocabulary module imports nothing of symcomm's, environment variables
-are read in one module, and the README's settings table lists exactly those."""
+are read in one module, the README's settings table lists exactly those, and the module maps
+in docs/guide.md and docs/architecture.md name exactly the modules there are."""
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import symcomm.settings as settings
@@ -209,3 +211,102 @@ def test_the_reach_through_finder_finds_one(tmp_path):
     (package / "user.py").write_text("from .owner import _helper\n\ndef peek(o):\n    return o._state + self_ok()\n")
     found = private_reach_through(package)
     assert sorted(found) == ["user.py:1: imports _helper", "user.py:4: o._state"], found
+
+
+# ----------------------------------------------------------------------------- the maps in docs
+# docs/guide.md's "Where things are" and docs/architecture.md's "Layers" name modules by bare
+# file name, which tests/test_docs.py (paths with a folder) cannot follow: these hold both maps
+# to the files, both ways, so a module that is added, moved or deleted fails here until the
+# map says so.
+_TREE_ENTRY = re.compile(r"^((?:  ){0,4})(\S+)")  # a name at two spaces per level; deeper: description
+_MODULE_NAME = re.compile(r"[\w/]+\.py\b")
+
+
+def _code_block(page: str, heading: str) -> str:
+    """The first fenced block under ``heading`` in ``page``."""
+    section = (ROOT / page).read_text().split(f"\n{heading}\n", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def tree_entries(block: str) -> tuple[list[str], list[str]]:
+    """(repository paths of a tree's entries, problems with its shape). An entry line starts
+    with its name at 2 * depth spaces, under the folder entry (a name ending in "/") above it;
+    a line indented deeper continues a description."""
+    folders: list[str] = []
+    paths, problems = [], []
+    for line in block.splitlines():
+        match = _TREE_ENTRY.match(line)
+        if match is None:
+            continue
+        depth, name = len(match.group(1)) // 2, match.group(2)
+        if depth > len(folders):
+            problems.append(f"{name!r} is indented under something that is not a folder")
+            continue
+        del folders[depth:]
+        paths.append("/".join([*folders, name.rstrip("/")]))
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+    return paths, problems
+
+
+def tree_problems(block: str, exists: Callable[[str], bool], required: list[str]) -> list[str]:
+    """What a tree block gets wrong: entries that do not exist, and ``required`` files that it
+    does not list. A folder listed with no entries under it stands for all its files."""
+    listed, problems = tree_entries(block)
+    problems += [f"lists {p}, which does not exist" for p in listed if not exists(p)]
+    whole = [p for p in listed if not any(q.startswith(p + "/") for q in listed)]
+    problems += [f"does not list {f}" for f in required
+                 if f not in listed and not any(f.startswith(p + "/") for p in whole)]
+    return problems
+
+
+def layer_problems(block: str, modules: list[str]) -> list[str]:
+    """What a layer diagram gets wrong: ``*.py`` names that are no module (``modules``: paths
+    relative to symcomm/), and modules it does not name (by that path or by file name)."""
+    named = {n.removeprefix("symcomm/") for n in _MODULE_NAME.findall(block)}
+    basenames = {m.rpartition("/")[2] for m in modules}
+    problems = [f"names {n}, which is not a module of symcomm" for n in sorted(named)
+                if n not in modules and n not in basenames]
+    problems += [f"does not name {m}" for m in modules if m not in named and m.rpartition("/")[2] not in named]
+    return problems
+
+
+def _files(folder: str, pattern: str) -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob(pattern)
+                  if p.is_file() and "__pycache__" not in p.parts and "_native" not in p.parts[1:2])
+
+
+def test_the_guide_lists_every_module_and_nothing_else():
+    block = _code_block("docs/guide.md", "## Where things are")
+    required = [*_files("symcomm", "*.py"), *_files("csrc", "*"), *_files("scripts", "*"),
+                *_files("examples", "*.py"), *_files("docs", "*.md")]
+    problems = tree_problems(block, lambda p: (ROOT / p).exists(), required)
+    assert not problems, "docs/guide.md, 'Where things are':\n" + "\n".join(problems)
+
+
+def test_the_layers_name_every_module_and_nothing_else():
+    block = _code_block("docs/architecture.md", "## Layers")
+    modules = [p.removeprefix("symcomm/") for p in _files("symcomm", "*.py") if not p.startswith("symcomm/bench/")]
+    problems = layer_problems(block, modules)
+    assert not problems, "docs/architecture.md, 'Layers':\n" + "\n".join(problems)
+
+
+def test_the_map_checks_find_what_is_wrong():
+    # '|' stands for '/', so that tests/test_docs.py does not take these made-up paths for citations.
+    def s(text):
+        return text.replace("|", "/")
+    tree = s("pkg|\n  a.py           the a\n                 continued, b.py in a description\n"
+             "  sub|           a package\n    c.py         the c\n  gone.py        deleted\n"
+             "  whole|         all of it\ncsrc|\n  k.cu\n")
+    files = {s(f) for f in ("pkg|a.py", "pkg|b.py", "pkg|sub|c.py", "pkg|sub|d.py", "pkg|whole|e.py", "csrc|k.cu")}
+    known = files | {s(f) for f in ("pkg", "pkg|sub", "pkg|whole", "csrc")}
+    assert tree_entries(tree)[0] == [s(p) for p in ("pkg", "pkg|a.py", "pkg|sub", "pkg|sub|c.py", "pkg|gone.py",
+                                                    "pkg|whole", "csrc", "csrc|k.cu")]
+    assert tree_problems(tree, known.__contains__, sorted(files)) == [
+        s(m) for m in ("lists pkg|gone.py, which does not exist", "does not list pkg|b.py",
+                       "does not list pkg|sub|d.py")]
+    assert tree_entries("a.py\n  b.py\n")[1] == ["'b.py' is indented under something that is not a folder"]
+    layers = s(" communicator.py -> custom.py\n symcomm|peer|capture.py, symcomm|backends|nccl.py (and fp4.py)\n")
+    assert layer_problems(layers, [s(m) for m in ("communicator.py", "capture.py", "peer|capture.py",
+                                                  "backends|nccl.py", "fp4.py", "pool.py")]) == [
+        "names custom.py, which is not a module of symcomm", "does not name capture.py", "does not name pool.py"]
