@@ -3,7 +3,7 @@
     torchrun --nproc-per-node=N bench/gemm_overlap.py [--sizes 1K,16K,...] [--json out.json]
 
 Two views, CUDA-graph replay under comm.graph_capture(), each with symcomm's kernels launched
-with the overlap and without it (CustomAllReduce.set_overlap), alternating per size:
+with the overlap and without it (PeerContext.set_overlap), alternating per size:
 
 - model view: a GEMM writes x, a [rows, cols] bf16 tensor in the symmetric pool, then
   comm.all_reduce(x) on the path auto picks (and, for the norm rows, all_reduce_rmsnorm with

@@ -29,7 +29,7 @@
 // vectors a thread holds beyond its last one. A caller of rmsnorm_row() must therefore launch
 // exactly kThreads threads per row (blockDim.x == kThreads, one row at a time per block) and
 // hand thread t its vectors t + i * kThreads in h[i]. block_sum_host() is the same order on the
-// CPU, and symcomm/fused_norm.py's torch reference computes it too. (No FMA: with one, a square
+// CPU, and symcomm/rmsnorm.py's torch reference computes it too. (No FMA: with one, a square
 // that underflows fp32's normal range would round differently than torch's x * x, then + acc.)
 #ifndef SYMCOMM_RMSNORM_CUH_
 #define SYMCOMM_RMSNORM_CUH_

@@ -4,7 +4,7 @@ Every rank owns its own tokens (after DP attention, counts differ per rank; a ra
 none) and a contiguous share of the experts. One step:
 
     RMSNorm -> router -> top-k          (each rank, on its own tokens)
-    all_gatherv_fp4(tokens, extra=[top-k ids, top-k weights])   NVFP4 payload, one NCCL group
+    all_gatherv_fp4(tokens, extra=[top-k ids, top-k weights])   NVFP4 payload, one collective
     local experts: grouped GEMMs over the gathered tokens routed to this rank's experts
     reduce_scatterv(partial outputs) back to the tokens' owners, then the residual add
 

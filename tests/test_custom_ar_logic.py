@@ -19,7 +19,7 @@ from symcomm import base
 
 
 class FakeState:
-    """What CustomPath reads of CustomAllReduce, with no CUDA behind it."""
+    """What the kernel paths read of the shared peer context, with no CUDA behind it."""
 
     def __init__(self, granules=None, can_register=True, graph_slots=8):
         self.flagfree_bytes = peer_context.DEFAULT_FLAGFREE_BYTES
@@ -279,7 +279,7 @@ def test_a_rank_that_turned_the_kernels_off_still_votes():
 
 
 class FakeLib:
-    """The native entry points CustomAllReduce's bookkeeping calls, recorded, no CUDA."""
+    """The native entry points PeerContext's bookkeeping calls, recorded, no CUDA."""
 
     def __init__(self, released=()):
         self.calls = []

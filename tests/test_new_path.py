@@ -1,5 +1,5 @@
 """Adding a path is one module plus one tuning-table row: nothing in communicator.py,
-dispatch.py, checks.py or the benchmark changes.
+dispatch.py, check_mode.py or the benchmark changes.
 
 The path here lives in this file (its "module"). It serves only int16 all_reduce sums, widening
 to int32 over torch.distributed, and counts what happened to it, so the test can see that the

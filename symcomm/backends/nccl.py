@@ -254,7 +254,7 @@ class NcclPath(Path):
     def run(self, call: Call) -> None:
         # Captured calls go to a communicator of their own once graph_capture() has opened one:
         # NCCL's support for mixing captured and eager launches on one communicator costs
-        # microseconds per captured collective (docs/measuring.md, "Honest baselines").
+        # microseconds per captured collective (docs/measuring.md, "Honest ratios").
         graph_comm = self.graph_comm
         comm = graph_comm if graph_comm and capturing() else self.comm
         self._RUNNERS[call.op](self, call, comm, raw_stream(self._device_index))

@@ -1,9 +1,9 @@
 """``custom-push``: all_gather and uneven all_gatherv by writing into every peer's output.
 
 When the output lies in the symmetric pool, it sits at the same offset of a region that every
-rank has mapped (custom.map_regions), so each rank can write its own rows straight into every
+rank has mapped (symcomm/peer/setup.py, map_regions), so each rank can write its own rows straight into every
 peer's copy, all tensors of the call (payload, scales, top-k ids, weights) in one launch, and
-meet the peers at two bounded barriers (csrc/custom_ar.cu, gather_push). NCCL's symmetric
+meet the peers at two bounded barriers (csrc/peer_gather.cu, gather_push). NCCL's symmetric
 kernels cannot serve uneven counts, and its send/receive schedule pays a latency per peer; a
 push pays one launch. Inputs may be anywhere (the push reads local memory); outputs outside
 the pool are NCCL's.

@@ -147,7 +147,7 @@ def map_regions(context: PeerContext, regions: Sequence[tuple[int, int]], exchan
 
     Pool regions are cuMem allocations (ncclMemAlloc), which CUDA IPC handles do not cover and
     NCCL 2.28 has no host call to translate. Each rank exports a region as a POSIX file
-    descriptor and passes it over a Unix datagram socket (SCM_RIGHTS) to each peer, which maps
+    descriptor and passes it over a Unix SOCK_SEQPACKET socket (SCM_RIGHTS, symcomm/fd_channel.py) to each peer, which maps
     it. On any failure every rank keeps staging those inputs instead (region_problem says why).
     """
     if not regions or context.region_problem is not None:

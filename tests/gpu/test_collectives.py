@@ -121,7 +121,7 @@ SIZE_PATTERNS = {
 
 # Uneven allocations in the shared pool would leave rank-dependent holes that shift every
 # later symmetric tensor (the "same offset" rule), so uneven sizes use ordinary memory here;
-# test_checks.py shows check mode catching exactly that in a pool of its own.
+# test_paths.py (test_check_mode_names_the_misplaced_tensor) shows check mode catching exactly that.
 GATHERV_CASES = [(p, False) for p in SIZE_PATTERNS] + [("equal", True), ("all_zero", True)]
 
 
