@@ -164,6 +164,12 @@ if [[ $MODE == memory ]]; then  # issue 30's first step: memory per rank and gra
     step "graph_mixing_w$world" 120 torchrun --nproc-per-node="$world" bench/graph_mixing.py \
       --json "$OUT/results/graph_mixing_w$world.json"
     sed 's/^/  /' "$OUT/results/graph_mixing_w$world.txt" | tee -a "$SUMMARY"
+    # The decision itself: symcomm's own NCCL rows in graphs, without and with graph communicators.
+    for gc in off on; do
+      step "graph_comms_${gc}_w$world" 150 torchrun --nproc-per-node="$world" -m symcomm.bench all_reduce \
+        -b 1K -e 4M -f 4 -n 20 -w 5 -G 10 -R "${ROUNDS:-3}" --algo all \
+        $([[ $gc == on ]] && echo --graph-communicators) --json "$OUT/results/graph_comms_${gc}_w$world.json"
+    done
   done
 fi
 if [[ $MODE == build ]]; then

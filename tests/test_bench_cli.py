@@ -168,7 +168,7 @@ def test_flags_map_to_config():
     cfg = cli.build_config(args, "cpu")
     assert cfg.sizes == [1024, 4096, 16384, 65536, 262144, 1 << 20]
     assert (cfg.iters, cfg.warmup, cfg.check, cfg.type_name, cfg.redop) == (7, 3, False, "half", "max")
-    assert (cfg.algo, cfg.symmetric, cfg.graph) == ("all", False, 0)
+    assert (cfg.algo, cfg.symmetric, cfg.graph, cfg.graph_communicators) == ("all", False, 0, False)
     gathered = cli.build_config(cli.build_parser().parse_args(["all_gather"]), "cuda")
     redop_column = ops.spec(gathered.op).redop_label(gathered.redop)
     assert (gathered.type_name, redop_column, gathered.sizes) == ("bfloat16", "none", [32 << 20])
@@ -449,3 +449,16 @@ def test_a_bad_extension_is_one_line(module, needle, capsys, no_launcher_env, mo
     monkeypatch.setattr(ops, "SPECS", dict(ops.SPECS))
     assert cli.main(["all_reduce", "--with", module]) == 2
     assert needle in _one_error_line(capsys.readouterr().err)
+
+
+def test_graph_communicators_reach_the_communicator(world_of_one, capsys, monkeypatch):
+    made = []
+    real = cli.symcomm.Communicator
+
+    def recording(*args, **kwargs):
+        made.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(cli.symcomm, "Communicator", recording)
+    assert cli.main(["all_reduce", "--device", "cpu", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
+                     "--graph-communicators"]) == 0
+    assert made and made[0].get("graph_communicators") is True, made

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or 'all': every path and auto in the same pass")
     p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
                    help="allocate buffers inside symcomm.use_symmetric_memory (default: on for cuda)")
+    p.add_argument("--graph-communicators", action="store_true",
+                   help="Communicator(graph_communicators=True): captured NCCL calls on communicators of their "
+                        "own (docs/memory.md); off by default, as in a default Communicator")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write results as JSON")
     p.add_argument("--plot", dest="plot_path", default=None, metavar="PATH.png",
                    help="write latency and busbw against size, one line per path (needs matplotlib)")
@@ -194,7 +197,8 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
     ops.spec(args.collective).validate(datatype)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
                        json_path=args.json_path, plot_path=args.plot_path, command=command,
-                       baseline=args.baseline, extension=getattr(args, "extension", None))
+                       baseline=args.baseline, extension=getattr(args, "extension", None),
+                       graph_communicators=args.graph_communicators)
 
 
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,
@@ -366,6 +370,8 @@ def _communicator(cfg: BenchConfig, device: torch.device) -> symcomm.Communicato
             kwargs["symmetric"] = want
         if want and "symmetric_capacity" in params:
             kwargs["symmetric_capacity"] = 0
+    if cfg.graph_communicators:
+        kwargs["graph_communicators"] = True
     if cfg.extension is not None:
         kwargs["paths"] = (*PATHS, *cfg.extension.paths)
         kwargs["operations"] = (*OPERATIONS, *cfg.extension.operations)

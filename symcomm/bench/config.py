@@ -76,6 +76,7 @@ class BenchConfig:
     command: str = ""        # the command line, for records (tuning files)
     baseline: str | None = None  # --baseline: a `symcomm-bench baseline` file to compare with
     extension: Any = None    # --with: ops.Extension, whose operations and paths the communicator adds
+    graph_communicators: bool = False  # --graph-communicators: the Communicator option of that name
 
     @property
     def type_name(self) -> str:
