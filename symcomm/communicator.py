@@ -19,6 +19,7 @@ from .errors import ArgumentError, CommClosedError, CommTimeoutError, PeerMismat
 from .lifecycle import close_paths, open_paths
 from .methods import OperationMethods
 from .operations import ALL_REDUCE, OPERATIONS, Operation
+from .operations.autograd import records
 from .backends.nccl import PLAIN_MAX_CTAS
 from .peer.context import DEFAULT_STAGING_BYTES
 from .peers import Peers
@@ -237,7 +238,7 @@ class Communicator(OperationMethods):
         """Run any operation of this communicator by name (``operations=`` adds one), the way its
         method would: ``comm.run("all_reduce", x)`` is ``comm.all_reduce(x)``."""
         operation = self._operation(op)
-        if _is_compiling():
+        if _is_compiling() or records(*args, *kwargs.values()):
             return operation.compiled(self, *args, algo=algo, **kwargs)
         return operation.result(self._run(operation, args, algo, kwargs))
 

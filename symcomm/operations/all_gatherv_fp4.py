@@ -28,8 +28,9 @@ from ..base import Call
 from ..dispatch import Choice
 from ..errors import ArgumentError
 from ..registry import lookup
+from .autograd import Backward, library_op, no_backward
 from .base import CallContext, Dispatcher, Operation, into, scale_args
-from .collectives import make_all_gatherv
+from .collectives import make_all_gatherv, reduce_scatterv_op
 
 if TYPE_CHECKING:
     from ..base import Path
@@ -218,11 +219,42 @@ class AllGathervFp4(Operation):
             into(out.values, result.values)
         return out._replace(global_scale=global_scale)
 
+    def backward(self, grad: Backward, got: list[torch.Tensor | None]) -> dict[str, Any]:
+        """Straight through: the dequantized rows stand for x itself, so x's gradient is the
+        reduce-scatterv of ``values``' gradient (in x's dtype), as for an all_gatherv of x in bf16;
+        each floating ``extra`` tensor gets the reduce-scatterv of its gathered gradient. Without
+        ``dequantize`` nothing differentiable reaches x (the codes are integers). The payload and
+        block scales carry no gradient: one arriving there raises."""
+        args, sizes, key = grad.args, grad.args["sizes"], grad.comm_key
+        n = len(args["extra"] or ())
+        if got[0] is not None or got[1] is not None:
+            raise no_backward(f"{OP}'s packed payload and block scales", "quantization has no gradient; take "
+                              "dequantize=True and differentiate through the values (straight through)")
+        values = got[2 + n] if args["dequantize"] else None
+        out: dict[str, Any] = {}
+        with grad.outputs_in_pool():
+            if grad.needs("x") and args["dequantize"]:
+                x = args["x"]
+                g = values.contiguous() if values is not None else torch.zeros((sum(sizes), *x.shape[1:]),
+                                                                               dtype=x.dtype, device=x.device)
+                out["x"] = reduce_scatterv_op(g, sizes, key, "sum", "auto")
+            if n and any(e.needs_grad for e in args["extra"]):
+                extra = []
+                for e, g in zip(args["extra"], got[2:2 + n]):
+                    if not e.needs_grad:
+                        extra.append(None)
+                        continue
+                    g = g.contiguous() if g is not None else torch.zeros((sum(sizes), *e.shape[1:]), dtype=e.dtype,
+                                                                         device=e.device)
+                    extra.append(reduce_scatterv_op(g, sizes, key, "sum", "auto"))
+                out["extra"] = extra
+        return out
+
 
 ALL_GATHERV_FP4 = AllGathervFp4()
 
 
-@torch.library.custom_op(f"symcomm::{OP}", mutates_args=())
+@library_op(f"symcomm::{OP}", ALL_GATHERV_FP4)
 def _all_gatherv_fp4(x: torch.Tensor, sizes: list[int], scale_value: float | None, scale: torch.Tensor | None,
                      extra: list[torch.Tensor], dequantize: bool, swizzle: bool, comm_key: int,
                      algo: str) -> list[torch.Tensor]:

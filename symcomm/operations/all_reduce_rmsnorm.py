@@ -28,8 +28,9 @@ from ..dispatch import Choice
 from ..errors import ArgumentError, PeerMismatchError
 from ..registry import lookup
 from ..rmsnorm import OP, QUANTS, NormCall, NormedResult, allocate, check_args
+from .autograd import Backward, library_op, no_backward
 from .base import CallContext, Dispatcher, Operation, into, scale_args
-from .collectives import make_all_reduce
+from .collectives import all_reduce_op, make_all_reduce
 
 if TYPE_CHECKING:
     from ..base import Path
@@ -161,6 +162,46 @@ class AllReduceRmsnorm(Operation):
             y, scales = into(y_out, y), into(scales_out, scales)
         return NormedResult(y, into(residual_out, got[1]), scales)
 
+    def saved_for_backward(self, args: dict[str, Any], output: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return output[1], args["weight"]  # h and the weight: y's gradient is recomputed from them
+
+    def backward(self, grad: Backward, got: list[torch.Tensor | None]) -> dict[str, Any]:
+        """h_s = sum_r x_r + residual_s and y_s = rmsnorm(h_s) * weight_s on every rank s, so, as for
+        all_reduce (sum): h's whole gradient (its own plus y's through the norm, computed in fp32
+        from the saved h, rounded once to the dtype) is the residual's, and its all-reduce is x's;
+        the weight's is local. A quantized y (and its scales) carries no gradient."""
+        g_y, g_h = got[0], got[1]
+        args = grad.args
+        if args["quant"] is not None and (g_y is not None or (len(got) > 2 and got[2] is not None)):
+            raise no_backward(f"{OP}(quant={args['quant']!r})", "a quantized output has no gradient; differentiate "
+                              "through the residual output, or run the norm unquantized")
+        h, weight = grad.saved
+        out: dict[str, Any] = {}
+        if g_y is not None:
+            d_h, d_weight = rmsnorm_backward(h, weight, args["eps"], g_y)
+            if grad.needs("weight"):
+                out["weight"] = d_weight
+            g_h = (d_h if g_h is None else d_h + g_h.float()).to(h.dtype)
+        if grad.needs("residual"):
+            out["residual"] = g_h
+        if grad.needs("x"):
+            with grad.outputs_in_pool():
+                out["x"] = all_reduce_op(g_h.contiguous(), grad.comm_key, "sum", "auto")
+        return out
+
+
+def rmsnorm_backward(h: torch.Tensor, weight: torch.Tensor, eps: float,
+                     g_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = h * rsqrt(mean(h^2) + eps) * weight over the last dim: (dL/dh in fp32, dL/dweight in
+    weight's dtype) for y's gradient ``g_y``, in fp32 as the forward normalises."""
+    hf, gf, wf = h.float(), g_y.float(), weight.float()
+    inv = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    normed = hf * inv
+    d_weight = (gf * normed).reshape(-1, h.shape[-1]).sum(0).to(weight.dtype)
+    d_normed = gf * wf
+    d_h = inv * (d_normed - normed * (d_normed * normed).mean(-1, keepdim=True))
+    return d_h, d_weight
+
 
 def check_replicated(call: NormCall, peers: Peers) -> None:
     digest = 0
@@ -183,7 +224,7 @@ ALL_REDUCE_RMSNORM = AllReduceRmsnorm()
 # The op returns its tensors as a list (a custom op cannot return a NamedTuple or an optional);
 # compiled() rebuilds what the eager method returns. A scale arrives as a float or a tensor, so
 # both are parameters and one of them is None.
-@torch.library.custom_op(f"symcomm::{OP}", mutates_args=())
+@library_op(f"symcomm::{OP}", ALL_REDUCE_RMSNORM)
 def _all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
                         quant: str | None, scale_value: float | None, scale: torch.Tensor | None, swizzle: bool,
                         comm_key: int, algo: str) -> list[torch.Tensor]:

@@ -14,7 +14,10 @@ of the dispatch table:
     order(table, call)        the paths auto tries, in order
     resolve(call, algo, d)    what ``algo=`` may name (a composite op also takes an inner path)
     check_signature(...)      check mode's vector, with this op's own scalars
-    compiled(comm, *args)     the same call as a torch.library op, for torch.compile
+    compiled(comm, *args)     the same call as a torch.library op: under torch.compile, and
+                              whenever autograd records the call
+    saved_for_backward, backward   its gradient (symcomm/operations/autograd.py binds them to
+                              the torch.library op); without them autograd through it raises
     bench                     "module:attribute" of its symcomm-bench spec (None: none)
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from .. import check_mode
 from ..base import Call
 from ..errors import ArgumentError
+from .autograd import Backward, no_backward
 
 if TYPE_CHECKING:
     from ..base import Path
@@ -117,7 +121,17 @@ class Operation:
         """Check mode, collective, after the signature matched: what this op compares beyond it."""
 
     def compiled(self, comm: Any, *args: Any) -> Any:
-        raise NotImplementedError(f"{self.name} has no torch.compile form")
+        raise NotImplementedError(f"{self.name} has no torch.library form (torch.compile and autograd use it)")
+
+    def saved_for_backward(self, args: dict[str, Any], output: Any) -> Sequence[torch.Tensor]:
+        """The tensors backward() reads, of the torch.library op's arguments (by name) and output."""
+        return ()
+
+    def backward(self, grad: Backward, *grads: Any) -> dict[str, Any]:
+        """The gradients of the torch.library op's arguments, by name (absent: none), given the
+        gradients of its outputs (None for an output nothing used). Runs collectives: every rank
+        calls it alike."""
+        raise no_backward(self.name, "the operation defines no backward")
 
 
 def into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:

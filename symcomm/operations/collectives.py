@@ -17,7 +17,12 @@ from .. import validate
 from ..base import Call
 from ..errors import ArgumentError
 from ..registry import lookup
+from .autograd import Backward, library_op, no_backward
 from .base import CallContext, Operation, into
+
+# Reductions with a gradient: the sum's is the sum of the outputs' gradients, the average's their
+# average; max, min and prod have none that a collective can give (it depends on every rank's values).
+DIFFERENTIABLE_REDOPS = ("sum", "avg")
 
 def all_reduce_call(x: object, out: object, op: object, device: torch.device) -> Call:
     # The hottest eager path: the common case is inlined, the helpers only raise.
@@ -134,7 +139,14 @@ class AllReduce(Operation):
         return all_reduce_call(x, out, op, ctx.device)
 
     def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
-        return into(out, _all_reduce(x, comm.key, op, algo))
+        return into(out, all_reduce_op(x, comm.key, op, algo))
+
+    def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
+        """out_s = sum_r x_r on every rank s, so d/dx_r = sum_s g_s: the all-reduce of the gradients
+        (their average for avg)."""
+        op = _differentiable_op(self.name, grad)
+        with grad.outputs_in_pool():
+            return {"x": all_reduce_op(g.contiguous(), grad.comm_key, op, "auto")}
 
 
 class AllGather(Operation):
@@ -145,7 +157,13 @@ class AllGather(Operation):
         return all_gather_call(x, out, ctx.rank, ctx.world_size, ctx.device)
 
     def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, algo: str) -> torch.Tensor:
-        return into(out, _all_gather(x, comm.key, algo))
+        return into(out, all_gather_op(x, comm.key, algo))
+
+    def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
+        """Every rank's output holds x_r at rows r: its gradient is the sum over ranks of those
+        rows of the outputs' gradients, a reduce-scatter."""
+        with grad.outputs_in_pool():
+            return {"x": reduce_scatter_op(g.contiguous(), grad.comm_key, "sum", "auto")}
 
 
 class AllGatherv(Operation):
@@ -162,10 +180,26 @@ class AllGatherv(Operation):
 
     def compiled(self, comm: Any, tensors: Any, sizes: Sequence[int], out: Any, algo: str) -> Any:
         single = isinstance(tensors, torch.Tensor)
-        results = _all_gatherv([tensors] if single else list(tensors), list(sizes), comm.key, algo)
+        results = all_gatherv_op([tensors] if single else list(tensors), list(sizes), comm.key, algo)
         if single:
             return into(out, results[0])
         return results if out is None else [into(o, r) for o, r in zip(out, results)]
+
+    def backward(self, grad: Backward, gs: list[torch.Tensor | None]) -> dict[str, Any]:
+        """A reduce-scatterv of each gathered tensor's gradient, with the forward's sizes. One
+        per input that needs a gradient, whether or not its output was used here (zeros if not),
+        so the ranks' backward collectives stay alike."""
+        sizes, key, given = grad.args["sizes"], grad.comm_key, grad.args["xs"]
+        grads: list[torch.Tensor | None] = []
+        with grad.outputs_in_pool():
+            for g, x in zip(gs, given):
+                if not x.needs_grad:
+                    grads.append(None)
+                    continue
+                g = g.contiguous() if g is not None else torch.zeros((sum(sizes), *x.shape[1:]), dtype=x.dtype,
+                                                                     device=x.device)
+                grads.append(reduce_scatterv_op(g, sizes, key, "sum", "auto"))
+        return {"xs": grads}
 
 
 class ReduceScatter(Operation):
@@ -176,7 +210,15 @@ class ReduceScatter(Operation):
         return reduce_scatter_call(x, out, op, ctx.rank, ctx.world_size, ctx.device)
 
     def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
-        return into(out, _reduce_scatter(x, comm.key, op, algo))
+        return into(out, reduce_scatter_op(x, comm.key, op, algo))
+
+    def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
+        """Rank s's output is the sum over ranks of their rows s: each x_r's gradient is every
+        rank's output gradient in rank order, an all-gather (divided by the world for avg)."""
+        op = _differentiable_op(self.name, grad)
+        with grad.outputs_in_pool():
+            got = all_gather_op(g.contiguous(), grad.comm_key, "auto")
+        return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
 
 
 class ReduceScatterv(Operation):
@@ -188,7 +230,22 @@ class ReduceScatterv(Operation):
 
     def compiled(self, comm: Any, x: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None, op: str,
                  algo: str) -> torch.Tensor:
-        return into(out, _reduce_scatterv(x, list(sizes), comm.key, op, algo))
+        return into(out, reduce_scatterv_op(x, list(sizes), comm.key, op, algo))
+
+    def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
+        """As reduce_scatter's, with the forward's sizes: an all-gatherv."""
+        op = _differentiable_op(self.name, grad)
+        with grad.outputs_in_pool():
+            got = all_gatherv_op([g.contiguous()], grad.args["sizes"], grad.comm_key, "auto")[0]
+        return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
+
+
+def _differentiable_op(name: str, grad: Backward) -> str:
+    op = grad.args["op"]
+    if op not in DIFFERENTIABLE_REDOPS:
+        raise no_backward(f"{name}(op={op!r})", f"only {' and '.join(DIFFERENTIABLE_REDOPS)} reductions have a "
+                                               f"gradient symcomm can compute with a collective")
+    return op
 
 
 ALL_REDUCE, ALL_GATHER, ALL_GATHERV = AllReduce(), AllGather(), AllGatherv()
@@ -196,55 +253,56 @@ REDUCE_SCATTER, REDUCE_SCATTERV = ReduceScatter(), ReduceScatterv()
 COLLECTIVES = (ALL_REDUCE, ALL_GATHER, ALL_GATHERV, REDUCE_SCATTER, REDUCE_SCATTERV)
 
 
-# ------------------------------------------------------------------- torch.compile
-# Eager calls never come through here (a custom op's dispatch costs microseconds): under
-# compile the Communicator's methods route to these, passing the communicator by its registry
-# key (ops take ints, not Python objects).
-@torch.library.custom_op("symcomm::all_reduce", mutates_args=())
-def _all_reduce(x: torch.Tensor, comm_key: int, op: str, algo: str) -> torch.Tensor:
+# ------------------------------------------------- torch.library ops: torch.compile and autograd
+# Eager calls that autograd does not record never come through here (a custom op's dispatch costs
+# microseconds): under compile, or when a tensor argument requires grad, the Communicator's
+# methods route to these, passing the communicator by its registry key (ops take ints, not
+# Python objects). Each carries its descriptor's backward (library_op).
+@library_op("symcomm::all_reduce", ALL_REDUCE)
+def all_reduce_op(x: torch.Tensor, comm_key: int, op: str, algo: str) -> torch.Tensor:
     return lookup(comm_key).all_reduce(x, op=op, algo=algo)
 
 
-@_all_reduce.register_fake
+@all_reduce_op.register_fake
 def _(x, comm_key, op, algo):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("symcomm::all_gather", mutates_args=())
-def _all_gather(x: torch.Tensor, comm_key: int, algo: str) -> torch.Tensor:
+@library_op("symcomm::all_gather", ALL_GATHER)
+def all_gather_op(x: torch.Tensor, comm_key: int, algo: str) -> torch.Tensor:
     return lookup(comm_key).all_gather(x, algo=algo)
 
 
-@_all_gather.register_fake
+@all_gather_op.register_fake
 def _(x, comm_key, algo):
     return x.new_empty((lookup(comm_key).world_size * x.shape[0], *x.shape[1:]))
 
 
-@torch.library.custom_op("symcomm::all_gatherv", mutates_args=())
-def _all_gatherv(xs: list[torch.Tensor], sizes: list[int], comm_key: int, algo: str) -> list[torch.Tensor]:
+@library_op("symcomm::all_gatherv", ALL_GATHERV)
+def all_gatherv_op(xs: list[torch.Tensor], sizes: list[int], comm_key: int, algo: str) -> list[torch.Tensor]:
     return list(lookup(comm_key).all_gatherv(list(xs), sizes, algo=algo))
 
 
-@_all_gatherv.register_fake
+@all_gatherv_op.register_fake
 def _(xs, sizes, comm_key, algo):
     return [x.new_empty((sum(sizes), *x.shape[1:])) for x in xs]
 
 
-@torch.library.custom_op("symcomm::reduce_scatter", mutates_args=())
-def _reduce_scatter(x: torch.Tensor, comm_key: int, op: str, algo: str) -> torch.Tensor:
+@library_op("symcomm::reduce_scatter", REDUCE_SCATTER)
+def reduce_scatter_op(x: torch.Tensor, comm_key: int, op: str, algo: str) -> torch.Tensor:
     return lookup(comm_key).reduce_scatter(x, op=op, algo=algo)
 
 
-@_reduce_scatter.register_fake
+@reduce_scatter_op.register_fake
 def _(x, comm_key, op, algo):
     return x.new_empty((x.shape[0] // lookup(comm_key).world_size, *x.shape[1:]))
 
 
-@torch.library.custom_op("symcomm::reduce_scatterv", mutates_args=())
-def _reduce_scatterv(x: torch.Tensor, sizes: list[int], comm_key: int, op: str, algo: str) -> torch.Tensor:
+@library_op("symcomm::reduce_scatterv", REDUCE_SCATTERV)
+def reduce_scatterv_op(x: torch.Tensor, sizes: list[int], comm_key: int, op: str, algo: str) -> torch.Tensor:
     return lookup(comm_key).reduce_scatterv(x, sizes, op=op, algo=algo)
 
 
-@_reduce_scatterv.register_fake
+@reduce_scatterv_op.register_fake
 def _(x, sizes, comm_key, op, algo):
     return x.new_empty((sizes[lookup(comm_key).rank], *x.shape[1:]))

@@ -1,0 +1,66 @@
+"""The tensor-parallel pair: where a replicated activation enters a tensor-parallel region and
+where the region's partial sums leave it.
+
+Under tensor parallelism every rank computes the same loss from replicated activations, so a
+replicated tensor's gradient is already whole on every rank and must be counted once, not summed
+over ranks as a plain ``all_reduce``'s backward does (that one is right for a loss summed over
+ranks, as in data parallelism). The two functions below are each other's transpose:
+
+    copy_to_tp_region(comm, x)       forward: x itself        backward: all-reduce (sum)
+    reduce_from_tp_region(comm, x)   forward: all-reduce (sum) backward: the gradient itself
+
+A column-parallel linear takes ``copy_to_tp_region(comm, x)``: each rank's gradient of x covers
+its own columns only, and the all-reduce adds them up. A row-parallel linear's partial output
+goes through ``reduce_from_tp_region``. Both run symcomm's all_reduce (its dispatch, check mode,
+and under torch.compile its torch.library op); the all-reduce in copy_to_tp_region's backward
+allocates its output in the symmetric pool when x sat there (eager).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .operations.autograd import gradient_pool, in_pool
+from .operations.collectives import all_reduce_op
+from .registry import lookup
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+
+class _CopyToRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm_key: int) -> torch.Tensor:
+        ctx.comm_key = comm_key
+        ctx.symmetric = in_pool(comm_key, x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if torch.compiler.is_compiling():  # traced: where the output lives is the compiled graph's business
+            return all_reduce_op(grad.contiguous(), ctx.comm_key, "sum", "auto"), None
+        with gradient_pool(ctx.comm_key, ctx.symmetric):
+            return all_reduce_op(grad.contiguous(), ctx.comm_key, "sum", "auto"), None
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm_key: int, algo: str) -> torch.Tensor:
+        return lookup(comm_key).all_reduce(x, algo=algo)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad, None, None
+
+
+def copy_to_tp_region(comm: Communicator, x: torch.Tensor) -> torch.Tensor:
+    """``x`` unchanged (a view); in backward, its gradient all-reduced (sum) over ``comm``'s ranks.
+    Collective in backward: every rank must call it alike."""
+    return _CopyToRegion.apply(x, comm.key)
+
+
+def reduce_from_tp_region(comm: Communicator, x: torch.Tensor, algo: str = "auto") -> torch.Tensor:
+    """``comm.all_reduce(x, algo=algo)`` (sum), whose gradient passes through unchanged."""
+    return _ReduceFromRegion.apply(x, comm.key, algo)
+

@@ -1,0 +1,303 @@
+"""Gradients through symcomm's operations over gloo at 2 and 3 ranks.
+
+Each rank's inputs and output gradients are drawn from seeds every rank knows, so every rank can
+compute the same function on one process, with the full inputs of every rank, and let torch's
+autograd differentiate L = sum over ranks s of <g_s, y_s>: rank r's gradient must equal the
+reference's gradient with respect to rank r's inputs. Then torch.autograd.gradcheck in float64
+on the global function, the errors for what has no gradient, check mode in backward, and the
+same backward under torch.compile(fullgraph=True).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symcomm
+from _spawn import run_world
+
+F64 = torch.float64
+
+
+def rand(shape, seed, dtype=F64):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
+
+
+def sizes_for(world):
+    return [2, 0, 3, 1][:world]  # uneven, one rank with no rows
+
+
+# name -> (symcomm forward on this rank's x, single-process forward of every rank's x -> every rank's y,
+#          this rank's input shape)
+def _specs(comm):
+    w = comm.world_size
+    sz = sizes_for(w)
+    return {
+        "all_reduce sum": (lambda x: comm.all_reduce(x), lambda xs: [sum(xs)] * w, lambda q: (3, 5)),
+        "all_reduce avg": (lambda x: comm.all_reduce(x, op="avg"), lambda xs: [sum(xs) / w] * w, lambda q: (4,)),
+        "all_gather": (lambda x: comm.all_gather(x), lambda xs: [torch.cat(xs)] * w, lambda q: (2, 3)),
+        "reduce_scatter sum": (lambda x: comm.reduce_scatter(x), lambda xs: list(sum(xs).chunk(w)),
+                               lambda q: (2 * w, 3)),
+        "reduce_scatter avg": (lambda x: comm.reduce_scatter(x, op="avg"), lambda xs: list((sum(xs) / w).chunk(w)),
+                               lambda q: (w, 2)),
+        "all_gatherv": (lambda x: comm.all_gatherv(x, sz), lambda xs: [torch.cat(xs)] * w, lambda q: (sz[q], 3)),
+        "reduce_scatterv": (lambda x: comm.reduce_scatterv(x, sz), lambda xs: list(sum(xs).split(sz)),
+                            lambda q: (sum(sz), 2)),
+        # out=: the result is copied into the caller's tensor, which autograd follows
+        "all_reduce out=": (lambda x: comm.all_reduce(x * 2, out=torch.empty_like(x)),
+                            lambda xs: [2 * sum(xs)] * w, lambda q: (5,)),
+        "all_reduce in place": (lambda x: _in_place(comm, x), lambda xs: [sum(3 * v for v in xs)] * w,
+                                lambda q: (2, 2)),
+        "all_gather out=": (lambda x: comm.all_gather(x, out=torch.empty(w * 2, 3, dtype=x.dtype)),
+                            lambda xs: [torch.cat(xs)] * w, lambda q: (2, 3)),
+    }
+
+
+def _in_place(comm, x):
+    y = x * 3  # a non-leaf: in place is allowed for autograd
+    return comm.all_reduce(y, out=y)
+
+
+def _reference_grad(fn_ref, xs, gs, rank):
+    xs = [x.detach().clone().requires_grad_() for x in xs]
+    ys = fn_ref(xs)
+    loss = sum((y * g).sum() for y, g in zip(ys, gs))
+    return torch.autograd.grad(loss, xs[rank])[0]
+
+
+def _vjp_world(rank, world):
+    comm = symcomm.Communicator(check=True)  # backward collectives must pass check mode too
+    for i, (name, (fn, fn_ref, shape)) in enumerate(_specs(comm).items()):
+        xs = [rand(shape(q), 1000 * i + q) for q in range(world)]
+        x = xs[rank].clone().requires_grad_()
+        y = fn(x)
+        assert y.requires_grad, name
+        shapes = [t.shape for t in fn_ref(xs)]  # every rank's output
+        gs = [rand(shapes[q], 5000 + 1000 * i + q) for q in range(world)]
+        y.backward(gs[rank])
+        want = _reference_grad(fn_ref, xs, gs, rank)
+        assert x.grad.shape == want.shape and torch.allclose(x.grad, want, rtol=1e-12, atol=1e-12), (
+            name, x.grad, want)
+    comm.close()
+
+
+def _tp_pair(rank, world):
+    """A tensor-parallel MLP: the input and the loss are replicated (the same on every rank), so
+    the input's gradient is counted once: copy_to_tp_region all-reduces the ranks' partial
+    gradients, reduce_from_tp_region passes the replicated one through. Against one process
+    with the full weights."""
+    comm = symcomm.Communicator(check=True)
+    hidden, ffn = 4, 3 * world
+    x_full = rand((5, hidden), 1)
+    w1, w2 = rand((ffn, hidden), 2), rand((hidden, ffn), 3)
+    cols = slice(rank * 3, rank * 3 + 3)
+    x = x_full.clone().requires_grad_()
+    w1_r, w2_r = w1[cols].clone().requires_grad_(), w2[:, cols].clone().requires_grad_()
+    h = torch.tanh(symcomm.copy_to_tp_region(comm, x) @ w1_r.t())
+    y = symcomm.reduce_from_tp_region(comm, h @ w2_r.t())
+    y.pow(2).sum().backward()
+
+    xr, w1r, w2r = (t.clone().requires_grad_() for t in (x_full, w1, w2))
+    yr = torch.tanh(xr @ w1r.t()) @ w2r.t()
+    yr.pow(2).sum().backward()
+    assert torch.allclose(y, yr)
+    assert torch.allclose(x.grad, xr.grad, rtol=1e-12), (x.grad, xr.grad)
+    assert torch.allclose(w1_r.grad, w1r.grad[cols], rtol=1e-12) and torch.allclose(w2_r.grad, w2r.grad[:, cols])
+    comm.close()
+
+
+def _several_and_unused(rank, world):
+    """all_gatherv of two tensors where only the first output is used: the second input still
+    gets its (zero) gradient through a collective every rank runs; a leaf that does not require
+    grad gets none."""
+    comm = symcomm.Communicator(check=True)
+    sz = sizes_for(world)
+    a = rand((sz[rank], 2), 10 + rank).requires_grad_()
+    b = rand((sz[rank], 3), 20 + rank).requires_grad_()
+    c = rand((sz[rank], 1), 30 + rank)
+    ga, gb, _ = comm.all_gatherv([a, b, c], sz)
+    (ga * (rank + 1)).sum().backward()
+    rows = slice(sum(sz[:rank]), sum(sz[:rank + 1]))
+    weight = sum(q + 1 for q in range(world))
+    assert torch.equal(a.grad, torch.full_like(a, float(weight))[: rows.stop - rows.start])
+    assert torch.equal(b.grad, torch.zeros_like(b)) and c.grad is None
+    comm.close()
+
+
+def _no_gradient_errors(rank, world):
+    comm = symcomm.Communicator()
+    x = rand((4,), rank).requires_grad_()
+    for op in ("max", "min", "prod"):
+        y = comm.all_reduce(x, op=op)  # the forward works: only a backward is refused
+        with pytest.raises(symcomm.ArgumentError, match=rf"all_reduce\(op='{op}'\) has no gradient"):
+            y.sum().backward()
+        with pytest.raises(symcomm.ArgumentError, match=rf"reduce_scatter\(op='{op}'\) has no gradient"):
+            comm.reduce_scatter(rand((world,), rank).requires_grad_(), op=op).sum().backward()
+    # no_grad, or a tensor that needs none: nothing is recorded, the fast path runs
+    with torch.no_grad():
+        assert not comm.all_reduce(x).requires_grad
+    assert not comm.all_gather(x.detach()).requires_grad
+    comm.close()
+
+
+def _replicated_in(x):
+    """x, the same on every rank, whose gradient sums every rank's share (torch.distributed's
+    all-reduce, so symcomm is not checked by itself)."""
+
+    class Replicated(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            g = g.clone()
+            dist.all_reduce(g)
+            return g
+
+    return Replicated.apply(x)
+
+
+def _gather_split(y, world, rank):
+    """Every rank's y, gathered with torch.distributed, whose backward keeps this rank's slice:
+    a replicated output's gradient counted once. With _replicated_in this makes gradcheck's
+    function the global one, the same on every rank."""
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous())
+            return torch.stack(parts)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g[rank]
+
+    return Gather.apply(y)
+
+
+def _gradcheck_world(rank, world):
+    comm = symcomm.Communicator()
+    checked = 0
+    for i, (name, (fn, fn_ref, shape)) in enumerate(_specs(comm).items()):
+        xs = [rand(shape(q), 77 * i + q) for q in range(world)]
+        if len({x.shape for x in xs}) != 1 or len({y.shape for y in fn_ref(xs)}) != 1:
+            continue  # the v-variants' shapes differ per rank; the reference check above covers them
+        x_all = torch.stack(xs).requires_grad_()
+
+        def global_fn(xa, fn=fn):
+            # Every rank perturbs the same element of the same (replicated) x_all, so the
+            # numerical Jacobian is the global function's; rank r feeds the collective its slice.
+            return _gather_split(fn(_replicated_in(xa)[rank]), world, rank)
+
+        assert torch.autograd.gradcheck(global_fn, (x_all,), check_batched_grad=False,
+                                        check_undefined_grad=False), name
+        checked += 1
+    assert checked == 8, checked
+    comm.close()
+
+
+def _norm_and_fp4(rank, world):
+    """all_reduce_rmsnorm (bf16) against autograd through a float64 reference; all_gatherv_fp4's
+    straight-through gradient; and the quantized outputs refusing a gradient."""
+    comm = symcomm.Communicator(check=True)
+    t, hdim = 3, 32
+    xs = [rand((t, hdim), 300 + q, torch.bfloat16) for q in range(world)]
+    res = [rand((t, hdim), 400 + q, torch.bfloat16) for q in range(world)]
+    ws = [1 + 0.1 * rand((hdim,), 500 + q, torch.bfloat16) for q in range(world)]
+    gys = [rand((t, hdim), 600 + q, torch.bfloat16) for q in range(world)]
+    ghs = [rand((t, hdim), 700 + q, torch.bfloat16) for q in range(world)]
+    x, r, w = (v[rank].clone().requires_grad_() for v in (xs, res, ws))
+    got = comm.all_reduce_rmsnorm(x, w, residual=r, eps=1e-5)
+    torch.autograd.backward([got.out, got.residual], [gys[rank], ghs[rank]])
+
+    xr, rr, wr = ([v.double().requires_grad_() for v in vs] for vs in (xs, res, ws))
+    total = sum(xr)
+    loss = 0
+    for q in range(world):
+        h = total + rr[q]
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * wr[q]
+        loss = loss + (y * gys[q].double()).sum() + (h * ghs[q].double()).sum()
+    loss.backward()
+    for name, mine, ref in (("x", x, xr[rank]), ("residual", r, rr[rank]), ("weight", w, wr[rank])):
+        err = (mine.grad.double() - ref.grad).abs().max().item()
+        scale = ref.grad.abs().max().item()
+        assert mine.grad.dtype == torch.bfloat16 and err <= 2e-2 * scale, (name, err, scale)
+
+    # quantized output: no gradient through y, a clear error if one is asked for
+    q = comm.all_reduce_rmsnorm(x, w, residual=r, quant="fp8", scale=1.0)
+    with pytest.raises(symcomm.ArgumentError, match=r"quant='fp8'.*no gradient"):
+        q.out.float().sum().backward()
+    q = comm.all_reduce_rmsnorm(x, w, residual=r, quant="fp8", scale=1.0)
+    q.residual.sum().backward()  # the residual output still has its gradient
+
+    # FP4 gather: straight through the dequantized values, extras by reduce-scatterv
+    sz = sizes_for(world)
+    xf = rand((sz[rank], 32), 800 + rank, torch.bfloat16).requires_grad_()
+    extra = rand((sz[rank], 2), 900 + rank, torch.float32).requires_grad_()
+    ids = torch.arange(sz[rank] * 2, dtype=torch.int32).view(sz[rank], 2)
+    g = comm.all_gatherv_fp4(xf, sz, 1.0, extra=[ids, extra], dequantize=True)
+    gv = rand(g.values.shape, 1234, torch.bfloat16)  # the same on every rank
+    ge = rand(g.extra[1].shape, 4321, torch.float32)
+    torch.autograd.backward([g.values, g.extra[1]], [gv, ge])
+    rows = slice(sum(sz[:rank]), sum(sz[:rank + 1]))
+    assert torch.equal(xf.grad, (gv[rows].float() * world).to(torch.bfloat16))
+    assert torch.equal(extra.grad, ge[rows] * world)
+    g = comm.all_gatherv_fp4(xf, sz, 1.0)
+    with pytest.raises(symcomm.ArgumentError, match="payload and block scales.*no gradient"):
+        g.scales.float().sum().backward()
+    comm.close()
+
+
+def _compiled(rank, world):
+    """An FSDP-like step under torch.compile(fullgraph=True): gather the weight shard, use it,
+    and AOTAutograd's backward reduce-scatters its gradient, as eager does."""
+    comm = symcomm.Communicator()
+    shard = rand((2, 4), 40 + rank).requires_grad_()
+    x = rand((3, 4), 50 + rank)
+
+    def step(s, inp):
+        w = comm.all_gather(s)  # [2 * world, 4]
+        h = torch.tanh(inp @ w.t())
+        return comm.all_reduce(h.sum(0, keepdim=True))
+
+    eager = step(shard, x)
+    eager.sum().backward()
+    want = shard.grad.clone()
+    shard.grad = None
+    compiled = torch.compile(step, fullgraph=True)
+    got = compiled(shard, x)
+    got.sum().backward()
+    assert torch.allclose(got, eager) and torch.allclose(shard.grad, want, rtol=1e-10), (shard.grad, want)
+
+    def tp(inp, col):
+        return symcomm.reduce_from_tp_region(comm, torch.relu(symcomm.copy_to_tp_region(comm, inp) @ col.t()))
+
+    inp = rand((3, 4), 60).requires_grad_()  # replicated
+    col = rand((2, 4), 70 + rank).requires_grad_()
+    tp(inp, col).sum().backward()
+    want_inp, want_col = inp.grad.clone(), col.grad.clone()
+    inp.grad = col.grad = None
+    torch.compile(tp, fullgraph=True)(inp, col).sum().backward()
+    assert torch.allclose(inp.grad, want_inp) and torch.allclose(col.grad, want_col)
+    comm.close()
+
+
+def _all(rank, world):
+    # One world for every check: starting gloo ranks costs more than the checks.
+    _vjp_world(rank, world)
+    _tp_pair(rank, world)
+    _several_and_unused(rank, world)
+    _no_gradient_errors(rank, world)
+    _gradcheck_world(rank, world)
+    _norm_and_fp4(rank, world)
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_gradients_match_the_single_process_reference(world):
+    run_world(_all, world, timeout_s=300)
+
+
+def test_backward_under_torch_compile():
+    run_world(_compiled, 2, timeout_s=400)
