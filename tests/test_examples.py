@@ -1,6 +1,7 @@
 """The examples in examples/ at 2 and 3 gloo ranks: each against its single-process reference,
-a rank with no tokens in the DP step, the checks failing when the layer is wrong, and the
-torchrun command their docstrings give."""
+a rank with no tokens in the DP step, the checks failing when the layer is wrong, the training
+steps (tensor-parallel and FSDP-style) with their gradients, and the torchrun commands their
+docstrings give."""
 from __future__ import annotations
 
 import os
@@ -19,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import dp_moe_step  # noqa: E402
+import fsdp_train_step  # noqa: E402
 import layer_utils  # noqa: E402
 import tp_block  # noqa: E402
+import tp_train_step  # noqa: E402
+import train_utils  # noqa: E402
 
 
 def _failed(checks):
@@ -72,10 +76,48 @@ def _tp_world(rank, world, seed):
     comm.close()
 
 
+class _SummedTP(tp_train_step.TPMLP):
+    """The TP step with a plain all_reduce where reduce_from_tp_region belongs: its backward sums
+    the replicated gradient over ranks, so every gradient is world times too large."""
+
+    def loss(self, x, target):
+        w_in, w1, w2 = self.params
+        h = torch.nn.functional.gelu(symcomm.copy_to_tp_region(self.comm, x @ w_in.t()) @ w1.t())
+        return torch.nn.functional.mse_loss(self.comm.all_reduce(h @ w2.t()), target)
+
+
+def _train_world(rank, world, seed):
+    comm = symcomm.Communicator(check=True)  # the backward's collectives pass check mode too
+    tp_cfg, fsdp_cfg = tp_train_step.TrainConfig(seed=seed), fsdp_train_step.TrainConfig(seed=seed)
+    checks = tp_train_step.run_checks(comm, tp_cfg, ("eager",), steps=3, seed=seed)
+    assert not _failed(checks), _failed(checks)
+    assert sum("gradient of" in c.name for c in checks) == 9 and "identical on every rank" in checks[-1].name
+    checks = fsdp_train_step.run_checks(comm, fsdp_cfg, ("eager",), steps=3, seed=seed)
+    assert not _failed(checks), _failed(checks)
+    assert sum("gradient of w1 shard" in c.name for c in checks) == 3
+
+    # The checks catch a wrong backward: the sum convention where the TP one belongs ...
+    full = tp_train_step.FullMLP(tp_cfg, comm.device)
+    bad = train_utils.check_eager(_SummedTP(comm, tp_cfg, full), train_utils.Reference(full, tp_cfg.lr),
+                                  tp_train_step.batches_for(tp_cfg, comm, seed), 1, seed, tp_cfg.lr, 7)
+    assert any("gradient of w_in" in f for f in _failed(bad)), _failed(bad)
+    # ... and a rank's shard missing from the FSDP gather
+    full = fsdp_train_step.FullMLP(fsdp_cfg, comm.device)
+    model = fsdp_train_step.FSDPMLP(comm, fsdp_cfg, full)
+    if rank == 0:
+        with torch.no_grad():
+            model.params[0].zero_()
+    bad = train_utils.check_eager(model, train_utils.Reference(full, fsdp_cfg.lr),
+                                  fsdp_train_step.batches_for(fsdp_cfg, comm, seed), 1, seed, fsdp_cfg.lr, 7)
+    assert any(": loss" in f for f in _failed(bad)), _failed(bad)
+    comm.close()
+
+
 def _both(rank, world, seed):
-    # One world for both examples: starting gloo ranks costs more than the checks themselves.
+    # One world for every example: starting gloo ranks costs more than the checks themselves.
     _dp_world(rank, world, seed)
     _tp_world(rank, world, seed + 1)
+    _train_world(rank, world, seed + 2)
 
 
 @pytest.mark.parametrize("world", (2, 3))
@@ -114,6 +156,15 @@ def test_the_documented_cpu_command_runs_and_passes():
     done = _torchrun("examples/tp_block.py", "--cpu", "--steps", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tp_block: PASS: 6 checks per rank, world 2, cpu" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("example", ("tp_train_step", "fsdp_train_step"))
+def test_the_training_examples_run_eager_and_compiled_on_cpu(example):
+    """Their documented --cpu command, with torch.compile too (AOTAutograd's backward of the
+    collectives), which CUDA graphs apart is what the GPU runs."""
+    done = _torchrun(f"examples/{example}.py", "--cpu", "--steps", "2", "--modes", "eager,compile", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(rf"{example}: PASS: \d+ checks per rank, world 2, cpu", done.stdout), done.stdout
 
 
 def test_layer_step_bench_prints_its_table_on_cpu():

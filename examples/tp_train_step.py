@@ -1,0 +1,126 @@
+"""A tensor-parallel training step with symcomm's differentiable collectives.
+
+Every rank sees the same tokens and computes the same loss; the MLP's weights are split as
+Megatron splits them:
+
+    h0 = x @ w_in.T                                    replicated weight
+    a  = copy_to_tp_region(comm, h0)                   forward: h0       backward: all-reduce
+    h  = gelu(a @ w1_r.T)                              column-parallel: this rank's ffn rows
+    y  = reduce_from_tp_region(comm, h @ w2_r.T)       row-parallel:    forward: all-reduce
+    loss = mse(y, target); loss.backward(); SGD        backward: the gradient itself
+
+The pair makes the replicated part's gradient right: h0's gradient is the sum of the ranks'
+column shares (copy_to_tp_region's all-reduce), so w_in's gradient is whole, and the same, on
+every rank; y's gradient is already whole, so reduce_from_tp_region passes it through.
+
+Run (every rank checks its loss, gradients and updated weights against one process with the full
+weights; on GPUs also CUDA graphs of whole steps, bitwise against eager, and torch.compile):
+
+    torchrun --nproc-per-node=2 examples/tp_train_step.py --cpu
+    torchrun --nproc-per-node=4 examples/tp_train_step.py                # eager, graphs, compile
+
+It prints one PASS/FAIL line and exits 1 on a mismatch.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import symcomm
+
+from layer_utils import Check, add_common_args, init_distributed, modes_for, run_example, seeded
+from tp_block import share
+from train_utils import Reference, run_modes, same_on_every_rank
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    hidden: int = 12
+    ffn: int = 20  # uneven shares at world 3
+    lr: float = 0.05
+    seed: int = 0
+    dtype: torch.dtype = torch.float32
+
+
+class FullMLP:
+    """The reference: the whole MLP on one process."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        h, f, s = cfg.hidden, cfg.ffn, cfg.seed * 1000
+        self.params = [seeded((h, h), s + 1, h ** -0.5, cfg.dtype, device).requires_grad_(),
+                       seeded((f, h), s + 2, h ** -0.5, cfg.dtype, device).requires_grad_(),
+                       seeded((h, f), s + 3, f ** -0.5, cfg.dtype, device).requires_grad_()]
+
+    def loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        w_in, w1, w2 = self.params
+        x, target = batches[0]  # tensor parallel: every rank's batch is the same
+        return F.mse_loss(F.gelu(x @ w_in.t() @ w1.t()) @ w2.t(), target)
+
+
+class TPMLP:
+    """This rank's part: w_in whole, w1's rows and w2's columns of its ffn share."""
+
+    names = ("w_in", "w1 (column-parallel)", "w2 (row-parallel)")
+
+    def __init__(self, comm: symcomm.Communicator, cfg: TrainConfig, full: FullMLP) -> None:
+        self.comm = comm
+        self.cols = share(comm.rank, comm.world_size, cfg.ffn)
+        self.params = [t.detach().clone().requires_grad_() for t in self.shard(full.params)]
+
+    def shard(self, full: list[torch.Tensor]) -> list[torch.Tensor]:
+        w_in, w1, w2 = full
+        cols = slice(self.cols.start, self.cols.stop)
+        return [w_in, w1[cols], w2[:, cols]]
+
+    def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss  # every rank computes the whole loss
+
+    def loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        w_in, w1, w2 = self.params
+        h0 = x @ w_in.t()
+        h = F.gelu(symcomm.copy_to_tp_region(self.comm, h0) @ w1.t())
+        y = symcomm.reduce_from_tp_region(self.comm, h @ w2.t())
+        return F.mse_loss(y, target)
+
+
+def batches_for(cfg: TrainConfig, comm: symcomm.Communicator, seed: int):
+    def batches(step: int, tokens: int):
+        s = 30_000 + seed * 997 + step * 2
+        x = seeded((tokens, cfg.hidden), s, 1.0, cfg.dtype, comm.device)
+        target = seeded((tokens, cfg.hidden), s + 1, 1.0, cfg.dtype, comm.device)
+        return [(x, target)] * comm.world_size
+    return batches
+
+
+def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, ...], steps: int = 3,
+               seed: int = 0, tokens: int = 7) -> list[Check]:
+    full = FullMLP(cfg, comm.device)
+    model = TPMLP(comm, cfg, full)
+    checks = run_modes(model, Reference(full, cfg.lr), batches_for(cfg, comm, seed), modes, steps, seed, cfg.lr,
+                       tokens)
+    # The replicated weight got the same gradient, and so the same update, on every rank.
+    checks.append(same_on_every_rank(comm, "w_in identical on every rank after training", model.params[0]))
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    add_common_args(parser)
+    parser.add_argument("--hidden", type=int, default=None, help="default 12 on --cpu, 1024 on GPUs")
+    parser.add_argument("--ffn", type=int, default=None, help="default 20 on --cpu, 4096 on GPUs")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per step at most (default 7 / 64)")
+    args = parser.parse_args(argv)
+    device = init_distributed(args.cpu)
+    small = device.type == "cpu"
+    cfg = TrainConfig(hidden=args.hidden or (12 if small else 1024), ffn=args.ffn or (20 if small else 4096),
+                      seed=args.seed)
+    return run_example("tp_train_step", lambda comm: run_checks(
+        comm, cfg, modes_for(args, device), steps=args.steps, seed=args.seed, tokens=args.tokens or (7 if small else 64)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
