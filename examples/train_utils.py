@@ -126,7 +126,7 @@ def check_graphs(model, reference: Reference, batches: Batches, buckets: list[in
         _restore(model, before)
         loss = train_step(model, every[rank], lr, static_grads=True)
         tag = f"graph bucket {b} replay {step}"
-        checks.append(bitwise(f"{tag}: loss == eager", got[0], loss))
+        checks.append(bitwise(f"{tag}: loss == eager", got[0].reshape(1), loss.reshape(1)))
         checks += [bitwise(f"{tag}: gradient of {n} == eager", g, p.grad)
                    for n, g, p in zip(model.names, got[1], model.params)]
         checks += [bitwise(f"{tag}: {n} after the update == eager", q, p.detach())

@@ -1,5 +1,6 @@
-"""Both examples at world 1 on one GPU: eager, CUDA graphs per bucket (replays bitwise equal to
-eager) and torch.compile(fullgraph=True), each against its single-process reference.
+"""Every example at world 1 on one GPU: eager, CUDA graphs per bucket (replays bitwise equal to
+eager; for the training steps whole steps, forward, backward and update) and
+torch.compile(fullgraph=True), each against its single-process reference.
 
     torchrun --nproc-per-node=1 scripts/examples_world1.py [--list]
 
@@ -23,8 +24,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import symcomm  # noqa: E402
 
 import dp_moe_step  # noqa: E402
+import fsdp_train_step  # noqa: E402
 import tp_block  # noqa: E402
+import tp_train_step  # noqa: E402
+import train_utils  # noqa: E402
 from layer_utils import init_distributed  # noqa: E402
+
+
+def many_graphs(comm: symcomm.Communicator) -> list[tuple[str, bool, str]]:
+    """16 whole training steps captured as graphs (4 FSDP "stages" x 4 micro-batches, as a
+    pipeline schedule captures them) in one pool: the symmetric pool is untouched by them, the
+    communicator's own memory does not grow with them, torch's reserved memory grows by about
+    one step's temporaries, replays run, and destroying the graphs gives the memory back."""
+    cfg = fsdp_train_step.TrainConfig(hidden=1024, ffn=4096)
+    stages = [fsdp_train_step.FSDPMLP(comm, cfg, fsdp_train_step.FullMLP(
+        fsdp_train_step.TrainConfig(hidden=1024, ffn=4096, seed=s), comm.device)) for s in range(4)]
+    micro = [tuple(torch.randn(64, cfg.hidden, device=comm.device) for _ in range(2)) for _ in range(4)]
+    for model in stages:
+        for p in model.params:
+            p.grad = torch.zeros_like(p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for model in stages:
+            train_utils.train_step(model, micro[0], cfg.lr, static_grads=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    pool_used = comm.symmetric_pool.bytes_in_use  # after the warm-up, whose eager backward used the pool
+    before, memory_before = torch.cuda.memory_reserved(), comm.capabilities()["memory"]["total_bytes"]
+    pool = torch.cuda.graph_pool_handle()
+    graphs, losses = [], []
+    one = None
+    for model in stages:
+        for batch in micro:
+            g = torch.cuda.CUDAGraph()
+            with comm.graph_capture(), torch.cuda.graph(g, pool=pool):
+                losses.append(train_utils.train_step(model, batch, cfg.lr, static_grads=True))
+            graphs.append(g)
+            if one is None:
+                one = torch.cuda.memory_reserved() - before
+    grown = torch.cuda.memory_reserved() - before
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    finite = all(bool(torch.isfinite(v)) for v in losses)
+    checks = [
+        (f"{len(graphs)} graphs of whole training steps captured in one pool and replayed", len(graphs) == 16 and finite,
+         f"{len(graphs)} graphs, losses finite: {finite}"),
+        ("the captures allocated nothing in the symmetric pool", comm.symmetric_pool.bytes_in_use == pool_used,
+         f"{pool_used} -> {comm.symmetric_pool.bytes_in_use} bytes"),
+        ("the communicator's memory did not grow with the graphs",
+         comm.capabilities()["memory"]["total_bytes"] == memory_before, ""),
+        ("16 graphs in one pool reserve at most 3x what the first one did", grown <= 3 * max(one, 2 << 20),
+         f"first graph {one >> 20} MiB, all 16 {grown >> 20} MiB"),
+    ]
+    del graphs, losses
+    for model in stages:
+        for p in model.params:
+            p.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    back = torch.cuda.memory_reserved() - before
+    checks.append(("destroying the graphs gives their memory back", back <= 0, f"{back >> 20} MiB left"))
+    return checks
 
 
 def main() -> int:
@@ -45,6 +108,12 @@ def main() -> int:
             ("tp_block", lambda: tp_block.run_checks(
                 comm, tp_block.TPConfig(hidden=2048, heads=16, head_dim=128, ffn=4096), 64,
                 ("eager", "graph", "compile"), steps=3)),
+            ("tp_train_step", lambda: tp_train_step.run_checks(
+                comm, tp_train_step.TrainConfig(hidden=1024, ffn=4096), ("eager", "graph", "compile"), steps=3,
+                tokens=64)),
+            ("fsdp_train_step", lambda: fsdp_train_step.run_checks(
+                comm, fsdp_train_step.TrainConfig(hidden=1024, ffn=4096), ("eager", "graph", "compile"), steps=3,
+                tokens=64)),
         ):
             start = time.perf_counter()
             checks = run()
@@ -57,6 +126,9 @@ def main() -> int:
             print(f"{name}: {len(checks) - bad}/{len(checks)} checks passed ({', '.join(modes)}) "
                   f"in {time.perf_counter() - start:.1f} s", flush=True)
             failed, total = failed + bad, total + len(checks)
+        for name, good, detail in many_graphs(comm):
+            print(f"{'ok  ' if good else 'FAIL'} many graphs: {name}: {detail}", flush=True)
+            failed, total = failed + (not good), total + 1
     finally:
         comm.close()
         dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """Every public op at world 1 on one GPU: eager, inside use_symmetric_memory, under CUDA-graph
 capture (replay bitwise equal to eager, with and without graph communicators), FP4, select()
-and capabilities(), a clean close, then 50 open/capture/close rounds that must not leak.
+and capabilities(), the collectives' backward (gradients from the pool when the inputs were),
+a clean close, then 50 open/capture/close rounds that must not leak.
 
     torchrun --nproc-per-node=1 scripts/world1_check.py
 
@@ -108,6 +109,51 @@ def graphs(comm: symcomm.Communicator, tag: str) -> None:
         p._lib = p._lib._lib
 
 
+def backward(comm: symcomm.Communicator) -> None:
+    """Every collective's backward at world 1, where each is the identity: the gradient must be
+    the output's bit for bit. Eager, a leaf from the symmetric pool gets its gradient from the
+    pool (the backward collective allocated it there); one outside gets it outside. Captured
+    (forward and backward in one graph), the gradient comes from the graph's pool and the
+    replay equals eager."""
+    ops = {"all_reduce": lambda t: comm.all_reduce(t), "all_gather": lambda t: comm.all_gather(t),
+           "all_gatherv": lambda t: comm.all_gatherv(t, [t.shape[0]]),
+           "reduce_scatter": lambda t: comm.reduce_scatter(t), "reduce_scatterv": lambda t: comm.reduce_scatterv(t, [t.shape[0]])}
+    for shape, dtype in (((64, 32), torch.bfloat16), ((33, 129), torch.float32)):
+        g = rand(shape, dtype, 500)
+        for name, fn in ops.items():
+            for symmetric in (False, True):
+                with symcomm.use_symmetric_memory(comm, disabled=not symmetric):
+                    x = rand(shape, dtype, 501)
+                x.requires_grad_()
+                y = fn(x)
+                y.backward(g)
+                ok(f"backward of {name} {shape} {dtype} {'pool' if symmetric else 'plain'} input: gradient bitwise, "
+                   f"in the pool iff the input was", torch.equal(x.grad.view(torch.uint8), g.view(torch.uint8))
+                   and comm.is_symmetric(x.grad) == symmetric, (comm.is_symmetric(x.grad), symmetric))
+    with symcomm.use_symmetric_memory(comm):
+        x = rand((128, 64), torch.bfloat16, 502).requires_grad_()
+    static_g = rand((128, 64), torch.bfloat16, 503)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        comm.all_gather(comm.all_reduce(x)).backward(static_g)
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with comm.graph_capture(), torch.cuda.graph(graph):
+        comm.all_gather(comm.all_reduce(x)).backward(static_g)
+    captured_grad = x.grad
+    ok("captured backward: the gradient comes from the graph's pool, not the symmetric one",
+       not comm.is_symmetric(captured_grad))
+    for step in range(2):
+        static_g.copy_(rand((128, 64), torch.bfloat16, 600 + step))
+        graph.replay()
+        torch.cuda.synchronize()
+        ok(f"captured forward + backward replay {step} bitwise equal to the gradient",
+           torch.equal(captured_grad.view(torch.uint8), static_g.view(torch.uint8)))
+    del graph, captured_grad, x
+
+
 def memory_loop(rounds: int) -> None:
     """Open, capture on, and close a communicator ``rounds`` times: device memory must come
     back each time (NCCL's own one-time state settles after the first round)."""
@@ -175,6 +221,7 @@ def main() -> None:
     ok("select names a path and explains the rest", bool(choice.algo) and bool(choice.rejected))
 
     graphs(comm, "default")
+    backward(comm)
 
     # FP4: the gather at world 1 must equal a local quantization bit for bit
     h = 64
