@@ -184,6 +184,17 @@ def test_layer_step_bench_prints_its_table_on_cpu():
     assert all(float(r[3]) > 0 for r in timed), out
 
 
+def test_train_step_bench_prints_its_table_on_cpu():
+    done = _torchrun("bench/train_step.py", "--cpu", "--iters", "2", "--rounds", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "timings are meaningless" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    got = {(r[0], r[1], r[2]) for r in rows}
+    assert got == {(s, t, v) for s in ("tp", "fsdp") for t in ("1", "4") for v in ("symcomm", "funcol", "local")}, (
+        done.stdout)
+    assert all(float(r[3]) > 0 for r in rows), done.stdout
+
+
 @pytest.mark.parametrize("world", (2, 3))
 def test_the_quickstart_runs_at_any_world_size(world):
     """The README's example, the file itself under torchrun, run from outside the clone as a
