@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     tokens_list = [int(t) for t in (args.tokens or ("1,4" if small else "64,512,4096")).split(",")]
     hidden, ffn = args.hidden or (12 if small else 4096), args.ffn or (24 if small else 14336)
     dtype = torch.float32 if small else torch.bfloat16
-    comm = symcomm.Communicator()
+    # FSDP keeps its weight shards in the pool and, eagerly, their gradients: room for both, twice over.
+    shards = 2 * hidden * ffn // dist.get_world_size() * torch.empty((), dtype=dtype).element_size()
+    comm = symcomm.Communicator(symmetric_capacity=max(256 << 20, 4 * shards))
     rows = []
     try:
         if comm.rank == 0:

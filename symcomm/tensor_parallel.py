@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .operations.autograd import gradient_pool, in_pool
+from .operations.autograd import gradient_pooled, in_pool
 from .operations.collectives import all_reduce_op
 from .registry import lookup
 
@@ -38,10 +38,9 @@ class _CopyToRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        if torch.compiler.is_compiling():  # traced: where the output lives is the compiled graph's business
-            return all_reduce_op(grad.contiguous(), ctx.comm_key, "sum", "auto"), None
-        with gradient_pool(ctx.comm_key, ctx.symmetric):
-            return all_reduce_op(grad.contiguous(), ctx.comm_key, "sum", "auto"), None
+        symmetric = ctx.symmetric and not torch.compiler.is_compiling()  # traced: placement is the graph's
+        return gradient_pooled(ctx.comm_key, symmetric,
+                               lambda: all_reduce_op(grad.contiguous(), ctx.comm_key, "sum", "auto")), None
 
 
 class _ReduceFromRegion(torch.autograd.Function):

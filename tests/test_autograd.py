@@ -250,6 +250,44 @@ def _norm_and_fp4(rank, world):
     comm.close()
 
 
+def _pool_placement(rank, world):
+    """Where backward allocates (logic only, so on gloo with a stand-in pool): inside the
+    pool context when the forward's input was symmetric, not otherwise; a full pool (the context
+    raising SymmetricMemoryError, as the real one does on exhaustion) makes the call run again
+    outside it, with the right gradient."""
+    from symcomm.communicator import Communicator
+    from symcomm.operations import autograd
+
+    entered = []
+
+    class Pool:
+        def __init__(self, comm, full):
+            self.full = full
+
+        def __enter__(self):
+            entered.append(self.full)
+
+        def __exit__(self, *exc):
+            if self.full:
+                raise symcomm.SymmetricMemoryError("symmetric pool exhausted (stand-in)")
+            return False
+
+    comm = symcomm.Communicator()
+    symmetric = {"x": False}
+    Communicator.symmetric_pool = property(lambda self: object())
+    autograd.in_pool = lambda key, t: symmetric["x"]
+    for full in (False, True):
+        autograd.use_symmetric_memory = lambda c, full=full: Pool(c, full)
+        for sym in (False, True):
+            symmetric["x"] = sym
+            entered.clear()
+            x = rand((2, 3), rank).requires_grad_()
+            comm.all_gather(x).backward(torch.ones(2 * world, 3, dtype=F64))
+            assert torch.equal(x.grad, torch.full_like(x, float(world))), (full, sym, x.grad)
+            assert entered == ([full] if sym else []), (full, sym, entered)
+    comm.close()
+
+
 def _compiled(rank, world):
     """An FSDP-like step under torch.compile(fullgraph=True): gather the weight shard, use it,
     and AOTAutograd's backward reduce-scatters its gradient, as eager does."""
@@ -292,6 +330,7 @@ def _all(rank, world):
     _no_gradient_errors(rank, world)
     _gradcheck_world(rank, world)
     _norm_and_fp4(rank, world)
+    _pool_placement(rank, world)  # last: it patches the pool test into this process
 
 
 @pytest.mark.parametrize("world", (2, 3))

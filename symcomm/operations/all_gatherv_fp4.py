@@ -30,7 +30,7 @@ from ..errors import ArgumentError
 from ..registry import lookup
 from .autograd import Backward, library_op, no_backward
 from .base import CallContext, Dispatcher, Operation, into, scale_args
-from .collectives import make_all_gatherv, reduce_scatterv_op
+from .collectives import gathered_grad, make_all_gatherv
 
 if TYPE_CHECKING:
     from ..base import Path
@@ -225,29 +225,17 @@ class AllGathervFp4(Operation):
         each floating ``extra`` tensor gets the reduce-scatterv of its gathered gradient. Without
         ``dequantize`` nothing differentiable reaches x (the codes are integers). The payload and
         block scales carry no gradient: one arriving there raises."""
-        args, sizes, key = grad.args, grad.args["sizes"], grad.comm_key
+        args, sizes = grad.args, grad.args["sizes"]
         n = len(args["extra"] or ())
         if got[0] is not None or got[1] is not None:
             raise no_backward(f"{OP}'s packed payload and block scales", "quantization has no gradient; take "
                               "dequantize=True and differentiate through the values (straight through)")
-        values = got[2 + n] if args["dequantize"] else None
         out: dict[str, Any] = {}
-        with grad.outputs_in_pool():
-            if grad.needs("x") and args["dequantize"]:
-                x = args["x"]
-                g = values.contiguous() if values is not None else torch.zeros((sum(sizes), *x.shape[1:]),
-                                                                               dtype=x.dtype, device=x.device)
-                out["x"] = reduce_scatterv_op(g, sizes, key, "sum", "auto")
-            if n and any(e.needs_grad for e in args["extra"]):
-                extra = []
-                for e, g in zip(args["extra"], got[2:2 + n]):
-                    if not e.needs_grad:
-                        extra.append(None)
-                        continue
-                    g = g.contiguous() if g is not None else torch.zeros((sum(sizes), *e.shape[1:]), dtype=e.dtype,
-                                                                         device=e.device)
-                    extra.append(reduce_scatterv_op(g, sizes, key, "sum", "auto"))
-                out["extra"] = extra
+        if grad.needs("x") and args["dequantize"]:
+            out["x"] = gathered_grad(grad, got[2 + n], args["x"], sizes)
+        if n and any(e.needs_grad for e in args["extra"]):
+            out["extra"] = [gathered_grad(grad, g, e, sizes) if e.needs_grad else None
+                            for e, g in zip(args["extra"], got[2:2 + n])]
         return out
 
 

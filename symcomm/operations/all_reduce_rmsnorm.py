@@ -185,8 +185,7 @@ class AllReduceRmsnorm(Operation):
         if grad.needs("residual"):
             out["residual"] = g_h
         if grad.needs("x"):
-            with grad.outputs_in_pool():
-                out["x"] = all_reduce_op(g_h.contiguous(), grad.comm_key, "sum", "auto")
+            out["x"] = grad.pooled(lambda: all_reduce_op(g_h.contiguous(), grad.comm_key, "sum", "auto"))
         return out
 
 

@@ -6,25 +6,25 @@ AOTAutograd under torch.compile and a CUDA graph that captures a backward all me
 A backward runs collectives, so it is a collective call like the forward: every rank runs it,
 in the same order, with equal shapes (SPMD), through the same Communicator dispatch (validated
 once, chosen by the table, compared in check mode). Its collectives allocate their outputs in
-the symmetric pool when the forward's first input sat there (eager only: inside a capture
-torch allocates from the graph's pool, whose lifetime the graph's replays rely on).
+the symmetric pool when the forward's first input sat there (gradient_pooled).
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from ..base import capturing
-from ..errors import ArgumentError
+from ..errors import ArgumentError, SymmetricMemoryError
 from ..memory import use_symmetric_memory
 from ..registry import lookup
 
 if TYPE_CHECKING:
     from .base import Operation
+
+T = TypeVar("T")
 
 
 class Given:
@@ -55,19 +55,27 @@ class Backward:
         given = self.args[name]
         return isinstance(given, Given) and given.needs_grad
 
-    def outputs_in_pool(self) -> contextlib.AbstractContextManager:
-        """Where the backward's collectives allocate (gradient_pool)."""
-        return gradient_pool(self.comm_key, self.symmetric)
+    def pooled(self, make: Callable[[], T]) -> T:
+        """``make()``, its allocations placed as gradient_pooled says."""
+        return gradient_pooled(self.comm_key, self.symmetric, make)
 
 
-def gradient_pool(comm_key: int, symmetric: bool) -> contextlib.AbstractContextManager:
-    """Where a backward's collectives allocate: the symmetric pool when the forward's input was
-    symmetric (so a collective fed by these gradients can take the zero-copy paths), else
-    torch's allocator; inside a CUDA-graph capture always torch's (the graph's pool). Ranks
-    allocate the same shapes in the same order (the backward is SPMD), which keeps pool offsets
-    equal."""
+def gradient_pooled(comm_key: int, symmetric: bool, make: Callable[[], T]) -> T:
+    """Run ``make()`` (a backward's collectives) with its allocations in the symmetric pool when
+    the forward's input was symmetric, so that a collective fed by these gradients can take the
+    zero-copy paths; else, and inside a CUDA-graph capture always, in torch's allocator (the
+    graph's pool, whose lifetime the replays rely on). Ranks allocate the same shapes in the same
+    order (the backward is SPMD), which keeps pool offsets equal, and run out of pool alike: then
+    the call runs again outside it, since the pool only makes it faster. The failed attempt
+    communicated nothing (allocation comes before any communication)."""
     comm = lookup(comm_key)
-    return use_symmetric_memory(comm, disabled=not symmetric or capturing(comm.device))
+    if not symmetric or comm.symmetric_pool is None or capturing(comm.device):
+        return make()
+    try:
+        with use_symmetric_memory(comm):
+            return make()
+    except SymmetricMemoryError:
+        return make()
 
 
 def in_pool(comm_key: int, t: torch.Tensor) -> bool:

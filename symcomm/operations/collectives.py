@@ -17,7 +17,7 @@ from .. import validate
 from ..base import Call
 from ..errors import ArgumentError
 from ..registry import lookup
-from .autograd import Backward, library_op, no_backward
+from .autograd import Backward, Given, library_op, no_backward
 from .base import CallContext, Operation, into
 
 # Reductions with a gradient: the sum's is the sum of the outputs' gradients, the average's their
@@ -145,8 +145,7 @@ class AllReduce(Operation):
         """out_s = sum_r x_r on every rank s, so d/dx_r = sum_s g_s: the all-reduce of the gradients
         (their average for avg)."""
         op = _differentiable_op(self.name, grad)
-        with grad.outputs_in_pool():
-            return {"x": all_reduce_op(g.contiguous(), grad.comm_key, op, "auto")}
+        return {"x": grad.pooled(lambda: all_reduce_op(g.contiguous(), grad.comm_key, op, "auto"))}
 
 
 class AllGather(Operation):
@@ -162,8 +161,7 @@ class AllGather(Operation):
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
         """Every rank's output holds x_r at rows r: its gradient is the sum over ranks of those
         rows of the outputs' gradients, a reduce-scatter."""
-        with grad.outputs_in_pool():
-            return {"x": reduce_scatter_op(g.contiguous(), grad.comm_key, "sum", "auto")}
+        return {"x": grad.pooled(lambda: reduce_scatter_op(g.contiguous(), grad.comm_key, "sum", "auto"))}
 
 
 class AllGatherv(Operation):
@@ -189,16 +187,8 @@ class AllGatherv(Operation):
         """A reduce-scatterv of each gathered tensor's gradient, with the forward's sizes. One
         per input that needs a gradient, whether or not its output was used here (zeros if not),
         so the ranks' backward collectives stay alike."""
-        sizes, key, given = grad.args["sizes"], grad.comm_key, grad.args["xs"]
-        grads: list[torch.Tensor | None] = []
-        with grad.outputs_in_pool():
-            for g, x in zip(gs, given):
-                if not x.needs_grad:
-                    grads.append(None)
-                    continue
-                g = g.contiguous() if g is not None else torch.zeros((sum(sizes), *x.shape[1:]), dtype=x.dtype,
-                                                                     device=x.device)
-                grads.append(reduce_scatterv_op(g, sizes, key, "sum", "auto"))
+        sizes = grad.args["sizes"]
+        grads = [gathered_grad(grad, g, x, sizes) if x.needs_grad else None for g, x in zip(gs, grad.args["xs"])]
         return {"xs": grads}
 
 
@@ -216,8 +206,7 @@ class ReduceScatter(Operation):
         """Rank s's output is the sum over ranks of their rows s: each x_r's gradient is every
         rank's output gradient in rank order, an all-gather (divided by the world for avg)."""
         op = _differentiable_op(self.name, grad)
-        with grad.outputs_in_pool():
-            got = all_gather_op(g.contiguous(), grad.comm_key, "auto")
+        got = grad.pooled(lambda: all_gather_op(g.contiguous(), grad.comm_key, "auto"))
         return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
 
 
@@ -235,9 +224,19 @@ class ReduceScatterv(Operation):
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
         """As reduce_scatter's, with the forward's sizes: an all-gatherv."""
         op = _differentiable_op(self.name, grad)
-        with grad.outputs_in_pool():
-            got = all_gatherv_op([g.contiguous()], grad.args["sizes"], grad.comm_key, "auto")[0]
+        got = grad.pooled(lambda: all_gatherv_op([g.contiguous()], grad.args["sizes"], grad.comm_key, "auto")[0])
         return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
+
+
+def gathered_grad(grad: Backward, g: torch.Tensor | None, x: Given, sizes: list[int]) -> torch.Tensor:
+    """The gradient of an input gathered with per-rank ``sizes``: the reduce-scatterv of its
+    gathered output's gradient ``g`` (zeros where this rank did not use that output, so every
+    rank still runs the collective)."""
+    def scatter() -> torch.Tensor:
+        full = g.contiguous() if g is not None else torch.zeros((sum(sizes), *x.shape[1:]), dtype=x.dtype,
+                                                                device=x.device)
+        return reduce_scatterv_op(full, sizes, grad.comm_key, "sum", "auto")
+    return grad.pooled(scatter)
 
 
 def _differentiable_op(name: str, grad: Backward) -> str:
