@@ -43,7 +43,7 @@ import symcomm  # noqa: E402
 import fsdp_train_step as fsdp  # noqa: E402
 import tp_train_step as tp  # noqa: E402
 from layer_utils import init_distributed, seeded  # noqa: E402
-from train_utils import train_step  # noqa: E402
+from train_utils import train_step, warm_up  # noqa: E402
 
 VARIANTS = ("symcomm", "funcol", "local")
 # torch 2.13 renamed it (the old name still works, with a deprecation warning per call).
@@ -107,22 +107,15 @@ def build(step: str, variant: str, comm: symcomm.Communicator, hidden: int, ffn:
     return MODELS[step, variant](comm, cfg, module.FullMLP(cfg, comm.device)), cfg
 
 
-def batch(comm: symcomm.Communicator, tokens: int, hidden: int, dtype: torch.dtype, step: str):
-    seed = 7 if step == "tp" else 7 + comm.rank  # TP: the same tokens everywhere; FSDP: each rank its own
-    return tuple(seeded((tokens, hidden), seed + i, 1.0, dtype, comm.device) for i in range(2))
+def batch(comm: symcomm.Communicator, tokens: int, hidden: int, dtype: torch.dtype):
+    """Inputs and targets (each rank its own: timing does not care whether TP's are replicated)."""
+    return tuple(seeded((tokens, hidden), 7 + 2 * comm.rank + i, 1.0, dtype, comm.device) for i in range(2))
 
 
 def time_gpu(comm, model, cfg, tokens_list, iters, rounds) -> dict[int, float]:
     """Microseconds per step per token count: one graph each, in one pool, replayed."""
-    static = {t: batch(comm, t, cfg.hidden, cfg.dtype, "x") for t in tokens_list}
-    for p in model.params:
-        p.grad = torch.zeros_like(p)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for t in tokens_list:
-            train_step(model, static[t], cfg.lr, static_grads=True)
-    torch.cuda.current_stream().wait_stream(side)
+    static = {t: batch(comm, t, cfg.hidden, cfg.dtype) for t in tokens_list}
+    warm_up([(model, static[t]) for t in tokens_list], cfg.lr)
     pool = torch.cuda.graph_pool_handle()
     graphs = {}
     for t in sorted(tokens_list, reverse=True):
@@ -150,7 +143,7 @@ def time_gpu(comm, model, cfg, tokens_list, iters, rounds) -> dict[int, float]:
 def time_cpu(comm, model, cfg, tokens_list, iters, rounds) -> dict[int, float]:
     out = {}
     for t in tokens_list:
-        data = batch(comm, t, cfg.hidden, cfg.dtype, "x")
+        data = batch(comm, t, cfg.hidden, cfg.dtype)
         samples = []
         for _ in range(rounds):
             start = time.perf_counter()

@@ -23,26 +23,15 @@ It prints one PASS/FAIL line and exits 1 on a mismatch.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import symcomm
 
-from layer_utils import Check, add_common_args, init_distributed, modes_for, run_example, seeded
-from train_utils import Reference, check_eager, run_modes
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    hidden: int = 12  # both divide by every world size the examples run at (1 to 4)
-    ffn: int = 24
-    lr: float = 0.05
-    seed: int = 0
-    dtype: torch.dtype = torch.float32
+from layer_utils import Check, seeded
+from train_utils import Reference, TrainConfig, check_eager, example_main, run_modes
 
 
 class FullMLP:
@@ -59,7 +48,8 @@ class FullMLP:
 
 
 class FSDPMLP:
-    """This rank's rows of each weight, in the symmetric pool (the same shapes on every rank)."""
+    """This rank's rows of each weight, in the symmetric pool (the same shapes on every rank).
+    The sizes must divide by the world size (TrainConfig's --cpu ones do up to world 4)."""
 
     names = ("w1 shard", "w2 shard")
 
@@ -118,18 +108,7 @@ def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, .
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    add_common_args(parser)
-    parser.add_argument("--hidden", type=int, default=None, help="default 12 on --cpu, 1024 on GPUs")
-    parser.add_argument("--ffn", type=int, default=None, help="default 24 on --cpu, 4096 on GPUs")
-    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank per step at most (default 7 / 64)")
-    args = parser.parse_args(argv)
-    device = init_distributed(args.cpu)
-    small = device.type == "cpu"
-    cfg = TrainConfig(hidden=args.hidden or (12 if small else 1024), ffn=args.ffn or (24 if small else 4096),
-                      seed=args.seed)
-    return run_example("fsdp_train_step", lambda comm: run_checks(
-        comm, cfg, modes_for(args, device), steps=args.steps, seed=args.seed, tokens=args.tokens or (7 if small else 64)))
+    return example_main(argv, __doc__, "fsdp_train_step", TrainConfig, run_checks)
 
 
 if __name__ == "__main__":

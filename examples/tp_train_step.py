@@ -23,7 +23,6 @@ It prints one PASS/FAIL line and exits 1 on a mismatch.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 
@@ -32,18 +31,15 @@ import torch.nn.functional as F
 
 import symcomm
 
-from layer_utils import Check, add_common_args, init_distributed, modes_for, run_example, seeded
+from layer_utils import Check, seeded
 from tp_block import share
-from train_utils import Reference, run_modes, same_on_every_rank
+import train_utils
+from train_utils import Reference, example_main, run_modes, same_on_every_rank
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    hidden: int = 12
+class TrainConfig(train_utils.TrainConfig):
     ffn: int = 20  # uneven shares at world 3
-    lr: float = 0.05
-    seed: int = 0
-    dtype: torch.dtype = torch.float32
 
 
 class FullMLP:
@@ -108,18 +104,7 @@ def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, .
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    add_common_args(parser)
-    parser.add_argument("--hidden", type=int, default=None, help="default 12 on --cpu, 1024 on GPUs")
-    parser.add_argument("--ffn", type=int, default=None, help="default 20 on --cpu, 4096 on GPUs")
-    parser.add_argument("--tokens", type=int, default=None, help="tokens per step at most (default 7 / 64)")
-    args = parser.parse_args(argv)
-    device = init_distributed(args.cpu)
-    small = device.type == "cpu"
-    cfg = TrainConfig(hidden=args.hidden or (12 if small else 1024), ffn=args.ffn or (20 if small else 4096),
-                      seed=args.seed)
-    return run_example("tp_train_step", lambda comm: run_checks(
-        comm, cfg, modes_for(args, device), steps=args.steps, seed=args.seed, tokens=args.tokens or (7 if small else 64)))
+    return example_main(argv, __doc__, "tp_train_step", TrainConfig, run_checks)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,27 @@ require grad).
 """
 from __future__ import annotations
 
+import argparse
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 import symcomm
 
-from layer_utils import Check, bitwise, close_enough
+from layer_utils import Check, add_common_args, bitwise, close_enough, init_distributed, modes_for, run_example
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """An MLP's sizes (the defaults: the --cpu ones) and its SGD step."""
+
+    hidden: int = 12
+    ffn: int = 24
+    lr: float = 0.05
+    seed: int = 0
+    dtype: torch.dtype = torch.float32
+
 
 Batch = tuple[torch.Tensor, ...]
 # (step, tokens) -> every rank's batch, in rank order (the same batch everywhere under TP)
@@ -97,15 +110,8 @@ def check_graphs(model, reference: Reference, batches: Batches, buckets: list[in
     comm, rank = model.comm, model.comm.rank
     static = [torch.zeros((max(buckets), *t.shape[1:]), dtype=t.dtype, device=t.device)
               for t in batches(0, 1)[rank]]
-    for p in model.params:
-        p.grad = torch.zeros_like(p)
     start = [p.detach().clone() for p in model.params]
-    side = torch.cuda.Stream()  # warm-up off the default stream: lazy inits must not land in a capture
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for b in buckets:
-            train_step(model, tuple(t[:b] for t in static), lr, static_grads=True)
-    torch.cuda.current_stream().wait_stream(side)
+    warm_up([(model, tuple(t[:b] for t in static)) for b in buckets], lr)
     _restore(model, start)
     pool = torch.cuda.graph_pool_handle()
     graphs, losses = {}, {}
@@ -135,6 +141,22 @@ def check_graphs(model, reference: Reference, batches: Batches, buckets: list[in
         checks += compare(tag, model, ref_loss, ref_grads, reference, got[0], got[1])
     del graphs
     return checks
+
+
+def warm_up(steps: list[tuple[object, Batch]], lr: float) -> None:
+    """Give each model static gradients (a graph's step zeroes them in place) and run each step
+    once on a side stream: lazy initialisations (cuBLAS, NCCL) must not land in a capture. The
+    steps update the parameters: restore them if that matters."""
+    for model, _ in steps:
+        for p in model.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for model, batch in steps:
+            train_step(model, batch, lr, static_grads=True)
+    torch.cuda.current_stream().wait_stream(side)
 
 
 def check_compiled(model, reference: Reference, batches: Batches, buckets: list[int], seed: int,
@@ -185,6 +207,25 @@ def run_modes(model, reference: Reference, batches: Batches, modes: tuple[str, .
     if "compile" in modes:
         checks += check_compiled(model, reference, batches, buckets[-1:], seed, lr)
     return checks
+
+
+def example_main(argv: list[str] | None, doc: str, title: str, config, run_checks) -> int:
+    """A training example's command line: its --cpu sizes are ``config``'s defaults, its GPU
+    sizes hidden 1024, ffn 4096 and 64 tokens."""
+    cpu = config()
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
+    add_common_args(parser)
+    parser.add_argument("--hidden", type=int, default=None, help=f"default {cpu.hidden} on --cpu, 1024 on GPUs")
+    parser.add_argument("--ffn", type=int, default=None, help=f"default {cpu.ffn} on --cpu, 4096 on GPUs")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank per step at most (default 7 / 64)")
+    args = parser.parse_args(argv)
+    device = init_distributed(args.cpu)
+    small = device.type == "cpu"
+    cfg = config(hidden=args.hidden or (cpu.hidden if small else 1024), ffn=args.ffn or (cpu.ffn if small else 4096),
+                 seed=args.seed)
+    tokens = args.tokens or (7 if small else 64)
+    return run_example(title, lambda comm: run_checks(comm, cfg, modes_for(args, device), steps=args.steps,
+                                                      seed=args.seed, tokens=tokens))
 
 
 def same_on_every_rank(comm: symcomm.Communicator, name: str, t: torch.Tensor) -> Check:

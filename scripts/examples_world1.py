@@ -40,15 +40,7 @@ def many_graphs(comm: symcomm.Communicator) -> list[tuple[str, bool, str]]:
     stages = [fsdp_train_step.FSDPMLP(comm, cfg, fsdp_train_step.FullMLP(
         fsdp_train_step.TrainConfig(hidden=1024, ffn=4096, seed=s), comm.device)) for s in range(4)]
     micro = [tuple(torch.randn(64, cfg.hidden, device=comm.device) for _ in range(2)) for _ in range(4)]
-    for model in stages:
-        for p in model.params:
-            p.grad = torch.zeros_like(p)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for model in stages:
-            train_utils.train_step(model, micro[0], cfg.lr, static_grads=True)
-    torch.cuda.current_stream().wait_stream(side)
+    train_utils.warm_up([(model, micro[0]) for model in stages], cfg.lr)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     pool_used = comm.symmetric_pool.bytes_in_use  # after the warm-up, whose eager backward used the pool
