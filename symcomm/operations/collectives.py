@@ -1,7 +1,9 @@
 """The five collectives as operations: all_reduce, all_gather, all_gatherv, reduce_scatter,
 reduce_scatterv. Each builds its Call from the public method's arguments (the rules of
-symcomm/validate.py), is chosen by its row of the dispatch table, and under torch.compile runs
-as a torch.library op of its own (functional: an ``out=`` receives a copy).
+symcomm/validate.py), is chosen by its row of the dispatch table, and under torch.compile (or
+when autograd records it) runs as a torch.library op of its own (functional: an ``out=``
+receives a copy), which carries its backward: all_gather(v) and reduce_scatter(v) are each
+other's, all_reduce its own.
 
 ``*_call`` builds a call from arguments; ``make_*`` builds one from tensors a composite
 operation already validated (no rules run), for the collective it runs inside.
@@ -23,6 +25,7 @@ from .base import CallContext, Operation, into
 # Reductions with a gradient: the sum's is the sum of the outputs' gradients, the average's their
 # average; max, min and prod have none that a collective can give (it depends on every rank's values).
 DIFFERENTIABLE_REDOPS = ("sum", "avg")
+
 
 def all_reduce_call(x: object, out: object, op: object, device: torch.device) -> Call:
     # The hottest eager path: the common case is inlined, the helpers only raise.
