@@ -13,12 +13,13 @@ from . import fp4, rmsnorm
 from .memory import use_symmetric_memory
 from .operations.all_gatherv_fp4 import Fp4Choice, Fp4Gathered
 from .operations.all_reduce_rmsnorm import NormChoice
+from .operations.moe_dispatch import Dispatched, EpHandle
 from .rmsnorm import NormedResult
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "CudaError", "DtypeError",
-    "Fp4Choice", "Fp4Gathered", "NcclError", "NcclUnavailableError", "NormChoice", "NormedResult",
+    "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "CudaError", "Dispatched",
+    "DtypeError", "EpHandle", "Fp4Choice", "Fp4Gathered", "NcclError", "NcclUnavailableError", "NormChoice", "NormedResult",
     "PeerMismatchError", "SymcommError", "SymmetricMemoryError", "fp4", "rmsnorm", "use_symmetric_memory",
 ]

@@ -73,6 +73,7 @@ class BenchConfig:
     with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
     command: str = ""        # the command line, for records (tuning files)
     baseline: str | None = None  # --baseline: a `symcomm-bench baseline` file to compare with
+    options: dict[str, int] = field(default_factory=dict)  # the op's shape flags (--hidden, --topk, ...)
 
     @property
     def type_name(self) -> str:

@@ -120,6 +120,12 @@ def make_all_reduce(x: torch.Tensor, out: torch.Tensor) -> Call:
                 "all_reduce:inplace" if out_ptr == x_ptr else None)
 
 
+def make_all_gather(x: torch.Tensor, out: torch.Tensor) -> Call:
+    """The all_gather of ``x`` into ``out`` (already valid, not overlapping), as a composite op runs it."""
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    return Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, out.nbytes)
+
+
 def make_all_gatherv(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], sizes: list[int]) -> Call:
     """The all_gatherv of already-valid tensors (a composite op's own slices and outputs)."""
     return Call("all_gatherv", inputs, outputs, [t.data_ptr() for t in inputs], [t.data_ptr() for t in outputs],
