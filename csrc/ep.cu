@@ -26,6 +26,8 @@
 #include "symcomm_testing.h"
 
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <vector>
 
 namespace {
@@ -119,16 +121,27 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     counts[id] = sum;
   }
   if (!barrier(s, kStart, W, epoch)) return;
-  for (int i = threadIdx.x; i < W * E; i += blockDim.x) {
-    const int q = (s.rank + i / E) % W;  // ranks do not all start on one peer
-    reinterpret_cast<int32_t*>(at(slots, job.table, q))[s.rank * E + i % E] = counts[i % E];
+  // This rank's row of every table: its counts, then its fingerprint (one more column).
+  const int row = E + 1;
+  const int32_t mark = ep::fingerprint(job.capacity, job.row_bytes, job.topk, job.align, job.max_tokens, E);
+  for (int i = threadIdx.x; i < W * row; i += blockDim.x) {
+    const int q = (s.rank + i / row) % W;  // ranks do not all start on one peer
+    const int col = i % row;
+    reinterpret_cast<int32_t*>(at(slots, job.table, q))[s.rank * row + col] = col < E ? counts[col] : mark;
   }
   if (!barrier(s, kEnd, W, epoch)) return;
   const int32_t* all = reinterpret_cast<const int32_t*>(at(slots, job.table, s.rank));
+  // Every rank sees every fingerprint, so every rank stops alike, before any row moves.
+  bool agree = true;
+  if (threadIdx.x < W && all[threadIdx.x * row + E] != mark) {
+    give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kEnd, int(threadIdx.x)));
+    agree = false;
+  }
+  if (!__syncthreads_and(agree)) return;
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t total = 0, before = 0;
     for (int q = 0; q < W; ++q) {
-      const int32_t c = all[q * E + id];
+      const int32_t c = all[q * row + id];
       before += q < s.rank ? c : 0;
       total += c;
     }
@@ -168,13 +181,7 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     const int32_t pos = job.send_rows[e];
     if (pos < 0) continue;
     const int id = int(int64_t(ids[e]));
-    const int64_t row = int64_t(base[id]) + table[int(e / run) * E + id] + pos;
-    if (row >= job.capacity) {  // only when ranks disagree on the sizes: refuse, never overflow
-      give_up(s, abort_code(SYMCOMM_AR_ABORT_OVERFLOW, kEnd, id / L));
-      job.send_rows[e] = -1;
-      continue;
-    }
-    job.send_rows[e] = int32_t(row);
+    job.send_rows[e] = base[id] + table[int(e / run) * E + id] + pos;  // < capacity: the fingerprints agree
   }
 }
 
@@ -191,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, 
   const int64_t chunks = (job.units + 31) / 32, items = job.rows * chunks;
   const float gs = Q == SYMCOMM_EP_NVFP4 ? (job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value) : 0.0f;
   const int64_t padded_cols = fp4::padded_cols(job.cols / fp4::kBlock);
-  if (!has_given_up(s)) {  // the layout may have refused an overflowing row
+  if (!has_given_up(s)) {  // the layout stops every rank whose peers passed other sizes
     for (int64_t item = int64_t(blockIdx.x) * per_block + warp; item < items; item += int64_t(gridDim.x) * per_block) {
       const int64_t t = item / chunks, u = (item % chunks) * 32 + lane;
       int dest = -1;
@@ -207,9 +214,9 @@ __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, 
       uint2 payload{};
       uint8_t scale8 = 0;
       float scale = 0.0f;
-      if (Q == SYMCOMM_EP_NONE) {
+      if constexpr (Q == SYMCOMM_EP_NONE) {
         if (mine) plain = __ldg(static_cast<const uint4*>(job.x) + t * job.units + u);
-      } else if (Q == SYMCOMM_EP_NVFP4) {
+      } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
         if (mine) {
           alignas(16) T v[fp4::kBlock];
           const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * fp4::kBlock);
@@ -237,9 +244,9 @@ __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, 
         const int64_t r = __shfl_sync(kFull, row, j);
         if (d < 0 || !mine) continue;
         char* out = at(slots, job.recv, d) + r * job.row_bytes;
-        if (Q == SYMCOMM_EP_NONE) {
+        if constexpr (Q == SYMCOMM_EP_NONE) {
           reinterpret_cast<uint4*>(out)[u] = plain;
-        } else if (Q == SYMCOMM_EP_NVFP4) {
+        } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
           reinterpret_cast<uint2*>(out)[u] = payload;
           const int64_t si = job.swizzle ? fp4::swizzled_index(r, u, padded_cols) : r * job.units + u;
           reinterpret_cast<uint8_t*>(at(slots, job.scales, d))[si] = scale8;
@@ -273,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) ep_return(Sync s, const Peers* slots
     const int64_t slot = origin % slots_back;
     char* back = at(slots, job.returned, owner);
     const bool mine = u < job.units;
-    if (Q == SYMCOMM_EP_NONE) {
+    if constexpr (Q == SYMCOMM_EP_NONE) {
       if (mine)
         reinterpret_cast<uint4*>(back)[slot * job.units + u] =
             __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + u);
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(kThreads) ep_sum(Sync s, const Peers* slots, C
       if (job.send_rows[entry] < 0) continue;
       const float w = ep::weight_at(job.weights, job.weights_dtype, entry);
       float y[ep::kCombineUnit];
-      if (Q == SYMCOMM_EP_NONE) {
+      if constexpr (Q == SYMCOMM_EP_NONE) {
         ep::load8(reinterpret_cast<const T*>(back) + entry * job.cols + u * ep::kCombineUnit, y);
       } else {
         const uint2 codes = reinterpret_cast<const uint2*>(back + entry * job.cols)[u];
@@ -439,6 +446,46 @@ cudaError_t launch_dispatch(const Context* c, const Dispatch& job, symcomm_ep_qu
       return launch(c->overlap, ep_push<SYMCOMM_EP_NVFP4, T, Id, W>, blocks, kThreads, stream, s, c->slots, job);
     return launch(c->overlap, ep_push<SYMCOMM_EP_FP8, T, Id, W>, blocks, kThreads, stream, s, c->slots, job);
   });
+}
+
+// Loads every EP kernel of world W on this device, once. With lazy module loading (CUDA's
+// default) a kernel is loaded at its first launch, and loading may wait for the device to be
+// idle; a rank whose previous EP kernel spins waiting for a peer is not idle while the host sits
+// in that load, and simulated ranks driven by one host thread would never launch the peer it
+// waits for. So the first EP call of a world loads them all before it launches anything.
+template <int W>
+cudaError_t preload(int device) {
+  static std::mutex mutex;
+  static std::set<int> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (loaded.count(device)) return cudaSuccess;
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(ep_layout<int32_t, W>), reinterpret_cast<const void*>(ep_layout<int64_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NONE, uint8_t, int32_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NONE, uint8_t, int64_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __nv_bfloat16, int32_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __nv_bfloat16, int64_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __half, int32_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __half, int64_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __nv_bfloat16, int32_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __nv_bfloat16, int64_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __half, int32_t, W>),
+      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __half, int64_t, W>),
+      reinterpret_cast<const void*>(ep_return<SYMCOMM_EP_NONE, uint8_t, W>),
+      reinterpret_cast<const void*>(ep_return<SYMCOMM_EP_FP8, __nv_bfloat16, W>),
+      reinterpret_cast<const void*>(ep_return<SYMCOMM_EP_FP8, __half, W>),
+      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_NONE, __nv_bfloat16>),
+      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_NONE, __half>),
+      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_NONE, float>),
+      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_FP8, __nv_bfloat16>),
+      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_FP8, __half>)};
+  for (const void* kernel : kernels) {
+    cudaFuncAttributes attributes;
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);  // loads it
+    if (err != cudaSuccess) return err;
+  }
+  loaded.insert(device);
+  return cudaSuccess;
 }
 
 // ------------------------------------------------------------------ CPU twin
@@ -563,6 +610,8 @@ int symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args
   if (args->quant == SYMCOMM_EP_NONE) job.scales = job.recv;  // never written: any mapped slot
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
+    const cudaError_t loaded = preload<W>(c->device);
+    if (loaded != cudaSuccess) return loaded;
     return args->ids_int64 ? launch_dispatch<W, int64_t>(c, job, args->quant, args->dtype, stream)
                            : launch_dispatch<W, int32_t>(c, job, args->quant, args->dtype, stream);
   });
@@ -582,6 +631,8 @@ int symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args, 
   sum_blocks = sum_blocks < 1 ? 1 : sum_blocks < c->grid_blocks ? sum_blocks : c->grid_blocks;
   err = for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
+    const cudaError_t loaded = preload<W>(c->device);
+    if (loaded != cudaSuccess) return loaded;
     if (args->quant == SYMCOMM_EP_NONE)
       return launch(c->overlap, ep_return<SYMCOMM_EP_NONE, uint8_t, W>, blocks, kThreads, stream, s, c->slots, job);
     return for_half(args->dtype, [&](auto type) {
@@ -613,6 +664,10 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
     if (args[r].quant != SYMCOMM_EP_NONE && (scales == nullptr || scales[r] == nullptr)) return cudaErrorInvalidValue;
   }
   const int E = args[0].num_experts, L = E / world;
+  for (int r = 0; r < world; ++r)  // the kernels stop ranks whose sizes differ; the twin refuses them
+    if (ep::fingerprint(args[r].capacity, jobs[r].row_bytes, args[r].topk, args[r].align, args[r].max_tokens, E) !=
+        ep::fingerprint(args[0].capacity, jobs[0].row_bytes, args[0].topk, args[0].align, args[0].max_tokens, E))
+      return cudaErrorInvalidValue;
   // Counts and positions, entry by entry in token order; every rank's row into every table.
   for (int r = 0; r < world; ++r) {
     const symcomm_ep_dispatch_args_t& a = args[r];
@@ -621,7 +676,8 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
       const int key = entry_key_host(a, e);
       a.send_rows[e] = key < 0 ? -1 : counts[key]++;
     }
-    for (int q = 0; q < world; ++q) std::memcpy(table[q] + r * E, counts.data(), sizeof(int32_t) * E);
+    counts.push_back(ep::fingerprint(a.capacity, jobs[r].row_bytes, a.topk, a.align, a.max_tokens, E));
+    for (int q = 0; q < world; ++q) std::memcpy(table[q] + r * (E + 1), counts.data(), sizeof(int32_t) * (E + 1));
   }
   // Rows: segment starts per rank and expert, this rank's layout, each entry's row.
   for (int r = 0; r < world; ++r) {
@@ -633,8 +689,8 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
         const int id = p * L + e;
         int64_t total = 0, before = 0;
         for (int q = 0; q < world; ++q) {
-          total += table[r][q * E + id];
-          before += q < r ? table[r][q * E + id] : 0;
+          total += table[r][q * (E + 1) + id];
+          before += q < r ? table[r][q * (E + 1) + id] : 0;
         }
         base[id] = start + before;
         if (p == r) {
@@ -658,7 +714,6 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
         const int32_t row = a.send_rows[e];
         if (row < 0) continue;
         const int dest = entry_key_host(a, e) / L;
-        if (row >= a.capacity) return cudaErrorInvalidValue;
         src[dest][row] = ep::origin(r, a.max_tokens, t, a.topk, jj);
         void* sc = scales != nullptr ? scales[dest] : nullptr;
         const bool known = for_dtype_host(a.dtype, [&](auto type) {

@@ -36,6 +36,18 @@ SYMCOMM_HD int entry_key(const Id* ids, int64_t entry, int topk, int experts) {
 
 SYMCOMM_HD int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+// What every rank of a dispatch must agree on, folded into one int32 that travels in the counts
+// table (symcomm/ep/layout.py's fingerprint computes the same): ranks that sized their buffers
+// differently see it before any row moves.
+SYMCOMM_HD int32_t fingerprint(int64_t capacity, int64_t row_bytes, int topk, int align, int64_t max_tokens,
+                               int experts) {
+  const uint64_t parts[] = {uint64_t(capacity), uint64_t(row_bytes), uint64_t(topk), uint64_t(align),
+                            uint64_t(max_tokens), uint64_t(experts)};
+  uint64_t h = 0;
+  for (uint64_t part : parts) h = (h * 1000003ull) ^ part;
+  return int32_t(h & 0x7FFFFFFFull);
+}
+
 // Which entry a received row came from (symcomm/ep/layout.py's recv_src).
 SYMCOMM_HD int32_t origin(int rank, int64_t max_tokens, int64_t token, int topk, int slot) {
   return static_cast<int32_t>((rank * max_tokens + token) * topk + slot);

@@ -107,8 +107,8 @@ enum {
   SYMCOMM_AR_ABORT_TIMEOUT = 1,      /* peer `peer` did not arrive within timeout_s */
   SYMCOMM_AR_ABORT_UNREGISTERED = 2, /* a graph read a slot whose pointer for `peer` was never set */
   SYMCOMM_AR_ABORT_CLOSED = 3,       /* symcomm_ar_retire: the context was closed */
-  SYMCOMM_AR_ABORT_OVERFLOW = 4      /* symcomm_ep_dispatch: a row would land past a receive buffer of
-                                        rank `peer` (ranks passed different sizes); nothing was written there */
+  SYMCOMM_AR_ABORT_MISMATCH = 4      /* symcomm_ep_dispatch: rank `peer` passed other sizes (capacity, row
+                                        bytes, topk, align, max_tokens, experts) than this rank; no row moved */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -440,15 +440,17 @@ typedef struct {
   uint64_t scales_offset;
   int src_slot;               /* recv_src: capacity int32, where each received row came from */
   uint64_t src_offset;
-  int table_slot;             /* the counts table: world x num_experts int32 */
+  int table_slot;             /* the counts table: world x (num_experts + 1) int32 (the last column
+                                 is each rank's fingerprint of its sizes: symcomm/ep/layout.py) */
   uint64_t table_offset;
   int32_t* send_rows;         /* this rank's, max_tokens x topk: each entry's row on its rank, or -1 */
   int32_t* expert_counts;     /* this rank's, num_experts / world */
   int32_t* expert_offsets;    /* this rank's, num_experts / world + 1 */
 } symcomm_ep_dispatch_args_t;
 
-/* Dispatch: exchanges every rank's per-expert counts (one block, two bounded barriers), places
- * this rank's entries, then writes each token (quantized per quant) into the receive buffers of
+/* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (one block,
+ * two bounded barriers; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH
+ * before any row moves), places this rank's entries, then writes each token (quantized per quant) into the receive buffers of
  * the ranks holding its experts, with its origin in their recv_src. When it completes on a rank,
  * every row sent to that rank has landed. Two launches. */
 symcomm_status_t symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args,

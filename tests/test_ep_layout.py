@@ -53,7 +53,7 @@ def test_layout_functions_match_the_reference(case):
     table = torch.stack(counts)
     assert table.tolist() == received[0].table
     for r in range(world):
-        base, expert_counts, expert_offsets = layout.placement(table, r, align)
+        base, expert_counts, expert_offsets = layout.placement(table, experts, r, align)
         assert expert_counts.tolist() == received[r].counts
         assert expert_offsets.tolist() == received[r].offsets
         valid = layout.valid_entries(ids[r], experts)
@@ -95,7 +95,7 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
         assert got.expert_offsets.tolist() == rec.offsets, where
         used = rec.offsets[-1]
         assert got.recv_src[:used].tolist() == rec.recv_src, where
-        assert got.table.tolist() == rec.table, where
+        assert got.table[:, :-1].tolist() == rec.table, where
         assert torch.equal(got.send_rows[:tokens[p]], send_rows[p]), where
         if rec.rows:
             filled = torch.tensor(sorted(rec.rows))
@@ -124,7 +124,7 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
 def test_twin_combine_adds_in_slot_order_without_fusing():
     """Values whose sum depends on the order and on fused multiply-adds: the twin must give the
     reference's bits (acc + w*y, slot by slot, each step rounded)."""
-    world, experts, k, hidden = 2, 4, 4, 16
+    experts, k, hidden = 4, 4, 16
     ids = [torch.tensor([[0, 1, 2, 3]]), torch.empty(0, k, dtype=torch.int64)]
     xs = [torch.ones(1, hidden, dtype=torch.float32), torch.empty(0, hidden, dtype=torch.float32)]
     ws = [torch.tensor([[1.0, 1e-8, 1.0 / 3, -1.0]]), torch.empty(0, k)]

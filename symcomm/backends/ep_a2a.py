@@ -17,6 +17,7 @@ import torch
 
 from .. import fp4
 from ..base import capturing
+from ..errors import PeerMismatchError
 from ..ep import fp8, layout
 from ..operations.all_to_allv import make_all_to_allv
 from ..operations.collectives import make_all_gather
@@ -58,13 +59,19 @@ class A2aDispatchPath(CompositePath):
         ids, n, k, experts = call.topk_ids, call.x.shape[0], h.topk, call.num_experts
         valid = layout.valid_entries(ids, experts)
         counts, pos = layout.counts_and_positions(ids, valid, experts)
-        self._run_inner(make_all_gather(counts, h.table.view(-1)), call.inner_algo)
-        base, expert_counts, expert_offsets = layout.placement(h.table, rank, call.align)
+        row = torch.cat([counts, counts.new_tensor([call.fingerprint()])])
+        self._run_inner(make_all_gather(row, h.table.view(-1)), call.inner_algo)
+        table = h.table.tolist()
+        marks = [r[experts] for r in table]
+        if any(m != marks[0] for m in marks):  # every rank sees the same table: all raise alike
+            raise PeerMismatchError(f"{DISPATCH_OP}: the ranks passed different sizes (max_tokens, top-k, align, "
+                                    f"hidden, dtype or quant; fingerprints by rank {marks}); no row was sent")
+        base, expert_counts, expert_offsets = layout.placement(h.table, experts, rank, call.align)
         call.expert_counts.copy_(expert_counts)
         call.expert_offsets.copy_(expert_offsets)
         rows = layout.send_rows(ids, pos, base)
         h.send_rows[:n].copy_(rows)
-        send, recv = _split(h.table.tolist(), rank, experts // h.world)
+        send, recv = _split(table, rank, experts // h.world)
         order = layout.entry_order(ids, valid, experts)[:sum(send)]
         tokens = order // k
         origin = (rank * call.max_tokens + tokens) * k + order % k

@@ -92,7 +92,7 @@ class MoeSpec(OpSpec):
         h, k = self.hidden, self.topk
         cap = layout.capacity(world, max(tokens, 1), k, self.experts, 1)
         rows = max(cap * h * itemsize, cap * (h // 2 + h // 16), cap * (h + h // 32)) + _ALIGN  # rows, scales
-        return {"rows": _up(rows), "src": _up(cap * 4), "table": _up(world * self.experts * 4),
+        return {"rows": _up(rows), "src": _up(cap * 4), "table": _up(world * (self.experts + 1) * 4),
                 "returned": _up(max(tokens, 1) * k * h * itemsize), "send_rows": _up(max(tokens, 1) * k * 4),
                 "counts": _up(self.experts * 4), "offsets": _up(self.experts * 4 + 4),
                 "expert_out": _up(cap * h * itemsize), "out": _up(max(tokens, 1) * h * itemsize)}
@@ -236,7 +236,7 @@ class MoeSpec(OpSpec):
         i32 = lambda name, n: bufs[name][:n * 4].view(torch.int32)  # noqa: E731
         offsets = i32("offsets", local + 1)
         handle = symcomm.EpHandle(i32("send_rows", t * k).view(t, k), i32("src", cap), offsets,
-                                  i32("table", world * self.experts).view(world, self.experts),
+                                  i32("table", world * (self.experts + 1)).view(world, self.experts + 1),
                                   bufs["returned"][:t * k * h * dtype.itemsize].view(t * k, h * dtype.itemsize),
                                   ids, weights, self.experts, t, 1, dtype)
         return symcomm.Dispatched(recv, scales, i32("counts", local), offsets, handle, gs if quant == "nvfp4" else None)

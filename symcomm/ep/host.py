@@ -62,7 +62,7 @@ def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], num_experts: 
         if x.device.type != "cpu" or i.device.type != "cpu":
             raise ArgumentError("dispatch_host takes CPU tensors")
         rank = HostRank(_poisoned(rshape, rdtype), None if scales_spec is None else _poisoned(*scales_spec),
-                        torch.full((cap,), -7, dtype=torch.int32), torch.zeros(world, num_experts, dtype=torch.int32),
+                        torch.full((cap,), -7, dtype=torch.int32), torch.zeros(world, num_experts + 1, dtype=torch.int32),
                         torch.full((max_tokens, k), -7, dtype=torch.int32), torch.zeros(local, dtype=torch.int32),
                         torch.zeros(local + 1, dtype=torch.int32),
                         torch.zeros(max_tokens * k, hidden * dtype.itemsize, dtype=torch.uint8))

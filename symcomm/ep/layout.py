@@ -11,7 +11,9 @@ lives on rank ``i // (E/W)`` as its local expert ``i % (E/W)``.
   ``0 <= ids[t, j] < E`` and no earlier slot of the same token names the same expert; others
   (``-1`` marks "no expert", for padding) are skipped everywhere: not sent, not added.
 - **Counts.** ``counts[q, i]``: rank q's valid entries for expert i. Every rank gets the whole
-  [W, E] table (it is what every rank needs to place its rows without asking anyone).
+  [W, E] table (it is what every rank needs to place its rows without asking anyone), plus one
+  column: each rank's ``fingerprint`` of the sizes it passed, so that ranks which sized their
+  buffers differently all stop before a row moves.
 - **Receive layout on rank p.** Its local expert e gets one segment of
   ``align_up(sum_q counts[q, p*E/W + e], align)`` rows, segments in expert order from row 0:
   ``expert_offsets[e]`` is where segment e starts and ``expert_offsets[E/W]`` the rows used;
@@ -43,6 +45,15 @@ def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: in
     """Rows every rank's receive buffer holds (the same on every rank)."""
     local = num_experts // world
     return world * max_tokens * min(topk, local) + local * (align - 1)
+
+
+def fingerprint(capacity_rows: int, row_bytes: int, topk: int, align: int, max_tokens: int,
+                num_experts: int) -> int:
+    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32."""
+    h = 0
+    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts):
+        h = ((h * 1000003) & 0xFFFFFFFFFFFFFFFF) ^ part
+    return h & 0x7FFFFFFF
 
 
 def valid_entries(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -79,13 +90,14 @@ def counts_and_positions(ids: torch.Tensor, valid: torch.Tensor,
     return counts.to(torch.int32), pos.view(n, k).to(torch.int32)
 
 
-def placement(table: torch.Tensor, rank: int, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From the [W, E] counts table: (base int64 [E]: the row on expert i's rank where this
-    rank's first entry for i lands, expert_counts int32 [E/W] and expert_offsets int32 [E/W + 1]:
-    this rank's receive layout)."""
-    world, experts = table.shape
+def placement(table: torch.Tensor, experts: int, rank: int,
+              align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the [W, E] counts table (a fingerprint column after it is ignored): (base int64 [E]:
+    the row on expert i's rank where this rank's first entry for i lands, expert_counts int32
+    [E/W] and expert_offsets int32 [E/W + 1]: this rank's receive layout)."""
+    world = table.shape[0]
     local = experts // world
-    table = table.long()
+    table = table[:, :experts].long()
     total = table.sum(0)
     before = table[:rank].sum(0)
     seg = ((total + align - 1) // align * align).view(world, local)

@@ -62,7 +62,7 @@ class EpHandle:
         self.send_rows = send_rows  # int32 [max_tokens, k]; rows [:tokens] are this call's
         self.recv_src = recv_src  # int32 [capacity]; rows past expert_offsets[-1] are not written
         self.expert_offsets = expert_offsets  # int32 [E/W + 1], Dispatched.expert_offsets
-        self.table = table  # int32 [world, num_experts]
+        self.table = table  # int32 [world, num_experts + 1]: counts, and each rank's fingerprint
         self.returned = returned  # uint8 [max_tokens * k, hidden * itemsize]
         self.topk_ids, self.topk_weights = topk_ids, topk_weights
         self.num_experts, self.max_tokens, self.align, self.dtype = num_experts, max_tokens, align, dtype
@@ -133,9 +133,19 @@ class DispatchCall(Call):
     def capacity(self) -> int:
         return self.handle.capacity
 
+    def fingerprint(self) -> int:
+        """This rank's sizes as the counts table carries them (symcomm/ep/layout.py)."""
+        return layout.fingerprint(self.capacity, row_bytes(self.x.shape[1], self.x.dtype, self.quant),
+                                  self.handle.topk, self.align, self.max_tokens, self.num_experts)
+
     def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
         mine = [("out.x", self.recv)] + ([("out.scales", self.recv_scales)] if self.recv_scales is not None else [])
         return mine + self.handle.pool_buffers()
+
+
+def row_bytes(hidden: int, dtype: torch.dtype, quant: str | None) -> int:
+    """Bytes of one received row (the fingerprint's row size)."""
+    return hidden // 2 if quant == "nvfp4" else hidden if quant == "fp8" else hidden * dtype.itemsize
 
 
 def received_shapes(capacity: int, hidden: int, dtype: torch.dtype, quant: str | None,
@@ -247,7 +257,8 @@ class MoeDispatch(Operation):
         validate.check_extent("the receive buffer", cap, x)
         (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
         local = num_experts // world
-        shapes = {"handle.recv_src": ((cap,), torch.int32), "handle.table": ((world, num_experts), torch.int32),
+        shapes = {"handle.recv_src": ((cap,), torch.int32),
+                  "handle.table": ((world, num_experts + 1), torch.int32),
                   "handle.returned": ((max_tokens * k, hidden * x.dtype.itemsize), torch.uint8),
                   "handle.send_rows": ((max_tokens, k), torch.int32)}
         if out is not None:
@@ -380,8 +391,7 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 @_moe_dispatch.register_fake
 def _(x, topk_ids, topk_weights, num_experts, max_tokens, quant, scale_value, scale, align, swizzle, comm_key, algo):
     world = lookup(comm_key).world_size
-    n, hidden = x.shape
-    k = topk_ids.shape[1]
+    hidden, k = x.shape[1], topk_ids.shape[1]
     cap = layout.capacity(world, max_tokens, k, num_experts, align)
     (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
     local = num_experts // world
@@ -390,5 +400,5 @@ def _(x, topk_ids, topk_weights, num_experts, max_tokens, quant, scale_value, sc
             x.new_empty((0,)) if scales_spec is None else x.new_empty(scales_spec[0], dtype=scales_spec[1]),
             x.new_empty((local,), dtype=i32), x.new_empty((local + 1,), dtype=i32),
             x.new_empty((max_tokens, k), dtype=i32), x.new_empty((cap,), dtype=i32),
-            x.new_empty((world, num_experts), dtype=i32),
+            x.new_empty((world, num_experts + 1), dtype=i32),
             x.new_empty((max_tokens * k, hidden * x.dtype.itemsize), dtype=torch.uint8)]
