@@ -1,4 +1,4 @@
-"""Both examples at world 1 on one GPU: eager, CUDA graphs per bucket (replays bitwise equal to
+"""The examples at world 1 on one GPU: eager, CUDA graphs per bucket (replays bitwise equal to
 eager) and torch.compile(fullgraph=True), each against its single-process reference.
 
     torchrun --nproc-per-node=1 scripts/examples_world1.py [--list]
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import symcomm  # noqa: E402
 
 import dp_moe_step  # noqa: E402
+import ep_moe_step  # noqa: E402
 import tp_block  # noqa: E402
 from layer_utils import init_distributed  # noqa: E402
 
@@ -42,6 +43,9 @@ def main() -> int:
             ("dp_moe_step", lambda: dp_moe_step.run_checks(
                 comm, dp_moe_step.MoEConfig(hidden=2048, experts=16, top_k=2, ffn=1024), 64,
                 ("eager", "graph", "compile"), steps=3)),
+            ("ep_moe_step", lambda: ep_moe_step.run_checks(
+                comm, dp_moe_step.MoEConfig(hidden=2048, experts=16, top_k=4, ffn=1024), 64,
+                ("eager", "graph", "compile"), steps=3, quant="nvfp4")),
             ("tp_block", lambda: tp_block.run_checks(
                 comm, tp_block.TPConfig(hidden=2048, heads=16, head_dim=128, ffn=4096), 64,
                 ("eager", "graph", "compile"), steps=3)),

@@ -237,3 +237,32 @@ def _compiled(rank, world):
 
 def test_torch_compile_fullgraph_traces_dispatch_and_combine():
     run_world(_compiled, 2, timeout_s=300)
+
+
+def _single_rank(rank, world):
+    """A world of one: every row's place is known on the device, so dispatch and combine read no
+    count on the host (what lets a one-rank step be captured); the same layout and bits."""
+    comm = symcomm.Communicator()
+    for quant in (None, "nvfp4", "fp8"):
+        for align in (1, 4):
+            xs, ids, ws = random_case(1, [6], 128, 5, 3, seed=align, skip=0.3)
+            got = comm.moe_dispatch(xs[0], ids[0], ws[0], 5, max_tokens=7, quant=quant,
+                                    global_scale=2.0 if quant == "nvfp4" else None, align=align)
+            received, send_rows = world_dispatch(ids, 5, 7, align)
+            rec = received[0]
+            assert got.expert_offsets.tolist() == rec.offsets
+            assert got.handle.recv_src[:rec.offsets[-1]].tolist() == rec.recv_src
+            assert torch.equal(got.handle.send_rows[:6], send_rows[0])
+            filled = sorted(rec.rows)
+            want = torch.cat([_bytes(encode(xs[0][t:t + 1], quant, 2.0)[0]).reshape(1, -1)
+                              for _, t in (rec.rows[r] for r in filled)])
+            assert torch.equal(_bytes(got.x).reshape(got.x.shape[0], -1)[filled], want)
+            y = torch.randn(got.x.shape[0], 128).to(torch.bfloat16)
+            for combine_quant in (None, "fp8"):
+                out = comm.moe_combine(y, got.handle, quant=combine_quant)
+                assert torch.equal(out, world_combine(ids, ws, send_rows, [y], 5, combine_quant)[0])
+    comm.close()
+
+
+def test_a_world_of_one_places_rows_on_the_device():
+    run_world(_single_rank, 1, timeout_s=120)

@@ -9,7 +9,9 @@ back the same way, grouped by their owner, and summed in slot order. The inner c
 chosen by their own dispatch (or ``algo=`` forced one), and run without a second validation.
 
 Reading counts on the host cannot be captured in a CUDA graph: during a capture this path
-declines, and the peer-memory path (ep_push.py) is the one that can serve.
+declines, and the peer-memory path (ep_push.py) is the one that can serve. A world of one rank
+is the exception: every row's place is known on the device, nothing is sent, and the step is
+captured like any local code.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ class A2aDispatchPath(CompositePath):
     name = A2A
 
     def why_not(self, call: DispatchCall) -> str | None:
-        return CAPTURE_REASON if capturing(call.x.device) else None
+        return CAPTURE_REASON if call.world > 1 and capturing(call.x.device) else None
 
     def compared_offsets(self, call: DispatchCall) -> tuple[str, ...]:
         return ()  # sends and receives: no peer touches this rank's buffers at its offsets
@@ -60,17 +62,23 @@ class A2aDispatchPath(CompositePath):
         valid = layout.valid_entries(ids, experts)
         counts, pos = layout.counts_and_positions(ids, valid, experts)
         row = torch.cat([counts, counts.new_tensor([call.fingerprint()])])
-        self._run_inner(make_all_gather(row, h.table.view(-1)), call.inner_algo)
-        table = h.table.tolist()
-        marks = [r[experts] for r in table]
-        if any(m != marks[0] for m in marks):  # every rank sees the same table: all raise alike
-            raise PeerMismatchError(f"{DISPATCH_OP}: the ranks passed different sizes (max_tokens, top-k, align, "
-                                    f"hidden, dtype or quant; fingerprints by rank {marks}); no row was sent")
+        if h.world == 1:
+            h.table.view(-1).copy_(row)
+        else:
+            self._run_inner(make_all_gather(row, h.table.view(-1)), call.inner_algo)
         base, expert_counts, expert_offsets = layout.placement(h.table, experts, rank, call.align)
         call.expert_counts.copy_(expert_counts)
         call.expert_offsets.copy_(expert_offsets)
         rows = layout.send_rows(ids, pos, base)
         h.send_rows[:n].copy_(rows)
+        if h.world == 1:
+            self._place_locally(call, rows, valid)
+            return
+        table = h.table.tolist()
+        marks = [r[experts] for r in table]
+        if any(m != marks[0] for m in marks):  # every rank sees the same table: all raise alike
+            raise PeerMismatchError(f"{DISPATCH_OP}: the ranks passed different sizes (max_tokens, top-k, align, "
+                                    f"hidden, dtype or quant; fingerprints by rank {marks}); no row was sent")
         send, recv = _split(table, rank, experts // h.world)
         order = layout.entry_order(ids, valid, experts)[:sum(send)]
         tokens = order // k
@@ -79,18 +87,37 @@ class A2aDispatchPath(CompositePath):
         payload = [_bytes(t[tokens]) for t in self._encoded(call)]
         arrived = [t.new_empty((sum(recv), *t.shape[1:])) for t in (*payload, meta)]
         self._run_inner(make_all_to_allv([*payload, meta], arrived, send, recv), call.inner_algo)
-        dst = arrived[-1][:, 0].long()
         h.recv_src.fill_(-1)
-        h.recv_src[dst] = arrived[-1][:, 1]
-        _bytes(call.recv)[dst] = arrived[0]
+        self._place(call, arrived[-1][:, 0].long(), arrived[-1][:, 1], arrived[:-1])
+
+    def _place_locally(self, call: DispatchCall, rows: torch.Tensor, valid: torch.Tensor) -> None:
+        """One rank: every entry's row is known on the device, so the rows go straight to their
+        places with no count read on the host (this is what lets a world of one be captured).
+        Skipped entries go to distinct rows past the used ones, which the layout leaves
+        unspecified: there are at least as many of those as skipped entries, since capacity holds
+        every entry of max_tokens tokens."""
+        n, k = call.topk_ids.shape
+        skipped = ~valid.reshape(-1)
+        spare = call.capacity - torch.cumsum(skipped.long(), 0)  # distinct, and >= the used rows
+        dst = torch.where(skipped, spare, rows.reshape(-1).long())
+        entries = torch.arange(n * k, device=dst.device)
+        origin = torch.where(skipped, -1, entries).to(torch.int32)  # rank 0's entry t*k + j
+        call.handle.recv_src.fill_(-1)
+        self._place(call, dst, origin, [_bytes(t).repeat_interleave(k, dim=0) for t in self._encoded(call)])
+
+    @staticmethod
+    def _place(call: DispatchCall, dst: torch.Tensor, origin: torch.Tensor, payload: list[torch.Tensor]) -> None:
+        """Arrived rows (and their scales) into their rows of the receive buffers."""
+        call.handle.recv_src[dst] = origin
+        _bytes(call.recv)[dst] = payload[0]
         if call.recv_scales is None:
             return
         scales = _bytes(call.recv_scales)
         if call.swizzle:
             cols = call.x.shape[1] // fp4.BLOCK
-            scales.view(-1)[layout.swizzled_scale_index(dst, cols).reshape(-1)] = arrived[1].reshape(-1)
+            scales.view(-1)[layout.swizzled_scale_index(dst, cols).reshape(-1)] = payload[1].reshape(-1)
         else:
-            scales[dst] = arrived[1]
+            scales[dst] = payload[1]
 
     @staticmethod
     def _encoded(call: DispatchCall) -> list[torch.Tensor]:
@@ -107,7 +134,7 @@ class A2aCombinePath(CompositePath):
     name = A2A
 
     def why_not(self, call: CombineCall) -> str | None:
-        return CAPTURE_REASON if capturing(call.expert_out.device) else None
+        return CAPTURE_REASON if call.handle.world > 1 and capturing(call.expert_out.device) else None
 
     def compared_offsets(self, call: CombineCall) -> tuple[str, ...]:
         return ()
@@ -115,6 +142,12 @@ class A2aCombinePath(CompositePath):
     def run(self, call: CombineCall) -> None:
         h = call.handle
         n, k, world, hidden = h.tokens, h.topk, h.world, h.hidden
+        valid = h.send_rows[:n] >= 0
+        if world == 1:  # every entry's row is here: gather them on the device, no count on the host
+            picked = call.expert_out[h.send_rows[:n].reshape(-1).clamp(min=0).long()]
+            values = fp8.dequantize_float(*fp8.quantize(picked)) if call.quant == "fp8" else picked.float()
+            call.out.copy_(layout.combine_sum(values.view(n, k, hidden), h.topk_weights, valid, h.dtype))
+            return
         # Rows this rank serves, grouped by the rank that owns their token, in row order within
         # a group: the order that rank's entries left it in (layout.entry_order).
         src = h.recv_src[:int(h.expert_offsets[-1])]  # rows past the used ones hold stale origins
@@ -122,7 +155,6 @@ class A2aCombinePath(CompositePath):
         owner = src[rows].long() // (h.max_tokens * k)
         rows = rows[torch.argsort(owner, stable=True)]
         send = torch.bincount(owner, minlength=world).tolist()
-        valid = h.send_rows[:n] >= 0
         order = layout.entry_order(h.topk_ids, valid, h.num_experts)[:int(valid.sum())]
         dest = h.topk_ids.long().reshape(-1)[order] // (h.num_experts // world)
         recv = torch.bincount(dest, minlength=world).tolist()
