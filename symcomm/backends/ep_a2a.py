@@ -61,7 +61,8 @@ class A2aDispatchPath(CompositePath):
         ids, n, k, experts = call.topk_ids, call.x.shape[0], h.topk, call.num_experts
         valid = layout.valid_entries(ids, experts)
         counts, pos = layout.counts_and_positions(ids, valid, experts)
-        row = torch.cat([counts, counts.new_tensor([call.fingerprint()])])
+        mark = torch.full((1,), call.fingerprint(), dtype=counts.dtype, device=counts.device)  # no host copy
+        row = torch.cat([counts, mark])
         if h.world == 1:
             h.table.view(-1).copy_(row)
         else:
@@ -103,7 +104,8 @@ class A2aDispatchPath(CompositePath):
         entries = torch.arange(n * k, device=dst.device)
         origin = torch.where(skipped, -1, entries).to(torch.int32)  # rank 0's entry t*k + j
         call.handle.recv_src.fill_(-1)
-        self._place(call, dst, origin, [_bytes(t).repeat_interleave(k, dim=0) for t in self._encoded(call)])
+        per_entry = [_bytes(t).unsqueeze(1).expand(n, k, -1).reshape(n * k, -1) for t in self._encoded(call)]
+        self._place(call, dst, origin, per_entry)
 
     @staticmethod
     def _place(call: DispatchCall, dst: torch.Tensor, origin: torch.Tensor, payload: list[torch.Tensor]) -> None:

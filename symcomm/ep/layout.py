@@ -79,7 +79,10 @@ def counts_and_positions(ids: torch.Tensor, valid: torch.Tensor,
     entry's index among this rank's entries for its expert in token order, -1 for skipped)."""
     n, k = ids.shape
     key = torch.where(valid, ids.long(), num_experts).reshape(-1)
-    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    # scatter_add rather than bincount: bincount reads its input's maximum on the host, which a
+    # CUDA-graph capture cannot do (a world of one rank captures this)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, key, torch.ones_like(key))[:num_experts]
     order = torch.argsort(key, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     first = torch.cat([starts, starts.new_zeros(1)])  # skipped entries: anything, masked below

@@ -275,10 +275,15 @@ class MoeDispatch(Operation):
                      for name, (shape, dtype) in shapes.items()}
         else:
             # The buffers peers write first, in a fixed order and with shapes equal on every rank,
-            # so inside use_symmetric_memory they take equal pool offsets.
+            # so inside use_symmetric_memory they take equal pool offsets. The counts table comes
+            # first: its shape depends on the world and the experts alone, so ranks that passed
+            # other sizes still meet in it, and the fingerprints there stop them all before any
+            # row lands at an offset that only one of them thinks right.
+            table = torch.empty(shapes["handle.table"][0], dtype=torch.int32, device=device)
             recv = torch.empty(rshape, dtype=rdtype, device=device)
             scales = None if scales_spec is None else torch.empty(scales_spec[0], dtype=scales_spec[1], device=device)
-            given = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in shapes.items()}
+            given = {name: torch.empty(shape, dtype=dtype, device=device) if name != "handle.table" else table
+                     for name, (shape, dtype) in shapes.items()}
             counts = torch.empty(local, dtype=torch.int32, device=device)
             offsets = torch.empty(local + 1, dtype=torch.int32, device=device)
         handle = EpHandle(given["handle.send_rows"], given["handle.recv_src"], offsets, given["handle.table"],

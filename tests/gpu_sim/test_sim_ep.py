@@ -11,12 +11,13 @@ raise the alarm within the bound. Timings here are never performance.
 """
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from _ep_reference import encode, random_case, world_combine, world_dispatch
 from _sim import SimWorld
 from symcomm import fp4
 from symcomm.backends.ep_push import PushCombinePath, PushDispatchPath
@@ -27,6 +28,10 @@ from symcomm.operations.moe_dispatch import PUSH, Dispatched, EpHandle, received
 from symcomm.peer.context import ABORT_MISMATCH, ABORT_TIMEOUT
 from symcomm.peer.setup import SharedContext
 from test_sim_peer_gather import _each_rank, _map_region, _region_tensor
+
+# The loop reference lives beside the CPU tests, which hold the a2a path and the CPU twin to it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _ep_reference import encode, random_case, world_combine, world_dispatch  # noqa: E402
 
 # (tokens per rank, experts, top-k, align, quant, swizzle, hidden): zero-token ranks, one token,
 # top-k 1..8, experts nobody picks (few tokens, many experts), alignment, the three encodings.
@@ -47,7 +52,7 @@ def _torch_kernels_loaded(_gpu):
     spinning for its peers never is (the EP kernels load themselves: csrc/ep.cu's preload)."""
     x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
     fp4.dequantize(*fp4.quantize(x, 1.0), 1.0, torch.bfloat16)
-    fp8.dequantize(*fp8.quantize(x), torch.bfloat16)
+    fp8.dequantize(*fp8.quantize(x), torch.bfloat16) * 2
     x.clone().fill_(3)
     torch.cuda.synchronize()
 
@@ -174,8 +179,10 @@ def test_peer_dispatch_and_combine_equal_the_reference(world):
 
 
 def test_replay_equals_eager_and_reuses_the_buffers():
-    """dispatch + identity expert + combine captured once per rank, replayed with new tokens:
-    the same bits as the eager calls on those tokens."""
+    """dispatch + a stand-in expert + combine captured once per rank, replayed with new tokens:
+    the same bits as the eager calls on those tokens. Eagerly the three run as three passes over
+    the ranks (a rank's torch kernels must not be first loaded while its dispatch spins for a
+    peer its host thread has not launched yet); a graph holds all three."""
     world, experts, k, hidden, max_tokens = 4, 16, 4, 512, 6
     with SimWorld(world, graph_slots=8) as sim:
         comms = [SimComm(sim, r) for r in range(world)]
@@ -184,13 +191,17 @@ def test_replay_equals_eager_and_reuses_the_buffers():
         static = [(torch.zeros(max_tokens, hidden, dtype=torch.bfloat16, device="cuda"),
                    torch.zeros(max_tokens, k, dtype=torch.int64, device="cuda"),
                    torch.zeros(max_tokens, k, device="cuda")) for _ in range(world)]
-        outs = [None] * world
+        got, expert_out, outs = [None] * world, [None] * world, [None] * world
 
-        def step(r):
+        def dispatch(r):
             x, ids, w = static[r]
-            d = comms[r].moe_dispatch(x, ids, w, experts, max_tokens=max_tokens, quant="fp8", out=bufs[r])
-            expert_out = fp8.dequantize(d.x, d.scales, torch.bfloat16) * 2
-            outs[r] = comms[r].moe_combine(expert_out, d.handle, quant="fp8")
+            got[r] = comms[r].moe_dispatch(x, ids, w, experts, max_tokens=max_tokens, quant="fp8", out=bufs[r])
+
+        def expert(r):
+            expert_out[r] = fp8.dequantize(got[r].x, got[r].scales, torch.bfloat16) * 2
+
+        def combine(r):
+            outs[r] = comms[r].moe_combine(expert_out[r], got[r].handle, quant="fp8")
 
         def load(seed):
             xs, ids, ws = random_case(world, [max_tokens] * world, hidden, experts, k, seed=seed)
@@ -198,26 +209,32 @@ def test_replay_equals_eager_and_reuses_the_buffers():
                 for dst, src in zip(static[r], (xs[r], ids[r], ws[r])):
                     dst.copy_(src)
 
+        def eager():
+            for phase in (dispatch, expert, combine):
+                _each_rank(sim, streams, phase)
+            return [o.clone() for o in outs]
+
         load(1)
-        _each_rank(sim, streams, step)  # eager, and every kernel loaded
+        eager()  # every kernel loaded, on an idle device, before any capture
         graphs = []
         for r in range(world):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.stream(streams[r]), torch.cuda.graph(g, stream=streams[r]):
-                step(r)
+                dispatch(r)
+                expert(r)
+                combine(r)
             graphs.append(g)
         captured = list(outs)
         for seed in (2, 3):
             load(seed)
-            _each_rank(sim, streams, step)
-            eager = [o.clone() for o in outs]
+            want = eager()
             for o in captured:
                 o.fill_(7)
             load(seed)
             _each_rank(sim, streams, lambda r: graphs[r].replay())
             for r in range(world):
-                assert torch.equal(_bytes(captured[r]), _bytes(eager[r])), f"replay {seed} rank {r}"
-            assert any(e.abs().sum() > 0 for e in eager)
+                assert torch.equal(_bytes(captured[r]), _bytes(want[r])), f"replay {seed} rank {r}"
+            assert any(w.abs().sum() > 0 for w in want)
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
@@ -227,11 +244,11 @@ def test_a_stalled_rank_raises_the_alarm_within_the_bound():
         comms = [SimComm(sim, r) for r in range(world)]
         bufs = _buffers(sim, max_tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
         xs, ids, ws = random_case(world, [max_tokens] * world, hidden, experts, k, seed=5)
+        xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
         streams = [torch.cuda.Stream() for _ in range(world)]
         start = time.monotonic()
         _each_rank(sim, streams, lambda r: comms[r].moe_dispatch(
-            xs[r].cuda(), ids[r].cuda(), ws[r].cuda(), experts, max_tokens=max_tokens, out=bufs[r])
-            if r != 2 else None)
+            xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r]) if r != 2 else None)
         elapsed = time.monotonic() - start
         assert timeout_s * 0.9 <= elapsed < timeout_s + 10, elapsed
         for r in (0, 1, 3):
@@ -240,34 +257,39 @@ def test_a_stalled_rank_raises_the_alarm_within_the_bound():
         # every later call of a stopped rank returns at once, without writing
         before = bufs[0].handle.recv_src.clone()
         _each_rank(sim, streams, lambda r: comms[r].moe_dispatch(
-            xs[r].cuda(), ids[r].cuda(), ws[r].cuda(), experts, max_tokens=max_tokens, out=bufs[r]) if r == 0 else None)
+            xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r]) if r == 0 else None)
         assert torch.equal(bufs[0].handle.recv_src, before)
 
 
 def test_ranks_that_disagree_on_sizes_stop_before_any_row_moves():
-    """Rank 1 states max_tokens 1 and rank 0 states 4, so their buffers differ: the fingerprints in
-    the counts table differ, and both ranks raise the alarm naming the other before pushing a row."""
+    """Rank 1 states max_tokens 1 and rank 0 states 4, so their receive buffers differ in size.
+    The counts table, which dispatch allocates first (its shape follows the world and the experts
+    alone), still sits at one offset: both ranks find the other's fingerprint there and raise the
+    alarm naming it, before any row moves."""
     world, experts, k, hidden = 2, 2, 1, 128
-    with SimWorld(world, timeout_s=5.0, graph_slots=8) as sim:
+    with SimWorld(world, timeout_s=5.0, graph_slots=16) as sim:
         comms = [SimComm(sim, r) for r in range(world)]
-        bufs = [_buffers(sim, 4, hidden, k, experts, 1, None, False, torch.bfloat16)[0],
-                None]
+        big = _buffers(sim, 4, hidden, k, experts, 1, None, False, torch.bfloat16)
         small = _buffers(sim, 1, hidden, k, experts, 1, None, False, torch.bfloat16)[1]
+        h = small.handle
+        small = small._replace(handle=EpHandle(h.send_rows, h.recv_src, h.expert_offsets, big[1].handle.table,
+                                               h.returned, None, None, experts, 1, 1, torch.bfloat16))
         x = torch.randn(4, hidden, dtype=torch.bfloat16, device="cuda")
         ids = torch.ones(4, 1, dtype=torch.int64, device="cuda")
         w = torch.ones(4, 1, device="cuda")
-        before = [bufs[0].handle.recv_src.clone(), small.handle.recv_src.clone()]
+        before = [big[0].handle.recv_src.clone(), small.handle.recv_src.clone(), big[1].handle.recv_src.clone()]
 
         def launch(r):
             if r == 0:
-                comms[0].moe_dispatch(x, ids, w, experts, max_tokens=4, out=bufs[0])
+                comms[0].moe_dispatch(x, ids, w, experts, max_tokens=4, out=big[0])
             else:
                 comms[1].moe_dispatch(x[:1], ids[:1], w[:1], experts, max_tokens=1, out=small)
 
         _each_rank(sim, [torch.cuda.Stream() for _ in range(world)], launch)
         for r in range(world):
             assert sim.alarm(r) >> 32 == ABORT_MISMATCH and sim.alarm(r) & 0xFFFF == 1 - r, hex(sim.alarm(r))
-        assert torch.equal(bufs[0].handle.recv_src, before[0]) and torch.equal(small.handle.recv_src, before[1])
+        after = [big[0].handle.recv_src, small.handle.recv_src, big[1].handle.recv_src]
+        assert all(torch.equal(a, b) for a, b in zip(after, before))
 
 
 def test_the_paths_decline_what_the_kernels_cannot_take():
