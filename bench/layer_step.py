@@ -45,7 +45,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -137,12 +136,8 @@ class EPTorch(ep.EPMoELayer):
         dist.all_to_all_single(expert, flat[order] % local, rc, sc)
         by_expert = torch.argsort(expert, stable=True)
         ends = torch.searchsorted(expert[by_expert], torch.arange(1, local + 1, device=x.device), out_int32=True)
-        rows = arrived[by_expert]
-        gate, up = F.grouped_mm(rows, self.w.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-        out = F.grouped_mm((F.silu(gate.float()) * up.float()).to(rows.dtype), self.w.down.transpose(1, 2),
-                           offs=ends)
         back_rows = torch.empty_like(arrived)
-        back_rows[by_expert] = out
+        back_rows[by_expert] = ep.expert_mlp(self.w, arrived[by_expert], ends)
         back = torch.empty(n * k, cfg.hidden, dtype=x.dtype, device=x.device)
         dist.all_to_all_single(back, back_rows, sc, rc)
         per_entry = torch.empty_like(back)
@@ -162,10 +157,7 @@ class EPLocal(ep.EPMoELayer):
         key = (ids.long() % local).reshape(-1)
         order = torch.argsort(key, stable=True)
         ends = torch.searchsorted(key[order], torch.arange(1, local + 1, device=x.device), out_int32=True)
-        rows = x[order // k]
-        gate, up = F.grouped_mm(rows, self.w.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-        out = F.grouped_mm((F.silu(gate.float()) * up.float()).to(rows.dtype), self.w.down.transpose(1, 2),
-                           offs=ends)
+        out = ep.expert_mlp(self.w, x[order // k], ends)
         per_entry = torch.empty_like(out)
         per_entry[order] = out
         return (per_entry.view(n, k, -1).float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
@@ -264,8 +256,9 @@ def time_cpu(step, hidden, iters: int, rounds: int) -> float:
     return slowest_rank(statistics.median(samples))
 
 
-def time_eager_cuda(step, hidden, iters: int, rounds: int) -> float:
-    step(hidden)
+def timed_rounds(once, iters: int, rounds: int) -> float:
+    """Median over rounds of the time per ``once()``, CUDA events around ``iters`` of them, the
+    slowest rank's."""
     samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(rounds):
@@ -273,11 +266,16 @@ def time_eager_cuda(step, hidden, iters: int, rounds: int) -> float:
         torch.cuda.synchronize()
         start.record()
         for _ in range(iters):
-            step(hidden)
+            once()
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / iters)
     return slowest_rank(statistics.median(samples))
+
+
+def time_eager_cuda(step, hidden, iters: int, rounds: int) -> float:
+    step(hidden)
+    return timed_rounds(lambda: step(hidden), iters, rounds)
 
 
 def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool) -> float:
@@ -292,19 +290,9 @@ def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool) -> floa
         step(hidden)
     graph.replay()
     torch.cuda.synchronize()
-    samples = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(rounds):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    us = timed_rounds(graph.replay, iters, rounds)
     del graph
-    return slowest_rank(statistics.median(samples))
+    return us
 
 
 def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, float]:

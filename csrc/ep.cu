@@ -318,23 +318,9 @@ __global__ void __launch_bounds__(kThreads) ep_sum(Sync s, const Peers* slots, C
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < job.rows * per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_row, u = i % per_row;
-    float acc[ep::kCombineUnit] = {};
-    for (int j = 0; j < job.topk; ++j) {
-      const int64_t entry = t * job.topk + j;
-      if (job.send_rows[entry] < 0) continue;
-      const float w = ep::weight_at(job.weights, job.weights_dtype, entry);
-      float y[ep::kCombineUnit];
-      if constexpr (Q == SYMCOMM_EP_NONE) {
-        ep::load8(reinterpret_cast<const T*>(back) + entry * job.cols + u * ep::kCombineUnit, y);
-      } else {
-        const uint2 codes = reinterpret_cast<const uint2*>(back + entry * job.cols)[u];
-        const float scale = reinterpret_cast<const float*>(back + slots_back * job.cols)[
-            entry * (job.cols / ep::kFp8Block) + u * ep::kCombineUnit / ep::kFp8Block];
-        ep::fp8_values8(codes, scale, y);
-      }
-#pragma unroll
-      for (int k = 0; k < ep::kCombineUnit; ++k) acc[k] = ep::weighted_add(acc[k], w, y[k]);
-    }
+    float acc[ep::kCombineUnit];
+    ep::sum_unit<T, Q>(back, job.send_rows, job.weights, job.weights_dtype, t, u, job.cols, job.topk, slots_back,
+                       acc);
     ep::store8(static_cast<T*>(job.out) + t * job.cols + u * ep::kCombineUnit, acc);
   }
 }
@@ -560,24 +546,13 @@ void sum_rows_host(const symcomm_ep_combine_args_t& a, const char* back) {
   const int64_t slots_back = a.max_tokens * a.topk;
   for (int64_t t = 0; t < a.rows; ++t) {
     for (int64_t u = 0; u < a.cols / ep::kCombineUnit; ++u) {
-      float acc[ep::kCombineUnit] = {};
-      for (int jj = 0; jj < a.topk; ++jj) {
-        const int64_t entry = t * a.topk + jj;
-        if (a.send_rows[entry] < 0) continue;
-        const float w = ep::weight_at(a.weights, a.weights_dtype, entry);
-        float y[ep::kCombineUnit];
-        if (a.quant == SYMCOMM_EP_NONE) {
-          ep::load8(reinterpret_cast<const T*>(back) + entry * a.cols + u * ep::kCombineUnit, y);
-        } else {
-          uint2 codes;
-          float scale;
-          std::memcpy(&codes, back + entry * a.cols + u * ep::kCombineUnit, 8);
-          std::memcpy(&scale, back + slots_back * a.cols +
-                                  (entry * (a.cols / ep::kFp8Block) + u * ep::kCombineUnit / ep::kFp8Block) * 4, 4);
-          ep::fp8_values8(codes, scale, y);
-        }
-        for (int k = 0; k < ep::kCombineUnit; ++k) acc[k] = ep::weighted_add(acc[k], w, y[k]);
-      }
+      float acc[ep::kCombineUnit];
+      if (a.quant == SYMCOMM_EP_FP8)
+        ep::sum_unit<T, SYMCOMM_EP_FP8>(back, a.send_rows, a.weights, a.weights_dtype, t, u, a.cols, a.topk,
+                                        slots_back, acc);
+      else
+        ep::sum_unit<T, SYMCOMM_EP_NONE>(back, a.send_rows, a.weights, a.weights_dtype, t, u, a.cols, a.topk,
+                                         slots_back, acc);
       ep::store8(static_cast<T*>(a.out) + t * a.cols + u * ep::kCombineUnit, acc);
     }
   }

@@ -112,12 +112,60 @@ SYMCOMM_HD void store8(T* p, const float (&v)[kCombineUnit]) {
   for (int i = 0; i < kCombineUnit; ++i) p[i] = from_f32<T>(v[i]);
 }
 
+// 8 bytes at p (8-byte aligned on the device, anything on the host).
+SYMCOMM_HD uint2 load8_bytes(const char* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint2*>(p);
+#else
+  uint2 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
+SYMCOMM_HD float load_f32(const char* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const float*>(p);
+#else
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
 // A top-k weight as fp32, whatever dtype the caller passed.
 SYMCOMM_HD float weight_at(const void* w, symcomm_dtype_t dtype, int64_t i) {
   switch (dtype) {
     case SYMCOMM_BFLOAT16: return to_f32(static_cast<const __nv_bfloat16*>(w)[i]);
     case SYMCOMM_FLOAT16: return to_f32(static_cast<const __half*>(w)[i]);
     default: return static_cast<const float*>(w)[i];
+  }
+}
+
+// One token's 8 values at unit u of its row: the rows its entries came back as (``back``: this
+// rank's returned buffer, entry t*topk+j at row t*topk+j; FP8 codes first, then the scales), in
+// slot order, weighted, in fp32. ep_sum runs it per thread and the CPU twin per unit: one code.
+template <typename T, int Q>
+SYMCOMM_HD void sum_unit(const char* back, const int32_t* send_rows, const void* weights, symcomm_dtype_t wdtype,
+                         int64_t t, int64_t u, int64_t cols, int topk, int64_t slots_back,
+                         float (&acc)[kCombineUnit]) {
+#pragma unroll
+  for (int i = 0; i < kCombineUnit; ++i) acc[i] = 0.0f;
+  for (int j = 0; j < topk; ++j) {
+    const int64_t entry = t * topk + j;
+    if (send_rows[entry] < 0) continue;
+    const float w = weight_at(weights, wdtype, entry);
+    float y[kCombineUnit];
+    if constexpr (Q == SYMCOMM_EP_FP8) {
+      const uint2 codes = load8_bytes(back + entry * cols + u * kCombineUnit);
+      const float scale = load_f32(back + (slots_back * cols) +
+                                   (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
+      fp8_values8(codes, scale, y);
+    } else {
+      load8(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, y);
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w, y[i]);
   }
 }
 

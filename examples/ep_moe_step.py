@@ -45,6 +45,14 @@ from layer_utils import (Check, add_common_args, bitwise, checks_in_modes, close
 QUANTS = {"none": None, "nvfp4": "nvfp4", "fp8": "fp8"}
 
 
+def expert_mlp(w: MoEWeights, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Rows grouped by local expert (group e ends at ends[e]) through their experts' gated MLP,
+    as grouped GEMMs; rows past the last group stay unwritten."""
+    gate, up = F.grouped_mm(rows, w.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+    act = (F.silu(gate.float()) * up.float()).to(rows.dtype)
+    return F.grouped_mm(act, w.down.transpose(1, 2), offs=ends)
+
+
 class EPMoELayer:
     """RMSNorm + router + experts held by ranks; ``forward`` returns hidden + MoE(hidden)."""
 
@@ -82,10 +90,7 @@ class EPMoELayer:
         """Every received row through its expert: the rows arrive grouped by local expert, so
         the grouped GEMM takes the dispatch's expert offsets as they are (rows past the last
         group stay unwritten, and combine never reads them)."""
-        rows, ends = self.decode(d), d.expert_offsets[1:]
-        gate, up = F.grouped_mm(rows, self.w.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-        act = (F.silu(gate.float()) * up.float()).to(rows.dtype)
-        return F.grouped_mm(act, self.w.down.transpose(1, 2), offs=ends)
+        return expert_mlp(self.w, self.decode(d), d.expert_offsets[1:])
 
     def moe(self, hidden: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         """The MoE branch alone: each token's weighted sum of its experts' outputs."""

@@ -25,6 +25,7 @@ from ..base import Call
 from ..errors import ArgumentError, PeerMismatchError
 from ..registry import lookup
 from .base import CallContext, Operation, into
+from .collectives import tensor_lists
 
 if TYPE_CHECKING:
     from ..base import Path
@@ -51,23 +52,12 @@ def make_all_to_allv(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Ten
 
 def all_to_allv_call(tensors: object, send_sizes: object, recv_sizes: object, out: object, rank: int,
                      world_size: int, device: torch.device) -> AllToAllvCall:
-    single = isinstance(tensors, torch.Tensor)
-    xs = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) else None
-    if not xs:
-        raise ArgumentError("tensors must be a tensor or a non-empty list of tensors")
+    single, xs, outs = tensor_lists(tensors, out)
     send = validate.sizes_arg(send_sizes, world_size, "send_sizes")
     recv = validate.sizes_arg(recv_sizes, world_size, "recv_sizes")
     if send[rank] != recv[rank]:
         raise ArgumentError(f"send_sizes[{rank}] ({send[rank]}) and recv_sizes[{rank}] ({recv[rank]}) must be equal: "
                             f"they count the rows this rank ({rank}) sends to itself")
-    if out is None:
-        outs = [None] * len(xs)
-    elif single:
-        outs = [out]
-    elif isinstance(out, (list, tuple)) and len(out) == len(xs):
-        outs = list(out)
-    else:
-        raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
     sent, received = sum(send), sum(recv)
     for i, x in enumerate(xs):
         name, out_name = ("tensors", "out") if single else (f"tensors[{i}]", f"out[{i}]")

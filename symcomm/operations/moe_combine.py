@@ -11,22 +11,17 @@ either path works on either.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import validate
 from ..base import Call
-from ..dispatch import Choice
 from ..ep import fp8
 from ..errors import ArgumentError
 from ..registry import lookup
-from .base import CallContext, Dispatcher, Operation, into
-from .moe_dispatch import A2A, ORDER, EpHandle, pool_signature, resolve_ep
-
-if TYPE_CHECKING:
-    from ..base import Path
-    from ..dispatch import DispatchTable
+from .base import CallContext, into
+from .moe_dispatch import EpHandle, EpOperation, pool_signature
 
 OP = "moe_combine"
 QUANTS = (None, "fp8")
@@ -58,7 +53,7 @@ def fp8_returned(handle: EpHandle) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales.view(rows, hidden // fp8.BLOCK)
 
 
-class MoeCombine(Operation):
+class MoeCombine(EpOperation):
     name = OP
     skips_empty = False  # a rank with no tokens still serves its experts' rows
     bench = "symcomm.bench.moe_spec:MOE_DISPATCH_COMBINE"
@@ -90,18 +85,6 @@ class MoeCombine(Operation):
 
     def result(self, call: CombineCall) -> torch.Tensor:
         return call.out
-
-    def order(self, table: DispatchTable, call: CombineCall) -> tuple[str, ...]:
-        return ORDER
-
-    def ranking(self, table: DispatchTable, call: CombineCall) -> str:
-        return f"in {self.name}'s order"
-
-    def resolve(self, call: CombineCall, algo: object, dispatcher: Dispatcher) -> str:
-        return resolve_ep(self.name, call, algo, dispatcher)
-
-    def inner_choice(self, call: CombineCall, path: Path, dispatcher: Dispatcher) -> Choice | None:
-        return Choice(call.inner_algo, {}) if path.name == A2A else None
 
     def check_scalars(self, call: CombineCall) -> Sequence[tuple[str, int]]:
         h = call.handle

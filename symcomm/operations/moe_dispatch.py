@@ -185,7 +185,34 @@ def _given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, dev
     return validate.given(name, t, tuple(shape), dtype, device)
 
 
-class MoeDispatch(Operation):
+class EpOperation(Operation):
+    """What moe_dispatch and moe_combine share: their fixed order of paths, and ``algo=``
+    naming one of them or an all_to_allv path (which forces a2a with that path inside)."""
+
+    def order(self, table: DispatchTable, call: Any) -> tuple[str, ...]:
+        return ORDER
+
+    def ranking(self, table: DispatchTable, call: Any) -> str:
+        return f"in {self.name}'s order"
+
+    def resolve(self, call: Any, algo: object, dispatcher: Dispatcher) -> str:
+        algo = super().resolve(call, algo, dispatcher)
+        if algo == "auto" or algo in ORDER:
+            return algo
+        if algo in dispatcher.paths_of("all_to_allv"):
+            call.inner_algo = algo
+            return A2A
+        off = dispatcher.off_of("all_to_allv")
+        if algo in off:
+            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
+        raise ArgumentError(f"algo must be 'auto', a path of {self.name} ({', '.join(ORDER)}) or an all_to_allv path "
+                            f"of this communicator ({', '.join(dispatcher.paths_of('all_to_allv'))}), got {algo!r}")
+
+    def inner_choice(self, call: Any, path: Path, dispatcher: Dispatcher) -> Choice | None:
+        return Choice(call.inner_algo, {}) if path.name == A2A else None
+
+
+class MoeDispatch(EpOperation):
     name = OP
     skips_empty = False  # a rank with no tokens still takes part: peers wait for its counts
     bench = "symcomm.bench.moe_spec:MOE_DISPATCH_COMBINE"
@@ -294,18 +321,6 @@ class MoeDispatch(Operation):
     def result(self, call: DispatchCall) -> Dispatched:
         return Dispatched(call.recv, call.recv_scales, call.expert_counts, call.expert_offsets, call.handle, call.gs)
 
-    def order(self, table: DispatchTable, call: DispatchCall) -> tuple[str, ...]:
-        return ORDER
-
-    def ranking(self, table: DispatchTable, call: DispatchCall) -> str:
-        return f"in {self.name}'s order"
-
-    def resolve(self, call: DispatchCall, algo: object, dispatcher: Dispatcher) -> str:
-        return resolve_ep(self.name, call, algo, dispatcher)
-
-    def inner_choice(self, call: DispatchCall, path: Path, dispatcher: Dispatcher) -> Choice | None:
-        return Choice(call.inner_algo, {}) if path.name == A2A else None
-
     def check_scalars(self, call: DispatchCall) -> Sequence[tuple[str, int]]:
         scale = call.gs
         if isinstance(scale, torch.Tensor):
@@ -343,23 +358,6 @@ class MoeDispatch(Operation):
         handle = EpHandle(send_rows, recv_src, offsets, table, returned, topk_ids, topk_weights, num_experts,
                           max_tokens, align, x.dtype)
         return Dispatched(recv, scales if quant is not None else None, counts, offsets, handle, global_scale)
-
-
-def resolve_ep(op: str, call: Any, algo: object, dispatcher: Dispatcher) -> str:
-    """What ``algo=`` names for moe_dispatch and moe_combine: auto, one of their paths, or an
-    all_to_allv path (which forces a2a with that path inside)."""
-    if not isinstance(algo, str):
-        raise ArgumentError(f"algo must be a string, got {type(algo).__name__}")
-    if algo == "auto" or algo in ORDER:
-        return algo
-    if algo in dispatcher.paths_of("all_to_allv"):
-        call.inner_algo = algo
-        return A2A
-    off = dispatcher.off_of("all_to_allv")
-    if algo in off:
-        raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
-    raise ArgumentError(f"algo must be 'auto', a path of {op} ({', '.join(ORDER)}) or an all_to_allv path of this "
-                        f"communicator ({', '.join(dispatcher.paths_of('all_to_allv'))}), got {algo!r}")
 
 
 def pool_signature(op: str, call: Call, named: list[tuple[str, torch.Tensor]], dtype: torch.dtype,
