@@ -244,6 +244,11 @@ def _single_rank(rank, world):
     count on the host (what lets a one-rank step be captured); the same layout and bits."""
     comm = symcomm.Communicator()
     for quant in (None, "nvfp4", "fp8"):
+        # no tokens at all (how the example allocates its buffers), then a few
+        empty = comm.moe_dispatch(torch.empty(0, 128), torch.empty(0, 3, dtype=torch.int64), torch.empty(0, 3), 5,
+                                  max_tokens=7, quant=quant, global_scale=2.0 if quant == "nvfp4" else None)
+        assert empty.expert_offsets.tolist() == [0] * 6
+        assert comm.moe_combine(torch.zeros(empty.x.shape[0], 128), empty.handle).shape == (0, 128)
         for align in (1, 4):
             xs, ids, ws = random_case(1, [6], 128, 5, 3, seed=align, skip=0.3)
             got = comm.moe_dispatch(xs[0], ids[0], ws[0], 5, max_tokens=7, quant=quant,

@@ -104,7 +104,8 @@ class A2aDispatchPath(CompositePath):
         entries = torch.arange(n * k, device=dst.device)
         origin = torch.where(skipped, -1, entries).to(torch.int32)  # rank 0's entry t*k + j
         call.handle.recv_src.fill_(-1)
-        per_entry = [_bytes(t).unsqueeze(1).expand(n, k, -1).reshape(n * k, -1) for t in self._encoded(call)]
+        rows_of = [_bytes(t) for t in self._encoded(call)]
+        per_entry = [t.unsqueeze(1).expand(n, k, t.shape[1]).reshape(n * k, t.shape[1]) for t in rows_of]
         self._place(call, dst, origin, per_entry)
 
     @staticmethod
