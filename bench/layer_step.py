@@ -4,21 +4,28 @@
         --json layer_step_w4.json --plot layer_step_w4.png        # --plot needs matplotlib
     torchrun --nproc-per-node=2 bench/layer_step.py --cpu         # smoke test over gloo: tiny shapes
 
-The layers are the examples' own (examples/dp_moe_step.py, examples/tp_block.py); only their
-collectives change between variants, all measured in the same run:
+The layers are the examples' own (examples/dp_moe_step.py, examples/tp_block.py,
+examples/ep_moe_step.py); only their collectives change between variants, all measured in the
+same run:
 
     symcomm-auto        Communicator(): dispatch picks among every path
     symcomm-nccl        Communicator(custom_ar_capacity=0): symcomm's own all-reduce kernels off,
                         NCCL paths only (the DP step still quantizes with symcomm's FP4 codec)
     torch.distributed   DP: all_gather_single of bf16 tokens, ids and weights, then
-                        reduce_scatter_single; TP: all_reduce, then PyTorch's add and RMSNorm
+                        reduce_scatter_single; TP: all_reduce, then PyTorch's add and RMSNorm;
+                        EP: all_to_all_single of the counts, then of each (token, expert)
+                        entry's bf16 row, a sort by local expert, and the same back
     torch-symm-mem      torch.distributed._symmetric_memory (one-/two-shot all-reduce for TP,
                         its low-contention all-gather / reduce-scatter for DP), where the
                         installed torch has it; otherwise the row says why it was skipped
     local               the same step with every collective replaced by a no-op: compute alone
 
-DP rows: tokens per rank, every rank at the same count (graph replay needs static sizes, and
-DP-attention serving pads ranks to the bucket). TP rows: tokens per step (every rank holds all).
+DP and EP rows: tokens per rank, every rank at the same count (graph replay needs static sizes,
+and serving pads ranks to the bucket). TP rows: tokens per step (every rank holds all). EP:
+symcomm-auto runs moe_dispatch/moe_combine on the peer-memory kernels; symcomm-nccl has them off
+(custom_ar_capacity=0), so the same calls take the a2a path over NCCL, which reads counts on the
+host and, like torch.distributed's EP step, cannot be captured: those two run eagerly (CUDA
+events around --iters eager steps; the table says "eager").
 On GPUs each (variant, tokens) is one CUDA graph of one step, captured per bucket into one
 shared pool, replayed --iters times between two events, --rounds times; the table gives the
 median round, the slowest rank. ``comm`` is step minus local, so the communication's share is
@@ -45,8 +52,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 import symcomm  # noqa: E402
 from symcomm import fp4  # noqa: E402
 from symcomm.bench import norm_spec  # noqa: E402
+from symcomm.ep import layout  # noqa: E402
 
 import dp_moe_step as dp  # noqa: E402
+import ep_moe_step as ep  # noqa: E402
 import tp_block as tp  # noqa: E402
 from layer_utils import init_distributed, rms_norm  # noqa: E402
 
@@ -105,6 +114,55 @@ class DPLocal(dp.DPMoELayer):
         return self.ws.partial[:sizes[self.comm.rank]]
 
 
+# ------------------------------------------------------------------ EP step, collectives swapped
+class EPTorch(ep.EPMoELayer):
+    """torch.distributed.all_to_all_single both ways, each (token, expert) entry's bf16 row; the
+    receiver sorts its rows by local expert for the grouped GEMM and unsorts them after."""
+
+    def moe(self, hidden, real=None):
+        cfg, world = self.cfg, self.comm.world_size
+        x = rms_norm(hidden, self.w.norm, cfg.eps)
+        ids, weights = self.route(x, real)
+        n, k, local = ids.shape[0], cfg.top_k, cfg.experts // world
+        flat = ids.long().reshape(-1)
+        order = torch.argsort(flat, stable=True)  # by expert: by destination rank too
+        send = torch.bincount(flat // local, minlength=world)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        sc, rc = send.tolist(), recv.tolist()
+        arrived = x.new_empty((sum(rc), cfg.hidden))
+        dist.all_to_all_single(arrived, x[order // k], rc, sc)
+        expert = torch.empty(sum(rc), dtype=torch.int64, device=x.device)
+        dist.all_to_all_single(expert, flat[order] % local, rc, sc)
+        by_expert = torch.argsort(expert, stable=True)
+        ends = torch.searchsorted(expert[by_expert], torch.arange(1, local + 1, device=x.device), out_int32=True)
+        back_rows = torch.empty_like(arrived)
+        back_rows[by_expert] = ep.expert_mlp(self.w, arrived[by_expert], ends)
+        back = torch.empty(n * k, cfg.hidden, dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(back, back_rows, sc, rc)
+        per_entry = torch.empty_like(back)
+        per_entry[order] = back
+        return (per_entry.view(n, k, -1).float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+class EPLocal(ep.EPMoELayer):
+    """No collective: every entry of this rank's own tokens goes to a local expert (its id modulo
+    the local count), so the experts see as many rows as in the real step."""
+
+    def moe(self, hidden, real=None):
+        cfg = self.cfg
+        x = rms_norm(hidden, self.w.norm, cfg.eps)
+        ids, weights = self.route(x, real)
+        n, k, local = ids.shape[0], cfg.top_k, len(self.experts)
+        key = (ids.long() % local).reshape(-1)
+        order = torch.argsort(key, stable=True)
+        ends = torch.searchsorted(key[order], torch.arange(1, local + 1, device=x.device), out_int32=True)
+        out = ep.expert_mlp(self.w, x[order // k], ends)
+        per_entry = torch.empty_like(out)
+        per_entry[order] = out
+        return (per_entry.view(n, k, -1).float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
 # ------------------------------------------------------------------ TP block, collectives swapped
 class TPTorch(tp.TPBlock):
     def all_reduce_add_rmsnorm(self, partial, residual, weight):
@@ -159,7 +217,15 @@ def open_comm(variant: str, symmetric_bytes: int) -> symcomm.Communicator:
     return symcomm.Communicator(symmetric=False, custom_ar_capacity=0)
 
 
+# EP variants that read token counts on the host: timed eagerly (a graph cannot capture them).
+EP_EAGER = ("symcomm-nccl", "torch.distributed")
+
+
 def build(layer: str, variant: str, comm: symcomm.Communicator, args, capacity: int):
+    if layer == "ep_moe":
+        cls = {"torch.distributed": EPTorch, "local": EPLocal}.get(variant, ep.EPMoELayer)
+        model = cls(comm, args.ep, capacity, None)
+        return model.forward, model
     if layer == "dp_moe":
         cls = {"torch.distributed": DPTorch, "torch-symm-mem": DPSymmMem, "local": DPLocal}.get(variant, dp.DPMoELayer)
         ws = dp.Workspace(comm, args.moe, capacity)
@@ -190,6 +256,28 @@ def time_cpu(step, hidden, iters: int, rounds: int) -> float:
     return slowest_rank(statistics.median(samples))
 
 
+def timed_rounds(once, iters: int, rounds: int) -> float:
+    """Median over rounds of the time per ``once()``, CUDA events around ``iters`` of them, the
+    slowest rank's."""
+    samples = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(rounds):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            once()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    return slowest_rank(statistics.median(samples))
+
+
+def time_eager_cuda(step, hidden, iters: int, rounds: int) -> float:
+    step(hidden)
+    return timed_rounds(lambda: step(hidden), iters, rounds)
+
+
 def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool) -> float:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -202,26 +290,18 @@ def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool) -> floa
         step(hidden)
     graph.replay()
     torch.cuda.synchronize()
-    samples = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(rounds):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    us = timed_rounds(graph.replay, iters, rounds)
     del graph
-    return slowest_rank(statistics.median(samples))
+    return us
 
 
 def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, float]:
     """Microseconds per step for every token count, one communicator for all of them."""
     tokens = args.tokens
-    moe_bytes = dp.Workspace.nbytes(args.moe, max(tokens), dist.get_world_size())
-    comm = open_comm(variant, moe_bytes if layer == "dp_moe" else 2 * max(tokens) * args.tp.hidden * 2)
+    world = dist.get_world_size()
+    need = {"dp_moe": dp.Workspace.nbytes(args.moe, max(tokens), world),
+            "ep_moe": ep_bytes(args.ep, max(tokens), world)}.get(layer, 2 * max(tokens) * args.tp.hidden * 2)
+    comm = open_comm(variant, need)
     try:
         step, model = build(layer, variant, comm, args, max(tokens))
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
@@ -232,7 +312,9 @@ def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, f
                 args.dtype).to(device)
             if isinstance(model, TPSymmMem):
                 model.use_tokens(n)
-            if device.type == "cuda":
+            if device.type == "cuda" and layer == "ep_moe" and variant in EP_EAGER:
+                times[n] = time_eager_cuda(step, hidden, args.iters, args.rounds)
+            elif device.type == "cuda":
                 times[n] = time_graph(step, hidden, args.iters, args.rounds, capture_ctx, pool)
             else:
                 times[n] = time_cpu(step, hidden, args.iters, args.rounds)
@@ -241,6 +323,13 @@ def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, f
         if device.type == "cuda":
             torch.cuda.synchronize()
         comm.close()
+
+
+def ep_bytes(cfg: dp.MoEConfig, tokens: int, world: int) -> int:
+    """Symmetric memory one EP step's dispatch buffers take (symcomm/ep/layout.py's capacity)."""
+    cap = layout.capacity(world, tokens, cfg.top_k, cfg.experts, 1)
+    item = cfg.dtype.itemsize
+    return cap * (cfg.hidden * item + 4) + tokens * cfg.top_k * cfg.hidden * item + world * (cfg.experts + 1) * 4
 
 
 def run(args, device: torch.device) -> list[dict]:
@@ -252,6 +341,9 @@ def run(args, device: torch.device) -> list[dict]:
             if variant == "torch-symm-mem" and skip_symm:
                 results[variant] = f"skipped: {skip_symm}"
                 continue
+            if variant == "torch-symm-mem" and layer == "ep_moe":
+                results[variant] = "skipped: torch's all_to_all_vdev needs NVSHMEM, which this step does not set up"
+                continue
             try:
                 results[variant] = measure(layer, variant, args, device)
             except Exception as exc:  # noqa: BLE001 - one variant failing must not hide the others
@@ -262,7 +354,9 @@ def run(args, device: torch.device) -> list[dict]:
         for n in args.tokens:
             for variant in VARIANTS:
                 r = results[variant]
-                row = {"layer": layer, "tokens": n, "variant": variant}
+                row = {"layer": layer, "tokens": n, "variant": variant,
+                       "timing": "eager" if layer == "ep_moe" and variant in EP_EAGER and device.type == "cuda"
+                       else "graph" if device.type == "cuda" else "cpu"}
                 if isinstance(r, str):
                     row["note"] = r
                 else:
@@ -280,7 +374,8 @@ def table(rows: list[dict]) -> str:
             lines.append(left + r["note"])
         else:
             share = 100 * r["comm_us"] / r["us"] if r["us"] else 0.0
-            lines.append(left + f"{r['us']:>10.2f}{r['comm_us']:>10.2f}{share:>6.1f}%{r['vs_torch']:>8.3f}x")
+            mode = "  eager" if r.get("timing") == "eager" else ""
+            lines.append(left + f"{r['us']:>10.2f}{r['comm_us']:>10.2f}{share:>6.1f}%{r['vs_torch']:>8.3f}x{mode}")
     return "\n".join(lines)
 
 
@@ -305,10 +400,11 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU, tiny shapes (a smoke test)")
-    parser.add_argument("--layers", default="dp_moe,tp_block")
+    parser.add_argument("--layers", default="dp_moe,tp_block,ep_moe")
     parser.add_argument("--tokens", default=None, help="comma-separated (default 1,2,4,...,64,2048; 1,4 on --cpu)")
     parser.add_argument("--hidden", type=int, default=None, help="default 7168 (64 on --cpu)")
-    parser.add_argument("--experts-per-rank", type=int, default=8)
+    parser.add_argument("--experts-per-rank", type=int, default=8, help="DP step (default 8)")
+    parser.add_argument("--ep-experts", type=int, default=None, help="EP step's experts in all (default 256; 4/rank on --cpu)")
     parser.add_argument("--top-k", type=int, default=None, help="default 8 (2 on --cpu)")
     parser.add_argument("--moe-ffn", type=int, default=None, help="expert intermediate size (default 2048)")
     parser.add_argument("--head-dim", type=int, default=128)
@@ -327,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     head_dim = 16 if small else args.head_dim
     args.moe = dp.MoEConfig(hidden=args.hidden, experts=args.experts_per_rank * world,
                             top_k=args.top_k or (2 if small else 8), ffn=args.moe_ffn or (32 if small else 2048))
+    args.ep = dp.MoEConfig(hidden=args.hidden, experts=args.ep_experts or (4 * world if small else 256),
+                           top_k=args.top_k or (2 if small else 8), ffn=args.moe_ffn or (32 if small else 2048))
     args.tp = tp.TPConfig(hidden=args.hidden, heads=args.hidden // head_dim, head_dim=head_dim,
                           ffn=args.tp_ffn or (96 if small else 18432))
     rank = dist.get_rank()
@@ -338,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
               f"top-{args.moe.top_k}, ffn {args.moe.ffn}; tokens = per rank")
         print(f"# tp_block: hidden {args.tp.hidden}, {args.tp.heads} heads x {args.tp.head_dim}, ffn {args.tp.ffn}; "
               f"tokens = per step")
+        print(f"# ep_moe: hidden {args.ep.hidden}, {args.ep.experts} experts ({args.ep.experts // world}/rank), "
+              f"top-{args.ep.top_k}, ffn {args.ep.ffn}; tokens = per rank; {', '.join(EP_EAGER)} run eagerly on GPUs")
         print(f"# median of {args.rounds} rounds of {args.iters} steps, slowest rank; comm = step - local")
     rows = run(args, device)
     if rank == 0:

@@ -10,6 +10,7 @@
  *   symcomm_fp4_*                        fp4.cu         NVFP4 quantize / dequantize
  *   symcomm_rmsnorm*                     rmsnorm.cu     residual add + RMSNorm (+ FP8 / NVFP4)
  *   symcomm_ar_rmsnorm                   fused_norm_ar.cu  the all-reduce kernels fused with it
+ *   symcomm_ep_*                         ep.cu          MoE expert-parallel dispatch and combine
  *
  * The library is loaded with ctypes; symcomm/_native.py holds the matching ctypes table and
  * tests/test_native_header.py fails when the two disagree. Every source file includes this
@@ -35,7 +36,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 2
+#define SYMCOMM_ABI_VERSION 3
 int symcomm_abi_version(void);
 
 /*
@@ -105,7 +106,9 @@ typedef struct symcomm_ar_ctx* symcomm_ar_t;
 enum {
   SYMCOMM_AR_ABORT_TIMEOUT = 1,      /* peer `peer` did not arrive within timeout_s */
   SYMCOMM_AR_ABORT_UNREGISTERED = 2, /* a graph read a slot whose pointer for `peer` was never set */
-  SYMCOMM_AR_ABORT_CLOSED = 3        /* symcomm_ar_retire: the context was closed */
+  SYMCOMM_AR_ABORT_CLOSED = 3,       /* symcomm_ar_retire: the context was closed */
+  SYMCOMM_AR_ABORT_MISMATCH = 4      /* symcomm_ep_dispatch: rank `peer` passed other sizes (capacity, row
+                                        bytes, topk, align, max_tokens, experts) than this rank; no row moved */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -392,6 +395,91 @@ symcomm_status_t symcomm_rmsnorm(const void* a, const symcomm_rmsnorm_args_t* ar
  * bounded like symcomm_ar_run; enqueued on stream. */
 symcomm_status_t symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, const void* x, int slot,
                                     uint64_t in_offset, int stage, const symcomm_rmsnorm_args_t* args,
+                                    symcomm_stream_t stream);
+
+/* ------------------------------------------------------------------------------------------
+ * MoE expert-parallel dispatch and combine (ep.cu) over a context's mapped symmetric regions.
+ * symcomm/ep/layout.py defines where every row lands and how combine adds; symcomm/ep/fp8.py the
+ * FP8 blocks, symcomm/fp4.py NVFP4. Every rank's buffers named by (slot, offset) sit at the same
+ * offset of a region mapped in that slot; the rest are this rank's own device memory. Every rank
+ * passes the same cols, topk, num_experts, max_tokens, align, quant, capacity, slots and offsets
+ * (they size the grids and the buffers); a rank with no tokens passes rows 0 and still takes
+ * part. Enqueued on stream, no host synchronisation (capturable); waits bounded as in
+ * symcomm_ar_run.
+ */
+typedef enum {
+  SYMCOMM_EP_NONE = 0,   /* rows as they are */
+  SYMCOMM_EP_NVFP4 = 1,  /* symcomm_fp4_quantize's codes and block scales (dispatch only) */
+  SYMCOMM_EP_FP8 = 2,    /* e4m3 codes, one float32 scale per 128 values */
+  SYMCOMM_EP_QUANT_MAX_ENUM = 0x7fffffff
+} symcomm_ep_quant_t;
+
+/* Most experts, and most top-k slots, the kernels take. */
+#define SYMCOMM_EP_MAX_EXPERTS 1024
+#define SYMCOMM_EP_MAX_TOPK 32
+
+typedef struct {
+  const void* x;              /* this rank's tokens, rows x cols of dtype, 16-byte aligned */
+  symcomm_dtype_t dtype;      /* bf16 or fp16; fp32 only with SYMCOMM_EP_NONE */
+  int64_t rows;
+  int64_t cols;               /* a row is whole 16-byte vectors; NVFP4: a multiple of 16; FP8: of 128 */
+  const void* topk_ids;       /* rows x topk, int32 or (ids_int64 != 0) int64 */
+  int ids_int64;
+  int topk;                   /* 1..SYMCOMM_EP_MAX_TOPK */
+  int num_experts;            /* a multiple of the world size, at most SYMCOMM_EP_MAX_EXPERTS */
+  int64_t max_tokens;
+  int align;                  /* each local expert's rows start at a multiple of align */
+  int64_t capacity;           /* rows of every receive buffer (symcomm/ep/layout.py's capacity) */
+  symcomm_ep_quant_t quant;
+  const void* gs_ptr;         /* NVFP4's global scale on the device (one float), or NULL: gs_value */
+  float gs_value;
+  int swizzle;                /* NVFP4 block scales in the 128x4 layout of a capacity-row matrix */
+  int recv_slot;              /* received rows: capacity x (cols*itemsize | cols/2 | cols) bytes */
+  uint64_t recv_offset;
+  int scales_slot;            /* NVFP4 e4m3 scales, or FP8 float32 scales [capacity, cols/128] */
+  uint64_t scales_offset;
+  int src_slot;               /* recv_src: capacity int32, where each received row came from */
+  uint64_t src_offset;
+  int table_slot;             /* the counts table: world x (num_experts + 1) int32 (the last column
+                                 is each rank's fingerprint of its sizes: symcomm/ep/layout.py) */
+  uint64_t table_offset;
+  int32_t* send_rows;         /* this rank's, max_tokens x topk: each entry's row on its rank, or -1 */
+  int32_t* expert_counts;     /* this rank's, num_experts / world */
+  int32_t* expert_offsets;    /* this rank's, num_experts / world + 1 */
+} symcomm_ep_dispatch_args_t;
+
+/* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (one block,
+ * two bounded barriers; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH
+ * before any row moves), places this rank's entries, then writes each token (quantized per quant) into the receive buffers of
+ * the ranks holding its experts, with its origin in their recv_src. When it completes on a rank,
+ * every row sent to that rank has landed. Two launches. */
+symcomm_status_t symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args,
+                                     symcomm_stream_t stream);
+
+typedef struct {
+  const void* expert_out;     /* this rank's, capacity x cols of dtype (bf16, fp16 or fp32) */
+  symcomm_dtype_t dtype;
+  int64_t cols;               /* a multiple of 8; FP8: of 128 */
+  int64_t capacity;
+  symcomm_ep_quant_t quant;   /* SYMCOMM_EP_NONE or SYMCOMM_EP_FP8 */
+  const int32_t* recv_src;    /* this rank's (dispatch's), capacity */
+  const int32_t* expert_offsets;  /* this rank's (dispatch's); element num_local is the rows used */
+  int num_local;
+  int returned_slot;          /* max_tokens * topk rows coming back to each rank */
+  uint64_t returned_offset;
+  int64_t max_tokens;
+  int topk;
+  int64_t rows;               /* this rank's tokens */
+  const int32_t* send_rows;   /* this rank's (dispatch's), rows x topk */
+  const void* weights;        /* rows x topk */
+  symcomm_dtype_t weights_dtype;
+  void* out;                  /* rows x cols of dtype */
+} symcomm_ep_combine_args_t;
+
+/* Combine: every rank writes each used row of expert_out (FP8-quantized per quant) into the
+ * returned buffer of the rank that owns its token, then (a second, local launch) each rank adds
+ * its tokens' rows in slot order, weighted, in fp32, into out. */
+symcomm_status_t symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args,
                                     symcomm_stream_t stream);
 
 #ifdef __cplusplus

@@ -69,6 +69,17 @@ symcomm_status_t symcomm_fp4_dequantize_host(const void* packed, const void* sca
  * CI checks the kernel's math without a device and GPU tests compare the kernel with it. */
 symcomm_status_t symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_t* args);
 
+/* symcomm_ep_dispatch for `world` simulated ranks on host memory: args[r] is rank r's call (its
+ * slot and offset fields unused), recv[r], scales[r] (NULL without quant), src[r] and table[r] rank
+ * r's buffers in place of the slots. The same per-entry and per-row code as the kernels
+ * (csrc/ep.cuh), positions and offsets computed one by one in the order symcomm/ep/layout.py
+ * states. Needs no GPU and returns when done; exists so CI checks the kernels' bytes. */
+symcomm_status_t symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, void* const* recv,
+                                          void* const* scales, int32_t* const* src, int32_t* const* table);
+
+/* symcomm_ep_combine likewise: args[r] rank r's call, returned[r] its returned buffer. */
+symcomm_status_t symcomm_ep_combine_host(int world, const symcomm_ep_combine_args_t* args, void* const* returned);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import symcomm  # noqa: E402
 
 import dp_moe_step  # noqa: E402
+import ep_moe_step  # noqa: E402
 import fsdp_train_step  # noqa: E402
 import tp_block  # noqa: E402
 import tp_train_step  # noqa: E402
@@ -97,6 +98,9 @@ def main() -> int:
             ("dp_moe_step", lambda: dp_moe_step.run_checks(
                 comm, dp_moe_step.MoEConfig(hidden=2048, experts=16, top_k=2, ffn=1024), 64,
                 ("eager", "graph", "compile"), steps=3)),
+            ("ep_moe_step", lambda: ep_moe_step.run_checks(
+                comm, dp_moe_step.MoEConfig(hidden=2048, experts=16, top_k=4, ffn=1024), 64,
+                ("eager", "graph", "compile"), steps=3, quant="nvfp4")),
             ("tp_block", lambda: tp_block.run_checks(
                 comm, tp_block.TPConfig(hidden=2048, heads=16, head_dim=128, ffn=4096), 64,
                 ("eager", "graph", "compile"), steps=3)),

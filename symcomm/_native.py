@@ -22,12 +22,13 @@ from .errors import CudaError
 
 _c = ctypes
 _int, _u32, _u64, _i64, _size = _c.c_int, _c.c_uint32, _c.c_uint64, _c.c_int64, _c.c_size_t
+_i32p = _c.POINTER(_c.c_int32)
 _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 # symcomm.h's typedefs, named here so the table reads like the header.
-_status = _dtype = _algo = _quant = _int
+_status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 2  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 3  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -48,7 +49,28 @@ class GathervFp4Args(ctypes.Structure):
                 ("extra_offsets", _c.POINTER(_u64)), ("extra_row_bytes", _c.POINTER(_u64))]
 
 
-STRUCTS = {"symcomm_rmsnorm_args_t": RmsnormArgs, "symcomm_gatherv_fp4_args_t": GathervFp4Args}
+class EpDispatchArgs(ctypes.Structure):
+    """symcomm_ep_dispatch_args_t."""
+
+    _fields_ = [("x", _ptr), ("dtype", _dtype), ("rows", _i64), ("cols", _i64), ("topk_ids", _ptr),
+                ("ids_int64", _int), ("topk", _int), ("num_experts", _int), ("max_tokens", _i64), ("align", _int),
+                ("capacity", _i64), ("quant", _ep_quant), ("gs_ptr", _ptr), ("gs_value", _f32), ("swizzle", _int),
+                ("recv_slot", _int), ("recv_offset", _u64), ("scales_slot", _int), ("scales_offset", _u64),
+                ("src_slot", _int), ("src_offset", _u64), ("table_slot", _int), ("table_offset", _u64),
+                ("send_rows", _i32p), ("expert_counts", _i32p), ("expert_offsets", _i32p)]
+
+
+class EpCombineArgs(ctypes.Structure):
+    """symcomm_ep_combine_args_t."""
+
+    _fields_ = [("expert_out", _ptr), ("dtype", _dtype), ("cols", _i64), ("capacity", _i64), ("quant", _ep_quant),
+                ("recv_src", _i32p), ("expert_offsets", _i32p), ("num_local", _int), ("returned_slot", _int),
+                ("returned_offset", _u64), ("max_tokens", _i64), ("topk", _int), ("rows", _i64),
+                ("send_rows", _i32p), ("weights", _ptr), ("weights_dtype", _dtype), ("out", _ptr)]
+
+
+STRUCTS = {"symcomm_rmsnorm_args_t": RmsnormArgs, "symcomm_gatherv_fp4_args_t": GathervFp4Args,
+           "symcomm_ep_dispatch_args_t": EpDispatchArgs, "symcomm_ep_combine_args_t": EpCombineArgs}
 
 # name -> (argtypes, restype), in symcomm.h's order.
 SIGNATURES: dict[str, tuple[list, object]] = {
@@ -95,6 +117,9 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_rmsnorm": ([_ptr, _c.POINTER(RmsnormArgs), _stream], _status),
     # fused_norm_ar.cu
     "symcomm_ar_rmsnorm": ([_ar, _algo, _ptr, _int, _u64, _int, _c.POINTER(RmsnormArgs), _stream], _status),
+    # ep.cu
+    "symcomm_ep_dispatch": ([_ar, _c.POINTER(EpDispatchArgs), _stream], _status),
+    "symcomm_ep_combine": ([_ar, _c.POINTER(EpCombineArgs), _stream], _status),
 }
 # symcomm_testing.h: exported for tests and measurements, not API.
 TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
@@ -107,12 +132,18 @@ TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
     "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),
     "symcomm_rmsnorm_host": ([_ptr, _c.POINTER(RmsnormArgs)], _status),
+    "symcomm_ep_dispatch_host": ([_int, _c.POINTER(EpDispatchArgs), _c.POINTER(_ptr), _c.POINTER(_ptr),
+                                  _c.POINTER(_i32p), _c.POINTER(_i32p)], _status),
+    "symcomm_ep_combine_host": ([_int, _c.POINTER(EpCombineArgs), _c.POINTER(_ptr)], _status),
 }
 
 # symcomm_dtype_t
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # symcomm_norm_quant_t
 NORM_QUANT_CODES = {None: 0, "fp8": 1, "nvfp4": 2}
+# symcomm_ep_quant_t
+EP_QUANT_CODES = {None: 0, "nvfp4": 1, "fp8": 2}
+EP_MAX_EXPERTS, EP_MAX_TOPK = 1024, 32  # SYMCOMM_EP_MAX_EXPERTS, SYMCOMM_EP_MAX_TOPK
 SUCCESS = 0
 
 

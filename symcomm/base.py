@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .operations.base import Dispatcher
     from .peers import Peers
 
-OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv")  # the collectives
+OPS = ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv", "all_to_allv")  # the collectives
 SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 
 # The paths symcomm ships, in the order a Communicator opens them (symcomm.backends.PATHS).

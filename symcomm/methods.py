@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
-from .operations import (ALL_GATHER, ALL_GATHERV, ALL_GATHERV_FP4, ALL_REDUCE, ALL_REDUCE_RMSNORM, REDUCE_SCATTER,
-                         REDUCE_SCATTERV)
+from .operations import (ALL_GATHER, ALL_GATHERV, ALL_GATHERV_FP4, ALL_REDUCE, ALL_REDUCE_RMSNORM, ALL_TO_ALLV,
+                         MOE_COMBINE, MOE_DISPATCH, REDUCE_SCATTER, REDUCE_SCATTERV)
 from .operations.all_gatherv_fp4 import Fp4Gathered
-from .operations.autograd import records
+from .operations.autograd import no_backward, records
+from .operations.moe_dispatch import Dispatched, EpHandle
 from .rmsnorm import NormedResult
 
 _is_compiling = torch.compiler.is_compiling
@@ -83,3 +84,45 @@ class OperationMethods:
                                                swizzle, algo)
         return ALL_REDUCE_RMSNORM.result(self._run(ALL_REDUCE_RMSNORM, (x, weight, residual, eps, out, residual_out,
                                                                         quant, scale, swizzle), algo))
+
+    def all_to_allv(self, tensors: torch.Tensor | Sequence[torch.Tensor], send_sizes: Sequence[int],
+                    recv_sizes: Sequence[int], out: torch.Tensor | Sequence[torch.Tensor] | None = None,
+                    algo: str = "auto") -> torch.Tensor | list[torch.Tensor]:
+        """Send ``send_sizes[p]`` consecutive rows of each tensor to rank p and receive
+        ``recv_sizes[p]`` from it, in rank order (zeros allowed; several tensors in one call).
+        Rank r's ``send_sizes[p]`` must equal rank p's ``recv_sizes[r]``
+        (symcomm/operations/all_to_allv.py)."""
+        if _is_compiling() or records(tensors):
+            return ALL_TO_ALLV.compiled(self, tensors, send_sizes, recv_sizes, out, algo)
+        return ALL_TO_ALLV.result(self._run(ALL_TO_ALLV, (tensors, send_sizes, recv_sizes, out), algo))
+
+    def moe_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
+                 max_tokens: int | None = None, quant: str | None = None,
+                 global_scale: float | torch.Tensor | None = None,
+                 align: int = 1, swizzle: bool = False, out: Dispatched | None = None,
+                 algo: str = "auto") -> Dispatched:
+        """MoE expert-parallel dispatch: send each token of ``x`` [tokens, H] to the ranks holding its
+        ``topk_ids`` experts (rank p holds experts p*E/W ..), NVFP4- or FP8-quantized on the way
+        with ``quant``. Returns Dispatched(x, scales, expert_counts, expert_offsets, handle,
+        global_scale): the received rows grouped by local expert, for a grouped GEMM, and the
+        handle moe_combine() needs. ``max_tokens`` (the most tokens any rank passes, equal everywhere)
+        sizes every buffer; ``out=`` reuses an earlier result's (symcomm/operations/moe_dispatch.py)."""
+        if records(x, topk_weights):
+            raise no_backward("moe_dispatch", "expert-parallel dispatch and combine have no backward yet (serve under torch.inference_mode())")
+        if _is_compiling():
+            return MOE_DISPATCH.compiled(self, x, topk_ids, topk_weights, num_experts, max_tokens, quant, global_scale,
+                                         align, swizzle, out, algo)
+        return MOE_DISPATCH.result(self._run(MOE_DISPATCH, (x, topk_ids, topk_weights, num_experts, max_tokens, quant,
+                                                            global_scale, align, swizzle, out), algo))
+
+    def moe_combine(self, expert_out: torch.Tensor, handle: EpHandle, *, quant: str | None = None,
+                out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
+        """MoE combine: each of this rank's tokens gets the sum over its top-k entries of weight x
+        the expert output row (``expert_out`` [capacity, H], in dispatch's layout) that entry
+        produced, added in slot order in fp32; ``quant="fp8"`` sends the rows as block FP8
+        (symcomm/operations/moe_combine.py)."""
+        if records(expert_out):
+            raise no_backward("moe_combine", "expert-parallel dispatch and combine have no backward yet (serve under torch.inference_mode())")
+        if _is_compiling():
+            return MOE_COMBINE.compiled(self, expert_out, handle, quant, out, algo)
+        return MOE_COMBINE.result(self._run(MOE_COMBINE, (expert_out, handle, quant, out), algo))

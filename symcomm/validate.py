@@ -136,13 +136,13 @@ def rows(name: str, t: torch.Tensor) -> int:
 MAX_EXTENT = 1 << 62
 
 
-def sizes_arg(sizes: object, world_size: int) -> list[int]:
+def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
     if isinstance(sizes, torch.Tensor):
         sizes = sizes.tolist()
     if not isinstance(sizes, Sequence) or isinstance(sizes, (str, bytes)):
-        raise ArgumentError(f"sizes must be a sequence of {world_size} ints, got {type(sizes).__name__}")
+        raise ArgumentError(f"{name} must be a sequence of {world_size} ints, got {type(sizes).__name__}")
     if len(sizes) != world_size:
-        raise ArgumentError(f"sizes must have one entry per rank ({world_size}), got {len(sizes)}")
+        raise ArgumentError(f"{name} must have one entry per rank ({world_size}), got {len(sizes)}")
     clean = []
     for i, s in enumerate(sizes):
         try:
@@ -150,14 +150,14 @@ def sizes_arg(sizes: object, world_size: int) -> list[int]:
                 raise TypeError
             s = operator.index(s)  # any integral: int, a NumPy integer, a 0-d integer tensor
         except TypeError:
-            raise ArgumentError(f"sizes[{i}] must be an int, got {type(s).__name__}") from None
+            raise ArgumentError(f"{name}[{i}] must be an int, got {type(s).__name__}") from None
         if s < 0:
-            raise ArgumentError(f"sizes[{i}] must be >= 0, got {s}")
+            raise ArgumentError(f"{name}[{i}] must be >= 0, got {s}")
         if s > MAX_EXTENT:
-            raise ArgumentError(f"sizes[{i}] = {s} rows is more than any tensor can hold (at most 2**62)")
+            raise ArgumentError(f"{name}[{i}] = {s} rows is more than any tensor can hold (at most 2**62)")
         clean.append(s)
     if sum(clean) > MAX_EXTENT:
-        raise ArgumentError(f"sizes add up to {sum(clean)} rows, more than any tensor can hold (at most 2**62)")
+        raise ArgumentError(f"{name} add up to {sum(clean)} rows, more than any tensor can hold (at most 2**62)")
     return clean
 
 

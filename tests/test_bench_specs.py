@@ -5,6 +5,7 @@ The specs tell ops apart by their type and fields; no module compares an op's na
 scan below exempts none.
 """
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from symcomm.bench.spec import Buffers
 
 BENCH = Path(ops.__file__).resolve().parent
 ALL_REDUCES = ("all_reduce", "all_reduce_rmsnorm")  # every rank holds the whole message
-SPEC_MODULES = ("spec", "collectives", "fp4_spec", "norm_spec", "ops")
+TWO_WAY = ("moe",)  # rows go out (dispatch) and come back (combine): twice a one-way share
+SPEC_MODULES = ("spec", "collectives", "fp4_spec", "norm_spec", "moe_spec", "ops")
 # What runs the specs; a spec module importing one of these would put op knowledge back there.
 CONSUMERS = ("runner", "report", "tune", "baseline", "cli", "plot", "timing", "device")
 
@@ -30,8 +32,21 @@ def communicator_collectives() -> set[str]:
     return names
 
 
+def _named_spec(reference: str):
+    module, attr = reference.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def test_every_communicator_collective_has_exactly_one_spec():
-    assert communicator_collectives() == set(ops.NAMES)
+    """Each operation's descriptor names its spec (``bench``), and every spec is some operation's:
+    moe_dispatch and moe_combine share one (a step is both), all_to_allv is measured inside it."""
+    covered = {}
+    for op in OPERATIONS:
+        assert op.name in communicator_collectives()
+        if op.bench is not None:
+            covered[op.name] = _named_spec(op.bench)
+    assert {op.name for op in OPERATIONS} - set(covered) == {"all_to_allv"}
+    assert {id(spec) for spec in covered.values()} == set(map(id, ops.SPECS.values()))
     assert all(ops.spec(name).name == name for name in ops.NAMES)
     assert len(set(map(id, ops.SPECS.values()))) == len(ops.NAMES)
 
@@ -45,7 +60,7 @@ def test_unknown_op_is_a_value_error():
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_bus_factor_is_nccl_tests(name, world):
     link_share = (world - 1) / world
-    expected = 2 * link_share if name in ALL_REDUCES else link_share
+    expected = 2 * link_share if name in ALL_REDUCES + TWO_WAY else link_share
     assert ops.spec(name).bus_factor(world) == pytest.approx(expected)
 
 
@@ -92,6 +107,8 @@ def test_size_and_count_columns(name, nbytes, itemsize, world, size, count):
 
 @pytest.mark.parametrize("name", ops.NAMES)
 def test_in_place_aliases_as_nccl_tests(name):
+    if name in TWO_WAY:
+        pytest.skip("moe has no in-place form (its cases give every in-place column N/A)")
     spec, world, rank = ops.spec(name), 4, 2
     lay = spec.layout(64 * 1024, world, 4, rank)
     bufs = Buffers(torch.zeros(lay.in_elems + 8), torch.zeros(lay.out_elems + 8), False)
@@ -115,11 +132,13 @@ def test_labels(name):
     assert labels == ("bfloat16", "max" if ops.spec(name).reduces else "none", -1)
 
 
-def test_only_the_fp4_gather_and_the_norm_have_variant_columns():
+def test_only_the_fp4_gather_the_norm_and_moe_have_variant_columns():
     assert {n: ops.spec(n).variants for n in ops.NAMES if ops.spec(n).variants} == {
         "all_gatherv_fp4": ("unquantized", "fp4", "fp4+dequant"),
         "all_reduce_rmsnorm": ("nccl+torch", "symm_mem+torch", "unfused", "fused-flagfree", "fused-oneshot",
-                               "fused-twoshot", "auto", "auto+fp8", "auto+nvfp4")}
+                               "fused-twoshot", "auto", "auto+fp8", "auto+nvfp4"),
+        "moe": ("all_to_all_single", "a2a", "a2a+nvfp4", "peer-push", "peer-push+nvfp4", "peer-push+fp8",
+                "peer-push:dispatch", "peer-push+nvfp4:dispatch")}
 
 
 # -- static guards ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import dp_moe_step  # noqa: E402
+import ep_moe_step  # noqa: E402
 import fsdp_train_step  # noqa: E402
 import layer_utils  # noqa: E402
 import tp_block  # noqa: E402
@@ -113,11 +114,32 @@ def _train_world(rank, world, seed):
     comm.close()
 
 
+def _ep_world(rank, world, seed):
+    comm = symcomm.Communicator()
+    cfg = dp_moe_step.MoEConfig(hidden=128, experts=2 * world, seed=seed)
+    for quant in (None, "nvfp4", "fp8"):
+        checks = ep_moe_step.run_checks(comm, cfg, capacity=5, modes=("eager",), steps=3, seed=seed, quant=quant)
+        assert not _failed(checks), (quant, _failed(checks))
+        names = [c.name for c in checks]
+        assert any("sizes [" in n and ", 0]" in n for n in names), "step 0 must give the last rank no tokens"
+        assert sum("MoE output (combined)" in n for n in names) == 3
+    # The same checks must catch a wrong layer: every rank's experts scaled by 5% ...
+    layer = ep_moe_step.EPMoELayer(comm, cfg, 5, None)
+    layer.w.down.mul_(1.05)
+    bad = ep_moe_step.check_eager(layer, 3, seed)
+    if any(dp_moe_step.step_counts(seed, s, world, 5)[rank] for s in range(3)):
+        assert any("MoE output" in f for f in _failed(bad)), "a 5% error in the experts went unnoticed"
+    # ... while what the dispatch delivered (rows per local expert) is still exactly the reference's
+    assert not [f for f in _failed(bad) if "received per local expert" in f]
+    comm.close()
+
+
 def _both(rank, world, seed):
     # One world for every example: starting gloo ranks costs more than the checks themselves.
     _dp_world(rank, world, seed)
     _tp_world(rank, world, seed + 1)
     _train_world(rank, world, seed + 2)
+    _ep_world(rank, world, seed + 3)
 
 
 @pytest.mark.parametrize("world", (2, 3))
@@ -173,7 +195,7 @@ def test_layer_step_bench_prints_its_table_on_cpu():
     out = done.stdout
     assert "timings are meaningless" in out
     rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
-    for layer in ("dp_moe", "tp_block"):
+    for layer in ("dp_moe", "tp_block", "ep_moe"):
         for tokens in ("1", "4"):
             got = {r[2] for r in rows if r[:2] == [layer, tokens]}
             assert got == {"symcomm-auto", "symcomm-nccl", "torch.distributed", "torch-symm-mem", "local"}, (

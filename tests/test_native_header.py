@@ -30,7 +30,7 @@ _c = ctypes
 # can stand in for each other unnoticed; they have the same width, so the ABI agrees anyway.
 _SCALARS = {
     "int": _c.c_int, "size_t": _c.c_size_t, "uintptr_t": _c.c_size_t, "int64_t": _c.c_int64,
-    "uint64_t": _c.c_uint64, "uint32_t": _c.c_uint32, "float": _c.c_float, "double": _c.c_double,
+    "uint64_t": _c.c_uint64, "uint32_t": _c.c_uint32, "int32_t": _c.c_int32, "float": _c.c_float, "double": _c.c_double,
 }
 
 

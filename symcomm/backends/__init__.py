@@ -11,6 +11,8 @@ from __future__ import annotations
 from ..base import FLAGFREE, ONESHOT, TWOSHOT, PathFactory
 from .composite import UnfusedFp4Path, reference_norm, unfused_norm
 from .custom_ar import AllReduceKernelPath
+from .ep_a2a import A2aCombinePath, A2aDispatchPath
+from .ep_push import PushCombinePath, PushDispatchPath
 from .fp4_push import FusedPushFp4Path
 from .fused_norm_ar import FusedNormPath
 from .nccl import NcclPath
@@ -36,4 +38,9 @@ PATHS: tuple[PathFactory, ...] = (
     # all_gatherv_fp4's
     FusedPushFp4Path,
     UnfusedFp4Path,
+    # moe_dispatch's and moe_combine's
+    PushDispatchPath,
+    A2aDispatchPath,
+    PushCombinePath,
+    A2aCombinePath,
 )

@@ -222,6 +222,8 @@ class NcclPath(Path):
             return self._unreducible(call.dtype)
         if self._granules is None or call.nbytes == 0:
             return None  # plain NCCL takes any buffer; an empty call touches no memory
+        if call.op == "all_to_allv":
+            return "NCCL's symmetric kernels have no all-to-all: nccl runs its sends and receives"
         if call.op in SCATTERING_OPS and call.outputs[0].nbytes % 16:
             # Measured 2026-11-21, NCCL 2.28.9, 2x/4x H200: the symmetric reduce-scatter kernels
             # got one element wrong on odd ranks when a rank's chunk was 14 bytes (7 bf16), and
@@ -334,6 +336,31 @@ class NcclPath(Path):
                 self._check("ncclBroadcast", lib.ncclBroadcast(src if root == me else dst, dst, rows * row_bytes,
                                                                UINT8, root, comm, stream))
             offset += rows * row_bytes
+
+    def _all_to_allv(self, call: Call, comm: int, stream: int) -> None:
+        # One group of sends and receives per call (NCCL 2.28 has no all-to-all call; its later
+        # ncclAlltoAll is the same pattern). Both ends of a pair know the pair's count, so both
+        # skip an empty one; this rank's own rows are a local copy, enqueued before the group's
+        # kernels on the same stream.
+        me, lib = self._rank, self._lib
+        self._check("ncclGroupStart", lib.ncclGroupStart())
+        try:
+            for x, out, src, dst in zip(call.inputs, call.outputs, call.in_ptrs, call.out_ptrs):
+                row = x.element_size() * torch.Size(x.shape[1:]).numel()
+                sent = received = 0
+                for peer, (ns, nr) in enumerate(zip(call.sizes, call.recv_sizes)):
+                    if peer == me:
+                        if ns:
+                            out.narrow(0, received, nr).copy_(x.narrow(0, sent, ns))
+                    else:
+                        if ns:
+                            self._check("ncclSend", lib.ncclSend(src + sent * row, ns * row, UINT8, peer, comm, stream))
+                        if nr:
+                            self._check("ncclRecv", lib.ncclRecv(dst + received * row, nr * row, UINT8, peer, comm,
+                                                                 stream))
+                    sent, received = sent + ns, received + nr
+        finally:
+            self._check("ncclGroupEnd", lib.ncclGroupEnd())
 
     def _reduce_scatterv(self, call: Call, comm: int, stream: int) -> None:
         if call.even:

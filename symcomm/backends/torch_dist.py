@@ -106,7 +106,19 @@ class TorchPath(Path):
         self._reduce_in_place(reduced, call.redop)
         out.copy_(reduced[first: first + rows])
 
+    def _all_to_allv(self, call: Call) -> None:
+        for x, out in zip(call.inputs, call.outputs):
+            row = _row_bytes(x)
+            self._wait(dist.all_to_all_single(_bytes(out), _bytes(x), [n * row for n in call.recv_sizes],
+                                              [n * row for n in call.sizes], group=self._group, async_op=True),
+                       x, "all_to_all_single")
+
     _RUNNERS = runner_table(locals())
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row (dim 0), whatever the row count."""
+    return t.element_size() * (t[0].numel() if t.shape[0] else torch.Size(t.shape[1:]).numel())
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

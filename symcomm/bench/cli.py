@@ -93,7 +93,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=None, metavar="PATH",
                    help=f"JSON of '{PROG} {BASELINE} OP' at this world size and dtype: the --algo all "
                         "summary gains NCCL-alone columns")
+    shapes = p.add_argument_group("moe's shape (symcomm/bench/moe_spec.py)")
+    shapes.add_argument("--tokens", default=None, metavar="N[,N...]",
+                        help="tokens per rank, in place of -b/-e (a size is their dispatched bytes)")
+    shapes.add_argument("--hidden", type=int, default=None, help="values per token (default 7168)")
+    shapes.add_argument("--topk", type=int, default=None, help="experts per token (default 8)")
+    shapes.add_argument("--experts", type=int, default=None, help="experts in all (default 256)")
     return p
+
+
+SHAPE_FLAGS = ("hidden", "topk", "experts")
+
+
+def shape_options(args: argparse.Namespace, op: str, datatype: str, fields: dict) -> dict[str, int]:
+    """The op's shape flags, checked; --tokens replaces the sweep's sizes in ``fields``."""
+    options = {name: getattr(args, name) for name in SHAPE_FLAGS if getattr(args, name, None) is not None}
+    tokens = getattr(args, "tokens", None)
+    spec = ops.spec(op)
+    given = [f"--{name}" for name in options] + (["--tokens"] if tokens is not None else [])
+    if given and not spec.shape_flags:
+        takers = [name for name in ops.NAMES if ops.spec(name).shape_flags]
+        raise BenchError(f"{', '.join(given)}: only {', '.join(takers)} take shape flags, not {op}")
+    for name, value in options.items():
+        if value < 1:
+            raise BenchError(f"--{name} must be at least 1 (got {value})")
+    spec = spec.configure(options)
+    spec.validate(datatype)
+    if tokens is not None:
+        try:
+            counts = sorted({int(t) for t in tokens.split(",")})
+        except ValueError:
+            raise BenchError(f"--tokens {tokens!r}: comma-separated token counts, e.g. 128,512") from None
+        if counts[0] < 1:
+            raise BenchError("--tokens: counts must be at least 1")
+        step = spec.smallest_size(1, torch.empty((), dtype=getattr(torch, DATATYPES[datatype][1])).element_size())
+        fields.update(sizes=[t * step for t in counts], minbytes=counts[0] * step, maxbytes=counts[-1] * step)
+    return options
 
 
 def build_tune_parser() -> argparse.ArgumentParser:
@@ -194,11 +229,11 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
         plot.check_path(args.plot_path)
         check_output("--plot", args.plot_path)
         plot.require_matplotlib()
-    ops.spec(args.collective).validate(datatype)
+    options = shape_options(args, args.collective, datatype, fields)
     return BenchConfig(**fields, graph=args.cudagraph or 0, algo=args.algo, symmetric=args.symmetric,
                        json_path=args.json_path, plot_path=args.plot_path, command=command,
                        baseline=args.baseline, extension=getattr(args, "extension", None),
-                       graph_communicators=args.graph_communicators)
+                       graph_communicators=args.graph_communicators, options=options)
 
 
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,

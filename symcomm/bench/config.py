@@ -77,6 +77,7 @@ class BenchConfig:
     baseline: str | None = None  # --baseline: a `symcomm-bench baseline` file to compare with
     extension: Any = None    # --with: ops.Extension, whose operations and paths the communicator adds
     graph_communicators: bool = False  # --graph-communicators: the Communicator option of that name
+    options: dict[str, int] = field(default_factory=dict)  # the op's shape flags (--hidden, --topk, ...)
 
     @property
     def type_name(self) -> str:

@@ -25,7 +25,10 @@ def _load(reference: str) -> Any:
 
 
 def _specs(operations: Sequence[Operation]) -> dict[str, OpSpec]:
-    return {op.name: _load(op.bench) for op in operations if op.bench}
+    """Keyed by the spec's name: one spec may time several operations (moe times moe_dispatch
+    and moe_combine together)."""
+    specs = (_load(op.bench) for op in operations if op.bench)
+    return {spec.name: spec for spec in specs}
 
 
 # The shipped operations' specs, then whatever extend() registered in this process (the CLI

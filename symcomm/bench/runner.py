@@ -51,8 +51,8 @@ class Runner:
     def __init__(self, cfg: BenchConfig, comm, op_names: Sequence[str] | None = None):
         self.cfg = cfg
         self.comm = comm
-        self.spec = ops.spec(cfg.op)
-        self.specs: tuple[OpSpec, ...] = tuple(ops.spec(n) for n in (op_names or (cfg.op,)))
+        self.spec = self.spec_of(cfg.op)
+        self.specs: tuple[OpSpec, ...] = tuple(self.spec_of(n) for n in (op_names or (cfg.op,)))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.device = torch.device(comm.device)
@@ -70,6 +70,10 @@ class Runner:
         self.timer = Timer(self.device, cfg.iters, cfg.warmup,
                            cfg.graph if self.device.type == "cuda" else 0,
                            getattr(comm, "graph_capture", nullcontext))
+
+    def spec_of(self, op: str) -> OpSpec:
+        """``op``'s spec with the run's shape flags applied."""
+        return ops.spec(op).configure(self.cfg.options)
 
     # -- setup ---------------------------------------------------------------------------
     def _round_up_sizes(self) -> None:
@@ -231,7 +235,7 @@ class Runner:
         """One size of ``op``, every column (the runner's, or ``columns``), rank-averaged."""
         cfg = self.cfg
         algos = list(columns) if columns is not None else self.algos
-        spec = ops.spec(op)
+        spec = self.spec_of(op)
         lay = spec.layout(nbytes, self.world, self.dtype.itemsize, self.rank)
         cases = spec.cases(self.setup, lay, spec.inputs(self.setup, lay))
         stats = torch.zeros(len(algos), 4, dtype=torch.float64)

@@ -1,7 +1,8 @@
 """What the bench asks of one collective: every op answers these, and the runner, the report,
 the tuner and the CLI ask nothing else, so none of them needs to know which op it runs.
 
-The ops themselves are in collectives.py and fp4_spec.py; ops.py looks them up by name.
+The ops themselves are in collectives.py, fp4_spec.py, norm_spec.py and moe_spec.py; ops.py looks
+them up by name.
 """
 from __future__ import annotations
 
@@ -76,6 +77,12 @@ class OpSpec(ABC):
     # The NCCL collective that does exactly what this op does, which `symcomm-bench baseline`
     # times alone in its process; None where NCCL has no such call (uneven splits, FP4).
     nccl: Optional[str] = None
+    # The shape flags (--hidden, --topk, ...) this op takes; configure() applies them.
+    shape_flags: tuple[str, ...] = ()
+
+    def configure(self, options: dict[str, int]) -> "OpSpec":
+        """This op with the run's shape flags applied (``options``: flag name -> value)."""
+        return self
 
     # -- what a size means --------------------------------------------------------------
     @abstractmethod

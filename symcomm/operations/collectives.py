@@ -76,21 +76,26 @@ def reduce_scatter_call(x: object, out: object, op: object, rank: int, world_siz
                 "reduce_scatter:inplace" if inplace else None)
 
 
-def all_gatherv_call(tensors: object, sizes: object, out: object, rank: int, world_size: int,
-                device: torch.device) -> Call:
+def tensor_lists(tensors: object, out: object) -> tuple[bool, list, list]:
+    """(given one tensor?, the tensors, their outputs or Nones) of a call that takes a tensor or
+    a list of them, and ``out`` to match."""
     single = isinstance(tensors, torch.Tensor)
     xs = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) else None
     if not xs:
         raise ArgumentError("tensors must be a tensor or a non-empty list of tensors")
-    sizes = validate.sizes_arg(sizes, world_size)
     if out is None:
-        outs = [None] * len(xs)
-    elif single:
-        outs = [out]
-    elif isinstance(out, (list, tuple)) and len(out) == len(xs):
-        outs = list(out)
-    else:
-        raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
+        return single, xs, [None] * len(xs)
+    if single:
+        return single, xs, [out]
+    if isinstance(out, (list, tuple)) and len(out) == len(xs):
+        return single, xs, list(out)
+    raise ArgumentError(f"out must be a list of {len(xs)} tensors, matching tensors")
+
+
+def all_gatherv_call(tensors: object, sizes: object, out: object, rank: int, world_size: int,
+                device: torch.device) -> Call:
+    single, xs, outs = tensor_lists(tensors, out)
+    sizes = validate.sizes_arg(sizes, world_size)
     total, before = sum(sizes), sum(sizes[:rank])
     for i, x in enumerate(xs):
         name, out_name = ("tensors", "out") if single else (f"tensors[{i}]", f"out[{i}]")
@@ -126,6 +131,12 @@ def make_all_reduce(x: torch.Tensor, out: torch.Tensor) -> Call:
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
     return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, "sum", x.nbytes,
                 "all_reduce:inplace" if out_ptr == x_ptr else None)
+
+
+def make_all_gather(x: torch.Tensor, out: torch.Tensor) -> Call:
+    """The all_gather of ``x`` into ``out`` (already valid, not overlapping), as a composite op runs it."""
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    return Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, out.nbytes)
 
 
 def make_all_gatherv(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], sizes: list[int]) -> Call:

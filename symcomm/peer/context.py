@@ -33,7 +33,7 @@ DEFAULT_FLAGFREE_BYTES = 512 << 10
 # Device-side pointer tables for buffers recorded during graph capture (64 bytes each).
 DEFAULT_GRAPH_SLOTS = 4096
 # symcomm.h's SYMCOMM_AR_ABORT_* kinds and phases, for the alarm's message.
-ABORT_TIMEOUT, ABORT_UNREGISTERED, ABORT_CLOSED = 1, 2, 3
+ABORT_TIMEOUT, ABORT_UNREGISTERED, ABORT_CLOSED, ABORT_MISMATCH = 1, 2, 3, 4
 ABORT_PHASES = ("start barrier", "middle barrier", "end barrier", "wait for its data")
 
 
@@ -109,6 +109,9 @@ class PeerContext:
         elif kind == ABORT_UNREGISTERED:
             what = (f"rank {self.rank} replayed a captured custom all-reduce whose buffers were never registered "
                     f"(its slot has no address for rank {peer}): a graph from a graph_capture() that raised")
+        elif kind == ABORT_MISMATCH:
+            what = (f"rank {self.rank}'s MoE dispatch found that rank {peer} passed other sizes (max_tokens, "
+                    f"num_experts, top-k, align, hidden or quant) and moved no row (SYMCOMM_CHECK=1 names them)")
         else:
             what = f"rank {self.rank}'s custom all-reduce stopped (code {code:#x})"
         return (f"{what}. That call's output and every later one's were not written; this communicator is "

@@ -158,9 +158,13 @@ def test_a_second_stream_inside_one_capture_is_refused():
         x = torch.randn(1024, device="cuda")
         y = torch.empty_like(x)
         g = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
         with torch.cuda.graph(g):
             path.launch(call_of(x, y), 1, 0, 0, session)
+            # torch hands out pooled streams round-robin (32 a priority), so a new one can be the
+            # capture stream itself when enough were made before (seen on an H100 after the EP tests)
+            side = torch.cuda.Stream()
+            while side.cuda_stream == torch.cuda.current_stream().cuda_stream:
+                side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 with pytest.raises(ArgumentError, match="second stream"):

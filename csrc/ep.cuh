@@ -1,0 +1,175 @@
+// Expert-parallel dispatch and combine: the per-entry and per-row math that csrc/ep.cu's kernels
+// and their CPU twin (symcomm_ep_dispatch_host / symcomm_ep_combine_host) share, so CI checks
+// the kernels' bytes against symcomm/ep/layout.py and symcomm/ep/fp8.py without a GPU.
+//
+// Everything here is __host__ __device__ and works on one "unit" of a row, the piece one lane
+// of a warp owns: 16 bytes of a row copied as is, one 16-value NVFP4 block (fp4.cuh's codec),
+// or 8 values of a 128-value FP8 block. symcomm/ep/layout.py states where rows land and in
+// which order combine adds them; this file only computes values.
+#ifndef SYMCOMM_EP_CUH_
+#define SYMCOMM_EP_CUH_
+
+#include "fp4.cuh"
+#include "symcomm.h"
+
+#include <cstdint>
+
+namespace symcomm {
+namespace ep {
+
+constexpr int kFp8Block = 128;     // values per FP8 scale (symcomm/ep/fp8.py)
+constexpr int kFp8Unit = 8;        // values per lane: 16 lanes make one FP8 block
+constexpr int kCombineUnit = 8;    // values per lane in the combine's sum
+constexpr float kFp8Max = 448.0f;
+
+// Entry (t, j) of a token's top-k: its expert id if the entry is sent, else -1 (out of
+// [0, experts), or the same expert as an earlier slot of the token).
+template <typename Id>
+SYMCOMM_HD int entry_key(const Id* ids, int64_t entry, int topk, int experts) {
+  const int64_t id = static_cast<int64_t>(ids[entry]);
+  if (id < 0 || id >= experts) return -1;
+  const int64_t first = entry - entry % topk;
+  for (int64_t e = first; e < entry; ++e)
+    if (static_cast<int64_t>(ids[e]) == id) return -1;
+  return static_cast<int>(id);
+}
+
+SYMCOMM_HD int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+// What every rank of a dispatch must agree on, folded into one int32 that travels in the counts
+// table (symcomm/ep/layout.py's fingerprint computes the same): ranks that sized their buffers
+// differently see it before any row moves.
+SYMCOMM_HD int32_t fingerprint(int64_t capacity, int64_t row_bytes, int topk, int align, int64_t max_tokens,
+                               int experts) {
+  const uint64_t parts[] = {uint64_t(capacity), uint64_t(row_bytes), uint64_t(topk), uint64_t(align),
+                            uint64_t(max_tokens), uint64_t(experts)};
+  uint64_t h = 0;
+  for (uint64_t part : parts) h = (h * 1000003ull) ^ part;
+  return int32_t(h & 0x7FFFFFFFull);
+}
+
+// Which entry a received row came from (symcomm/ep/layout.py's recv_src).
+SYMCOMM_HD int32_t origin(int rank, int64_t max_tokens, int64_t token, int topk, int slot) {
+  return static_cast<int32_t>((rank * max_tokens + token) * topk + slot);
+}
+
+// ------------------------------------------------------------------ FP8 blocks
+// The dequant scale of a block from its amax (fp4::amax_step's bits: a NaN wins): amax / 448,
+// or 1 where that is not > 0 (an all-zero block, a NaN).
+SYMCOMM_HD float fp8_scale(uint32_t amax_bits) {
+  const float s = float_of(amax_bits) / kFp8Max;
+  return s > 0.0f ? s : 1.0f;
+}
+
+// Eight values' codes with the block's scale: one division each, saturated, every NaN 0x7F.
+SYMCOMM_HD uint2 fp8_codes8(const float (&v)[kFp8Unit], float s) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < kFp8Unit; ++i) w[i >> 2] |= uint32_t(fp4::e4m3_saturate(v[i] / s)) << ((i & 3) * 8);
+  return make_uint2(w[0], w[1]);
+}
+
+SYMCOMM_HD void fp8_values8(uint2 codes, float s, float (&y)[kFp8Unit]) {
+  const uint32_t w[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int i = 0; i < kFp8Unit; ++i) y[i] = fp4::e4m3_value(uint8_t(w[i >> 2] >> ((i & 3) * 8))) * s;
+}
+
+// ------------------------------------------------------------------ NVFP4 blocks
+// One 16-value block of T, encoded by the codec's own encode_block: the bytes fp4.quantize writes.
+template <typename T>
+SYMCOMM_HD uint8_t nvfp4_block(const T* x, float gs, uint2* payload) {
+  float v[fp4::kBlock];
+#pragma unroll
+  for (int i = 0; i < fp4::kBlock; ++i) v[i] = to_f32(x[i]);
+  uint32_t words[2];
+  const uint8_t scale = fp4::encode_block(v, gs, words);
+  *payload = make_uint2(words[0], words[1]);
+  return scale;
+}
+
+// ------------------------------------------------------------------ combine
+// acc + w * y as two roundings (no fused multiply-add): the order and rounding of
+// symcomm/ep/layout.py's combine_sum, on the device as on the host.
+SYMCOMM_HD float weighted_add(float acc, float w, float y) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(acc, __fmul_rn(w, y));
+#else
+  const float term = w * y;
+  return acc + term;
+#endif
+}
+
+template <typename T>
+SYMCOMM_HD void load8(const T* p, float (&v)[kCombineUnit]) {
+#pragma unroll
+  for (int i = 0; i < kCombineUnit; ++i) v[i] = to_f32(p[i]);
+}
+
+template <typename T>
+SYMCOMM_HD void store8(T* p, const float (&v)[kCombineUnit]) {
+#pragma unroll
+  for (int i = 0; i < kCombineUnit; ++i) p[i] = from_f32<T>(v[i]);
+}
+
+// 8 bytes at p (8-byte aligned on the device, anything on the host).
+SYMCOMM_HD uint2 load8_bytes(const char* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint2*>(p);
+#else
+  uint2 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
+SYMCOMM_HD float load_f32(const char* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const float*>(p);
+#else
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
+// A top-k weight as fp32, whatever dtype the caller passed.
+SYMCOMM_HD float weight_at(const void* w, symcomm_dtype_t dtype, int64_t i) {
+  switch (dtype) {
+    case SYMCOMM_BFLOAT16: return to_f32(static_cast<const __nv_bfloat16*>(w)[i]);
+    case SYMCOMM_FLOAT16: return to_f32(static_cast<const __half*>(w)[i]);
+    default: return static_cast<const float*>(w)[i];
+  }
+}
+
+// One token's 8 values at unit u of its row: the rows its entries came back as (``back``: this
+// rank's returned buffer, entry t*topk+j at row t*topk+j; FP8 codes first, then the scales), in
+// slot order, weighted, in fp32. ep_sum runs it per thread and the CPU twin per unit: one code.
+template <typename T, int Q>
+SYMCOMM_HD void sum_unit(const char* back, const int32_t* send_rows, const void* weights, symcomm_dtype_t wdtype,
+                         int64_t t, int64_t u, int64_t cols, int topk, int64_t slots_back,
+                         float (&acc)[kCombineUnit]) {
+#pragma unroll
+  for (int i = 0; i < kCombineUnit; ++i) acc[i] = 0.0f;
+  for (int j = 0; j < topk; ++j) {
+    const int64_t entry = t * topk + j;
+    if (send_rows[entry] < 0) continue;
+    const float w = weight_at(weights, wdtype, entry);
+    float y[kCombineUnit];
+    if constexpr (Q == SYMCOMM_EP_FP8) {
+      const uint2 codes = load8_bytes(back + entry * cols + u * kCombineUnit);
+      const float scale = load_f32(back + (slots_back * cols) +
+                                   (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
+      fp8_values8(codes, scale, y);
+    } else {
+      load8(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, y);
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w, y[i]);
+  }
+}
+
+}  // namespace ep
+}  // namespace symcomm
+
+#endif  // SYMCOMM_EP_CUH_

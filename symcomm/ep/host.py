@@ -1,0 +1,112 @@
+"""csrc/ep.cu's dispatch and combine run on the CPU for W simulated ranks at once
+(symcomm_ep_dispatch_host, symcomm_ep_combine_host): the kernels' per-entry and per-row code
+(csrc/ep.cuh) on host tensors, so machines without a GPU check the bytes the kernels write
+against symcomm/ep/layout.py. Not a path: it exists for tests.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from .. import _native, fp4
+from ..errors import ArgumentError
+from ..operations.moe_dispatch import received_shapes
+from . import layout
+
+_c = ctypes
+_I32P = _c.POINTER(_c.c_int32)
+
+
+@dataclass
+class HostRank:
+    """One simulated rank's dispatch buffers (what Dispatched and EpHandle hold on a device)."""
+
+    recv: torch.Tensor
+    scales: torch.Tensor | None
+    recv_src: torch.Tensor
+    table: torch.Tensor
+    send_rows: torch.Tensor
+    expert_counts: torch.Tensor
+    expert_offsets: torch.Tensor
+    returned: torch.Tensor
+
+
+def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new tensor whose every byte is 0xA5: what no write left behind shows."""
+    t = torch.empty(shape, dtype=dtype)
+    t.view(torch.uint8).fill_(0xA5)
+    return t
+
+
+def _i32(t: torch.Tensor) -> ctypes._Pointer:
+    return _c.cast(t.data_ptr(), _I32P)
+
+
+def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], num_experts: int, max_tokens: int,
+                  quant: str | None = None, global_scale: float = 1.0, align: int = 1,
+                  swizzle: bool = False) -> list[HostRank]:
+    """Every rank's buffers after one dispatch of rank r's tokens ``xs[r]`` with ``ids[r]``.
+    Unwritten bytes are 0xA5 (rows, scales) and -7 (recv_src)."""
+    world = len(xs)
+    k = ids[0].shape[1]
+    cap = layout.capacity(world, max_tokens, k, num_experts, align)
+    hidden, dtype = xs[0].shape[1], xs[0].dtype
+    (rshape, rdtype), scales_spec = received_shapes(cap, hidden, dtype, quant, swizzle)
+    local = num_experts // world
+    ranks = []
+    args = (_native.EpDispatchArgs * world)()
+    for r in range(world):
+        x, i = xs[r].contiguous(), ids[r].contiguous()
+        if x.device.type != "cpu" or i.device.type != "cpu":
+            raise ArgumentError("dispatch_host takes CPU tensors")
+        rank = HostRank(_poisoned(rshape, rdtype), None if scales_spec is None else _poisoned(*scales_spec),
+                        torch.full((cap,), -7, dtype=torch.int32), torch.zeros(world, num_experts + 1, dtype=torch.int32),
+                        torch.full((max_tokens, k), -7, dtype=torch.int32), torch.zeros(local, dtype=torch.int32),
+                        torch.zeros(local + 1, dtype=torch.int32),
+                        torch.zeros(max_tokens * k, hidden * dtype.itemsize, dtype=torch.uint8))
+        ranks.append(rank)
+        a = args[r]
+        a.x, a.dtype, a.rows, a.cols = x.data_ptr(), _native.DTYPE_CODES[dtype], x.shape[0], hidden
+        a.topk_ids, a.ids_int64, a.topk = i.data_ptr(), int(i.dtype == torch.int64), k
+        a.num_experts, a.max_tokens, a.align, a.capacity = num_experts, max_tokens, align, cap
+        a.quant, a.gs_value, a.swizzle = _native.EP_QUANT_CODES[quant], float(global_scale), int(swizzle)
+        a.send_rows, a.expert_counts, a.expert_offsets = (_i32(rank.send_rows), _i32(rank.expert_counts),
+                                                          _i32(rank.expert_offsets))
+        xs[r], ids[r] = x, i  # keep the contiguous copies alive through the call
+    recv = (_c.c_void_p * world)(*(r.recv.data_ptr() for r in ranks))
+    scales = (_c.c_void_p * world)(*((r.scales.data_ptr() if r.scales is not None else None) for r in ranks))
+    src = (_I32P * world)(*(_i32(r.recv_src) for r in ranks))
+    table = (_I32P * world)(*(_i32(r.table) for r in ranks))
+    lib = fp4.host_lib()
+    _native.check(lib, "symcomm_ep_dispatch_host", lib.symcomm_ep_dispatch_host(world, args, recv, scales, src, table))
+    return ranks
+
+
+def combine_host(ranks: list[HostRank], expert_outs: list[torch.Tensor], weights: list[torch.Tensor],
+                 max_tokens: int, quant: str | None = None) -> list[torch.Tensor]:
+    """Every rank's combined tokens, after dispatch_host gave ``ranks``."""
+    world = len(ranks)
+    args = (_native.EpCombineArgs * world)()
+    outs = []
+    for r, rank in enumerate(ranks):
+        y, w = expert_outs[r].contiguous(), weights[r].contiguous()
+        n, k = w.shape
+        out = torch.full((n, y.shape[1]), float("nan"), dtype=y.dtype)
+        outs.append(out)
+        a = args[r]
+        a.expert_out, a.dtype, a.cols, a.capacity = y.data_ptr(), _native.DTYPE_CODES[y.dtype], y.shape[1], y.shape[0]
+        a.quant = _native.EP_QUANT_CODES[quant]
+        a.recv_src, a.expert_offsets, a.num_local = _i32(rank.recv_src), _i32(rank.expert_offsets), len(
+            rank.expert_counts)
+        a.max_tokens, a.topk, a.rows, a.send_rows = max_tokens, k, n, _i32(rank.send_rows)
+        a.weights, a.weights_dtype, a.out = w.data_ptr(), _native.DTYPE_CODES[w.dtype], out.data_ptr()
+        expert_outs[r], weights[r] = y, w
+    returned = (_c.c_void_p * world)(*(r.returned.data_ptr() for r in ranks))
+    lib = fp4.host_lib()
+    _native.check(lib, "symcomm_ep_combine_host", lib.symcomm_ep_combine_host(world, args, returned))
+    return outs
+
+
+__all__ = ["HostRank", "combine_host", "dispatch_host"]

@@ -1,0 +1,149 @@
+"""Where every token of an expert-parallel dispatch lands, and how combine adds it back: the
+definition, in plain torch (any device, no host synchronisation). Every path of moe_dispatch and
+moe_combine produces exactly this (the ``a2a`` path computes it with these functions; the
+peer-memory kernels in csrc/ep.cu and their CPU twin compute it their own way, and tests hold
+them to it bit for bit).
+
+Experts are split evenly: rank p holds the ``E / W`` experts ``p*E/W ..``; expert id ``i``
+lives on rank ``i // (E/W)`` as its local expert ``i % (E/W)``.
+
+- **Entries.** Rank q's token t picks experts ``ids[t, 0..k-1]``. Entry (t, j) is *valid* when
+  ``0 <= ids[t, j] < E`` and no earlier slot of the same token names the same expert; others
+  (``-1`` marks "no expert", for padding) are skipped everywhere: not sent, not added.
+- **Counts.** ``counts[q, i]``: rank q's valid entries for expert i. Every rank gets the whole
+  [W, E] table (it is what every rank needs to place its rows without asking anyone), plus one
+  column: each rank's ``fingerprint`` of the sizes it passed, so that ranks which sized their
+  buffers differently all stop before a row moves.
+- **Receive layout on rank p.** Its local expert e gets one segment of
+  ``align_up(sum_q counts[q, p*E/W + e], align)`` rows, segments in expert order from row 0:
+  ``expert_offsets[e]`` is where segment e starts and ``expert_offsets[E/W]`` the rows used;
+  ``expert_counts[e]`` the rows filled. Inside a segment, rank 0's rows come first, then rank
+  1's, ...; one rank's rows keep its token order. Rows after the filled ones of a segment
+  (alignment padding) and after the last segment are not written.
+- **Rows.** Entry (t, j) of rank q for expert i, the ``pos``-th valid entry of rank q for expert i
+  in token order, lands on rank ``p = i // (E/W)`` at row
+  ``expert_offsets_p[e] + sum_{q' < q} counts[q', i] + pos``. ``send_rows[t, j]`` is that row
+  (``-1`` for a skipped entry), ``recv_src[row] = (q * max_tokens + t) * k + j`` names the
+  entry a row came from (``-1`` for rows not written), so combine can send it back.
+- **Capacity.** A rank receives at most ``W * max_tokens * min(k, E/W)`` rows (a token's valid
+  entries name distinct experts, at most E/W of them on one rank) plus ``E/W * (align - 1)`` of
+  padding: every buffer is sized for that, equal on every rank, so nothing depends on counts
+  known only on the device.
+- **Combine.** Token t's output is ``sum_j w[t, j] * y(t, j)`` over its valid entries, where
+  y(t, j) is the expert output row the entry came back as, in fp32: ``acc = +0.0``, then for
+  j = 0..k-1 in order ``acc = acc + w * y`` (a rounded multiply, then a rounded add: no fused
+  multiply-add), rounded once to the output dtype. A token with no valid entry gets zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import fp4
+
+
+def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: int) -> int:
+    """Rows every rank's receive buffer holds (the same on every rank)."""
+    local = num_experts // world
+    return world * max_tokens * min(topk, local) + local * (align - 1)
+
+
+def fingerprint(capacity_rows: int, row_bytes: int, topk: int, align: int, max_tokens: int,
+                num_experts: int) -> int:
+    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32."""
+    h = 0
+    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts):
+        h = ((h * 1000003) & 0xFFFFFFFFFFFFFFFF) ^ part
+    return h & 0x7FFFFFFF
+
+
+def valid_entries(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """bool [n, k]: the entries that are sent (in range, first of their expert in the token)."""
+    ids = ids.long()
+    valid = (ids >= 0) & (ids < num_experts)
+    for j in range(1, ids.shape[1]):
+        repeat = (ids[:, :j] == ids[:, j:j + 1]).any(dim=1)
+        valid[:, j] &= ~repeat
+    return valid
+
+
+def entry_order(ids: torch.Tensor, valid: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Flat entry indices (t * k + j), the valid ones first, by expert id, token order inside an
+    expert: the order rows leave this rank in (grouped by destination rank) and come back in."""
+    key = torch.where(valid, ids.long(), num_experts).reshape(-1)
+    return torch.argsort(key, stable=True)
+
+
+def counts_and_positions(ids: torch.Tensor, valid: torch.Tensor,
+                         num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(counts int32 [E]: this rank's valid entries per expert, pos int32 [n, k]: each valid
+    entry's index among this rank's entries for its expert in token order, -1 for skipped)."""
+    n, k = ids.shape
+    key = torch.where(valid, ids.long(), num_experts).reshape(-1)
+    # scatter_add rather than bincount: bincount reads its input's maximum on the host, which a
+    # CUDA-graph capture cannot do (a world of one rank captures this)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, key, torch.ones_like(key))[:num_experts]
+    order = torch.argsort(key, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    first = torch.cat([starts, starts.new_zeros(1)])  # skipped entries: anything, masked below
+    ranked = torch.arange(n * k, device=ids.device) - first[key[order]]
+    pos = torch.empty(n * k, dtype=torch.int64, device=ids.device)
+    pos[order] = ranked
+    pos = torch.where(valid.reshape(-1), pos, -1)
+    return counts.to(torch.int32), pos.view(n, k).to(torch.int32)
+
+
+def placement(table: torch.Tensor, experts: int, rank: int,
+              align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the [W, E] counts table (a fingerprint column after it is ignored): (base int64 [E]:
+    the row on expert i's rank where this rank's first entry for i lands, expert_counts int32
+    [E/W] and expert_offsets int32 [E/W + 1]: this rank's receive layout)."""
+    world = table.shape[0]
+    local = experts // world
+    table = table[:, :experts].long()
+    total = table.sum(0)
+    before = table[:rank].sum(0)
+    seg = ((total + align - 1) // align * align).view(world, local)
+    offsets = torch.cumsum(seg, dim=1) - seg
+    base = offsets.reshape(experts) + before
+    mine = offsets[rank]
+    expert_offsets = torch.cat([mine, (mine[-1:] + seg[rank, -1:])])
+    return base, total.view(world, local)[rank].to(torch.int32), expert_offsets.to(torch.int32)
+
+
+def send_rows(ids: torch.Tensor, pos: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """int32 [n, k]: the destination row of every entry, -1 for the skipped ones."""
+    valid = pos >= 0
+    row = base[torch.where(valid, ids.long(), 0)] + pos.long()
+    return torch.where(valid, row, -1).to(torch.int32)
+
+
+def padding_rows(expert_counts: torch.Tensor, expert_offsets: torch.Tensor, capacity_rows: int) -> torch.Tensor:
+    """bool [capacity]: rows of this rank's receive buffer that no entry fills."""
+    rows = torch.arange(capacity_rows, device=expert_offsets.device)
+    starts, ends = expert_offsets[:-1].long(), expert_offsets[1:].long()
+    filled_end = starts + expert_counts.long()
+    seg = torch.searchsorted(ends, rows, right=True).clamp(max=len(ends) - 1)
+    return ~((rows >= starts[seg]) & (rows < filled_end[seg]))
+
+
+def combine_sum(values: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The combine's sum (module docstring) from the fp32 values [n, k, H] each entry came back
+    as: slots in order, a rounded multiply then a rounded add, rounded once to ``dtype``."""
+    n, k, h = values.shape
+    acc = torch.zeros(n, h, dtype=torch.float32, device=values.device)
+    w = weights.float()
+    for j in range(k):
+        term = w[:, j:j + 1] * values[:, j]
+        acc = torch.where(valid[:, j:j + 1], acc + term, acc)
+    return acc.to(dtype)
+
+
+def swizzled_scale_index(rows: torch.Tensor, cols: int) -> torch.Tensor:
+    """Flat indices [len(rows), cols] of block scales (row, c) in fp4's 128x4 layout of a matrix
+    with ``cols`` scale columns (csrc/fp4.cuh's swizzled_index)."""
+    padded = fp4.swizzled_shape(1, cols)[1]
+    r = rows.long().unsqueeze(1)
+    c = torch.arange(cols, device=rows.device).unsqueeze(0)
+    tile = (r >> 7) * (padded >> 2) + (c >> 2)
+    return tile * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3)

@@ -1,0 +1,407 @@
+"""moe_dispatch as an operation (``Communicator.moe_dispatch``): send every token to the ranks that
+hold its top-k experts, optionally quantized on the way, into receive buffers laid out by local
+expert for a grouped GEMM. symcomm/ep/layout.py defines where every row lands.
+
+Its paths, in the order auto tries them: ``peer-push`` (symcomm/backends/ep_push.py: csrc/ep.cu's
+kernels exchange the counts on the device and write every row straight into the receiving rank's
+buffers in the symmetric pool; no host synchronisation, so it can be captured in a CUDA graph)
+and ``a2a`` (symcomm/backends/ep_a2a.py: the layout in torch, one all_gather of the counts, then
+one all_to_allv on whatever path that op's dispatch picks; it reads the counts on the host).
+``algo=`` names either, or an all_to_allv path ("nccl", "torch"), which forces ``a2a`` with it.
+
+Every buffer has a shape equal on every rank (sized by ``max_tokens``, the most tokens any rank
+passes), so inside use_symmetric_memory they take equal pool offsets, as the peer path needs;
+``out=`` (an earlier call's Dispatched) reuses them, which is how a CUDA graph keeps fixed
+buffers. The receive buffers hold ``capacity`` rows, of which ``expert_offsets[-1]`` (on the
+device) are used; rows past each expert's count are not written.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from .. import check_mode, fp4, validate
+from ..base import Call
+from ..dispatch import Choice
+from ..ep import fp8, layout
+from ..errors import ArgumentError, DtypeError
+from ..registry import lookup
+from .base import CallContext, Dispatcher, Operation, scale_args
+
+if TYPE_CHECKING:
+    from ..base import Path
+    from ..dispatch import DispatchTable
+    from ..peers import Peers
+
+OP = "moe_dispatch"
+PUSH, A2A = "peer-push", "a2a"
+ORDER = (PUSH, A2A)
+QUANTS = (None, "nvfp4", "fp8")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ID_DTYPES = (torch.int32, torch.int64)
+MAX_ALIGN = 4096
+OFFSETS_RULE = ("The peer path writes every rank's receive buffers at this rank's pool offsets, so they must sit at "
+                "equal offsets: call dispatch inside use_symmetric_memory with the same arguments in the same order "
+                "on every rank, or pass out= (an earlier call's Dispatched)")
+
+
+class EpHandle:
+    """What combine needs of one dispatch: where each entry went (``send_rows``), where each
+    received row came from (``recv_src``), the counts table, the buffer expert outputs come back
+    to (``returned``), and the call's top-k ids and weights. Its buffers belong to the Dispatched
+    they came with: a later dispatch with ``out=`` that Dispatched overwrites them."""
+
+    __slots__ = ("send_rows", "recv_src", "expert_offsets", "table", "returned", "topk_ids", "topk_weights",
+                 "num_experts", "max_tokens", "align", "dtype", "world")
+
+    def __init__(self, send_rows: torch.Tensor, recv_src: torch.Tensor, expert_offsets: torch.Tensor,
+                 table: torch.Tensor, returned: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 num_experts: int, max_tokens: int, align: int, dtype: torch.dtype) -> None:
+        self.send_rows = send_rows  # int32 [max_tokens, k]; rows [:tokens] are this call's
+        self.recv_src = recv_src  # int32 [capacity]; rows past expert_offsets[-1] are not written
+        self.expert_offsets = expert_offsets  # int32 [E/W + 1], Dispatched.expert_offsets
+        self.table = table  # int32 [world, num_experts + 1]: counts, and each rank's fingerprint
+        self.returned = returned  # uint8 [max_tokens * k, hidden * itemsize]
+        self.topk_ids, self.topk_weights = topk_ids, topk_weights
+        self.num_experts, self.max_tokens, self.align, self.dtype = num_experts, max_tokens, align, dtype
+        self.world = table.shape[0]
+
+    @property
+    def tokens(self) -> int:
+        return self.topk_ids.shape[0]
+
+    @property
+    def topk(self) -> int:
+        return self.send_rows.shape[1]
+
+    @property
+    def hidden(self) -> int:
+        return self.returned.shape[1] // self.dtype.itemsize
+
+    @property
+    def capacity(self) -> int:
+        return self.recv_src.shape[0]
+
+    def pool_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """The buffers peers write into, by name (check mode compares their pool offsets)."""
+        return [("handle.recv_src", self.recv_src), ("handle.table", self.table), ("handle.returned", self.returned)]
+
+    def __repr__(self) -> str:
+        return (f"EpHandle(tokens={self.tokens}, topk={self.topk}, num_experts={self.num_experts}, "
+                f"max_tokens={self.max_tokens}, capacity={self.capacity}, hidden={self.hidden})")
+
+
+class Dispatched(NamedTuple):
+    """What dispatch returns: this rank's received rows, laid out by local expert."""
+
+    x: torch.Tensor  # [capacity, H] in x's dtype; NVFP4 payload uint8 [capacity, H/2]; FP8 codes [capacity, H]
+    scales: torch.Tensor | None  # NVFP4 block scales (e4m3, linear or swizzled) | FP8 float32 [capacity, H/128]
+    expert_counts: torch.Tensor  # int32 [E/W]: rows each local expert received
+    expert_offsets: torch.Tensor  # int32 [E/W + 1]: where each local expert's rows start; [-1]: rows used
+    handle: EpHandle
+    global_scale: fp4.GlobalScale | None  # NVFP4's, as validated
+
+
+class DispatchCall(Call):
+    """A validated dispatch. Its outputs are the buffers peers write (recv x, scales, recv_src,
+    table, returned); the rest are this rank's own."""
+
+    __slots__ = ("x", "topk_ids", "topk_weights", "num_experts", "max_tokens", "quant", "gs", "align", "swizzle",
+                 "recv", "recv_scales", "expert_counts", "expert_offsets", "handle", "inner_algo")
+
+    def __init__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, num_experts: int, max_tokens: int,
+                 quant: str | None, gs: fp4.GlobalScale | None, align: int, swizzle: bool, recv: torch.Tensor,
+                 recv_scales: torch.Tensor | None, expert_counts: torch.Tensor, expert_offsets: torch.Tensor,
+                 handle: EpHandle) -> None:
+        outputs = [t for t in (recv, recv_scales) if t is not None] + [t for _, t in handle.pool_buffers()]
+        super().__init__(OP, (x, ids, weights), outputs, (x.data_ptr(), ids.data_ptr(), weights.data_ptr()),
+                         [t.data_ptr() for t in outputs], None, None, sum(t.nbytes for t in outputs))
+        self.x, self.topk_ids, self.topk_weights = x, ids, weights
+        self.num_experts, self.max_tokens, self.quant, self.gs = num_experts, max_tokens, quant, gs
+        self.align, self.swizzle = align, swizzle
+        self.recv, self.recv_scales = recv, recv_scales
+        self.expert_counts, self.expert_offsets, self.handle = expert_counts, expert_offsets, handle
+        self.inner_algo = "auto"  # the all_to_allv path algo= forced, for the a2a path
+
+    @property
+    def world(self) -> int:
+        return self.handle.world
+
+    @property
+    def capacity(self) -> int:
+        return self.handle.capacity
+
+    def fingerprint(self) -> int:
+        """This rank's sizes as the counts table carries them (symcomm/ep/layout.py)."""
+        return layout.fingerprint(self.capacity, row_bytes(self.x.shape[1], self.x.dtype, self.quant),
+                                  self.handle.topk, self.align, self.max_tokens, self.num_experts)
+
+    def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
+        mine = [("out.x", self.recv)] + ([("out.scales", self.recv_scales)] if self.recv_scales is not None else [])
+        return mine + self.handle.pool_buffers()
+
+
+def row_bytes(hidden: int, dtype: torch.dtype, quant: str | None) -> int:
+    """Bytes of one received row (the fingerprint's row size)."""
+    return hidden // 2 if quant == "nvfp4" else hidden if quant == "fp8" else hidden * dtype.itemsize
+
+
+def received_shapes(capacity: int, hidden: int, dtype: torch.dtype, quant: str | None,
+                    swizzle: bool) -> tuple[tuple[tuple[int, ...], torch.dtype], tuple[tuple[int, ...], torch.dtype] | None]:
+    """((shape, dtype) of the received rows, and of their scales or None)."""
+    if quant == "nvfp4":
+        return ((capacity, hidden // 2), torch.uint8), (fp4.scales_shape(capacity, hidden, swizzle), torch.float8_e4m3fn)
+    if quant == "fp8":
+        return ((capacity, hidden), torch.float8_e4m3fn), ((capacity, hidden // fp8.BLOCK), torch.float32)
+    return ((capacity, hidden), dtype), None
+
+
+def _int_arg(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ArgumentError(f"{name} must be an int from {low} to {high}, got {value!r}")
+    return value
+
+
+def check_ids_on_host(ids: torch.Tensor, num_experts: int) -> str | None:
+    """Why ``ids`` (a CPU tensor) breaks the rules, or None: every id in [-1, E), no expert twice
+    in a token."""
+    if not ids.numel():
+        return None
+    wide = ids.long()
+    bad = ((wide < -1) | (wide >= num_experts)).nonzero()
+    if bad.numel():
+        t, j = bad[0].tolist()
+        return f"topk_ids[{t}, {j}] = {int(wide[t, j])} is outside [-1, {num_experts}) (-1 means no expert)"
+    repeated = ~layout.valid_entries(ids, num_experts) & (wide >= 0)
+    if repeated.any():
+        t, j = repeated.nonzero()[0].tolist()
+        return f"topk_ids[{t}] names expert {int(wide[t, j])} twice (slot {j} repeats an earlier one)"
+    return None
+
+
+def _given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return validate.given(name, t, tuple(shape), dtype, device)
+
+
+class EpOperation(Operation):
+    """What moe_dispatch and moe_combine share: their fixed order of paths, and ``algo=``
+    naming one of them or an all_to_allv path (which forces a2a with that path inside)."""
+
+    def order(self, table: DispatchTable, call: Any) -> tuple[str, ...]:
+        return ORDER
+
+    def ranking(self, table: DispatchTable, call: Any) -> str:
+        return f"in {self.name}'s order"
+
+    def resolve(self, call: Any, algo: object, dispatcher: Dispatcher) -> str:
+        algo = super().resolve(call, algo, dispatcher)
+        if algo == "auto" or algo in ORDER:
+            return algo
+        if algo in dispatcher.paths_of("all_to_allv"):
+            call.inner_algo = algo
+            return A2A
+        off = dispatcher.off_of("all_to_allv")
+        if algo in off:
+            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
+        raise ArgumentError(f"algo must be 'auto', a path of {self.name} ({', '.join(ORDER)}) or an all_to_allv path "
+                            f"of this communicator ({', '.join(dispatcher.paths_of('all_to_allv'))}), got {algo!r}")
+
+    def inner_choice(self, call: Any, path: Path, dispatcher: Dispatcher) -> Choice | None:
+        return Choice(call.inner_algo, {}) if path.name == A2A else None
+
+
+class MoeDispatch(EpOperation):
+    name = OP
+    skips_empty = False  # a rank with no tokens still takes part: peers wait for its counts
+    bench = "symcomm.bench.moe_spec:MOE_DISPATCH_COMBINE"
+    check_decode: dict[str, Callable[[int], object]] = {"global_scale": check_mode.bits_float,
+                                                        "quant": lambda v: ("none", "nvfp4", "fp8")[v & 3]
+                                                        + (" swizzled" if v & 4 else "")}
+    window_rule = OFFSETS_RULE
+
+    def build(self, ctx: CallContext, x: Any, topk_ids: Any, topk_weights: Any, num_experts: Any,
+              max_tokens: Any = None, quant: Any = None, global_scale: Any = None, align: Any = 1,
+              swizzle: Any = False, out: Any = None) -> DispatchCall:
+        device, world = ctx.device, ctx.world_size
+        x = validate.tensor("x", x, device)
+        if x.ndim != 2:
+            raise ArgumentError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
+        if x.dtype not in DTYPES:
+            raise DtypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+        n, hidden = x.shape
+        if hidden == 0:
+            raise ArgumentError("x must have a positive hidden size (x.shape[1])")
+        ids = validate.tensor("topk_ids", topk_ids, device)
+        if ids.dtype not in ID_DTYPES:
+            raise DtypeError(f"topk_ids must be int32 or int64, got {ids.dtype}")
+        if ids.ndim != 2 or ids.shape[0] != n or ids.shape[1] == 0:
+            raise ArgumentError(f"topk_ids must be [{n}, k] with k >= 1 (x has {n} tokens), got {tuple(ids.shape)}")
+        k = ids.shape[1]
+        weights = validate.tensor("topk_weights", topk_weights, device)
+        if weights.dtype not in DTYPES:
+            raise DtypeError(f"topk_weights must be float32, bfloat16 or float16, got {weights.dtype}")
+        if tuple(weights.shape) != (n, k):
+            raise ArgumentError(f"topk_weights must have topk_ids' shape {(n, k)}, got {tuple(weights.shape)}")
+        num_experts = _int_arg("num_experts", num_experts, 1, 1 << 20)
+        if num_experts % world:
+            raise ArgumentError(f"num_experts ({num_experts}) must be a multiple of the world size ({world}): "
+                                f"each rank holds num_experts / world experts")
+        if k > num_experts:
+            raise ArgumentError(f"topk_ids picks {k} experts per token, but there are only {num_experts}")
+        if max_tokens is None:
+            raise ArgumentError("max_tokens is required: the most tokens any rank dispatches in one call, the same "
+                                "on every rank (it sizes every receive buffer)")
+        max_tokens = _int_arg("max_tokens", max_tokens, 1, 1 << 31)
+        if n > max_tokens:
+            raise ArgumentError(f"x has {n} tokens, more than max_tokens ({max_tokens})")
+        if world * max_tokens * k >= 1 << 31:
+            raise ArgumentError(f"world ({world}) x max_tokens ({max_tokens}) x k ({k}) must stay below 2**31 "
+                                f"(entries are numbered in int32)")
+        align = _int_arg("align", align, 1, MAX_ALIGN)
+        if quant not in QUANTS:
+            raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
+        gs = None
+        if quant == "nvfp4":
+            fp4.check_rows(x)
+            if global_scale is None:
+                raise ArgumentError("quant='nvfp4' needs global_scale (the same on every rank: "
+                                    "symcomm.fp4.global_scale_for(x, comm))")
+            gs = fp4.check_global_scale(global_scale, device)
+        else:
+            if quant == "fp8":
+                fp8.check_rows(x)
+            if global_scale is not None:
+                raise ArgumentError(f"global_scale is NVFP4's; quant={quant!r} takes none")
+        if not isinstance(swizzle, bool):
+            raise ArgumentError(f"swizzle must be a bool, got {type(swizzle).__name__}")
+        if swizzle and quant != "nvfp4":
+            raise ArgumentError("swizzle=True lays out NVFP4 block scales: it needs quant='nvfp4'")
+        if device.type == "cpu" and (problem := check_ids_on_host(ids, num_experts)) is not None:
+            raise ArgumentError(problem)
+        cap = layout.capacity(world, max_tokens, k, num_experts, align)
+        validate.check_extent("the receive buffer", cap, x)
+        (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
+        local = num_experts // world
+        shapes = {"handle.recv_src": ((cap,), torch.int32),
+                  "handle.table": ((world, num_experts + 1), torch.int32),
+                  "handle.returned": ((max_tokens * k, hidden * x.dtype.itemsize), torch.uint8),
+                  "handle.send_rows": ((max_tokens, k), torch.int32)}
+        if out is not None:
+            if not isinstance(out, Dispatched) or not isinstance(out.handle, EpHandle):
+                raise ArgumentError(f"out must be a Dispatched (an earlier dispatch's result), got {type(out).__name__}")
+            recv = _given("out.x", out.x, rshape, rdtype, device)
+            scales = None
+            if scales_spec is not None:
+                scales = _given("out.scales", out.scales, *scales_spec, device)
+            counts = _given("out.expert_counts", out.expert_counts, (local,), torch.int32, device)
+            offsets = _given("out.expert_offsets", out.expert_offsets, (local + 1,), torch.int32, device)
+            h = out.handle
+            given = {name: _given(f"out.{name}", getattr(h, name.split(".")[1]), shape, dtype, device)
+                     for name, (shape, dtype) in shapes.items()}
+        else:
+            # The buffers peers write first, in a fixed order and with shapes equal on every rank,
+            # so inside use_symmetric_memory they take equal pool offsets. The counts table comes
+            # first: its shape depends on the world and the experts alone, so ranks that passed
+            # other sizes still meet in it, and the fingerprints there stop them all before any
+            # row lands at an offset that only one of them thinks right.
+            table = torch.empty(shapes["handle.table"][0], dtype=torch.int32, device=device)
+            recv = torch.empty(rshape, dtype=rdtype, device=device)
+            scales = None if scales_spec is None else torch.empty(scales_spec[0], dtype=scales_spec[1], device=device)
+            given = {name: torch.empty(shape, dtype=dtype, device=device) if name != "handle.table" else table
+                     for name, (shape, dtype) in shapes.items()}
+            counts = torch.empty(local, dtype=torch.int32, device=device)
+            offsets = torch.empty(local + 1, dtype=torch.int32, device=device)
+        handle = EpHandle(given["handle.send_rows"], given["handle.recv_src"], offsets, given["handle.table"],
+                          given["handle.returned"], ids, weights, num_experts, max_tokens, align, x.dtype)
+        return DispatchCall(x, ids, weights, num_experts, max_tokens, quant, gs, align, swizzle, recv, scales, counts,
+                            offsets, handle)
+
+    def result(self, call: DispatchCall) -> Dispatched:
+        return Dispatched(call.recv, call.recv_scales, call.expert_counts, call.expert_offsets, call.handle, call.gs)
+
+    def check_scalars(self, call: DispatchCall) -> Sequence[tuple[str, int]]:
+        scale = call.gs
+        if isinstance(scale, torch.Tensor):
+            scale = float(scale.item())
+        quant = QUANTS.index(call.quant) | (4 if call.swizzle else 0)
+        return [("num_experts", call.num_experts), ("max_tokens", call.max_tokens), ("topk", call.handle.topk),
+                ("align", call.align), ("quant", quant),
+                ("global_scale", check_mode.float_bits(scale) if scale is not None else 0)]
+
+    def check_signature(self, call: DispatchCall, path_index: int, world: int,
+                        locate: Callable[[int], tuple[int, int]] | None,
+                        compared: Sequence[str]) -> tuple[list[int], list[str]]:
+        return pool_signature(self.name, call, call.named_outputs(), call.x.dtype, self.check_scalars(call),
+                              path_index, world, locate, compared)
+
+    def check_more(self, call: DispatchCall, path: Path, peers: Peers) -> None:
+        """On CUDA the ids are checked here (a host synchronisation, which check mode may make):
+        every rank learns which ranks' ids break the rules, and all raise the same error."""
+        problem = None if call.x.device.type == "cpu" else check_ids_on_host(call.topk_ids.cpu(), call.num_experts)
+        rows = peers.exchange([0 if problem is None else 1], kind=check_mode.KIND)
+        bad = [r for r, (flag,) in enumerate(rows) if flag]
+        if bad:
+            here = f" (here: {problem})" if problem else ""
+            raise ArgumentError(f"SYMCOMM_CHECK: {OP}: the top-k ids of rank(s) {bad} break the rules{here}")
+
+    def compiled(self, comm: Any, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 num_experts: int, max_tokens: int, quant: str | None, global_scale: Any, align: int, swizzle: bool,
+                 out: Dispatched | None, algo: str) -> Dispatched:
+        if out is not None:
+            raise ArgumentError("out= is not supported under torch.compile: the compiled dispatch allocates its own "
+                                "buffers (pass out=None)")
+        got = _moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, quant, *scale_args(global_scale),
+                            align, swizzle, comm.key, algo)
+        recv, scales, counts, offsets, send_rows, recv_src, table, returned = got
+        handle = EpHandle(send_rows, recv_src, offsets, table, returned, topk_ids, topk_weights, num_experts,
+                          max_tokens, align, x.dtype)
+        return Dispatched(recv, scales if quant is not None else None, counts, offsets, handle, global_scale)
+
+
+def pool_signature(op: str, call: Call, named: list[tuple[str, torch.Tensor]], dtype: torch.dtype,
+                   scalars: Sequence[tuple[str, int]], path_index: int, world: int,
+                   locate: Callable[[int], tuple[int, int]] | None,
+                   compared: Sequence[str]) -> tuple[list[int], list[str]]:
+    """Check mode's signature of an EP call: the buffers peers write, at their pool offsets
+    where the chosen path needs them equal, named as the caller knows them."""
+    tensors = [t for _, t in named]
+    ptrs = [t.data_ptr() for t in tensors]
+    view = Call(op, tensors, tensors, ptrs, ptrs, None, None, call.nbytes)
+    view.dtype = dtype
+    values, names = check_mode.signature(view, path_index, world, locate, compared, op, scalars)
+    for i, (name, _) in enumerate(named):
+        names = [n.replace(f"'out[{i}]'", f"'{name}'").replace(f"'x[{i}]'", f"'{name}'") for n in names]
+    return values, names
+
+
+MOE_DISPATCH = MoeDispatch()
+
+
+@torch.library.custom_op(f"symcomm::{OP}", mutates_args=())
+def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                  max_tokens: int, quant: str | None, scale_value: float | None, scale: torch.Tensor | None,
+                  align: int, swizzle: bool, comm_key: int, algo: str) -> list[torch.Tensor]:
+    got = lookup(comm_key).moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens, quant=quant,
+                                    global_scale=scale if scale is not None else scale_value, align=align,
+                                    swizzle=swizzle, algo=algo)
+    h = got.handle
+    scales = got.scales if got.scales is not None else x.new_empty((0,))
+    return [got.x, scales, got.expert_counts, got.expert_offsets, h.send_rows, h.recv_src, h.table, h.returned]
+
+
+@_moe_dispatch.register_fake
+def _(x, topk_ids, topk_weights, num_experts, max_tokens, quant, scale_value, scale, align, swizzle, comm_key, algo):
+    world = lookup(comm_key).world_size
+    hidden, k = x.shape[1], topk_ids.shape[1]
+    cap = layout.capacity(world, max_tokens, k, num_experts, align)
+    (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
+    local = num_experts // world
+    i32 = torch.int32
+    return [x.new_empty(rshape, dtype=rdtype),
+            x.new_empty((0,)) if scales_spec is None else x.new_empty(scales_spec[0], dtype=scales_spec[1]),
+            x.new_empty((local,), dtype=i32), x.new_empty((local + 1,), dtype=i32),
+            x.new_empty((max_tokens, k), dtype=i32), x.new_empty((cap,), dtype=i32),
+            x.new_empty((world, num_experts + 1), dtype=i32),
+            x.new_empty((max_tokens * k, hidden * x.dtype.itemsize), dtype=torch.uint8)]

@@ -1,0 +1,54 @@
+"""``symcomm-bench moe``: its sizes and shape flags, and a CPU run over gloo in which every column
+is checked (and a corrupted output is counted)."""
+from __future__ import annotations
+
+import pytest
+
+from symcomm.bench import cli
+from symcomm.bench.config import BenchError
+from symcomm.bench.moe_spec import BASELINE, MOE_DISPATCH_COMBINE, MoeSpec
+from test_bench_cli import bench, table_rows
+
+
+def test_a_size_is_the_rows_one_rank_dispatches():
+    spec = MoeSpec(hidden=256, topk=2, experts=8)
+    lay = spec.layout(3 * 2 * 256 * 2 + 100, 2, 2, 0)
+    assert (lay.nbytes, lay.count, lay.in_elems) == (3 * 1024, 3, 3 * 256)
+    assert spec.smallest_size(2, 2) == 1024
+    assert spec.bus_factor(4) == pytest.approx(1.5)
+    # every buffer of the step fits in what the runner allocates for it
+    assert lay.out_elems * 2 >= sum(spec._pieces(3, 2, 2).values())
+    assert MOE_DISPATCH_COMBINE.configure({"hidden": 512, "topk": 4}) == MoeSpec(hidden=512, topk=4)
+
+
+def test_shape_flags_are_checked_before_any_rank_starts():
+    args = cli.build_parser().parse_args(["moe", "--tokens", "4,1", "--hidden", "256", "--topk", "3",
+                                          "--experts", "8"])
+    cfg = cli.build_config(args, "cpu")
+    assert cfg.options == {"hidden": 256, "topk": 3, "experts": 8}
+    assert cfg.sizes == [1 * 3 * 256 * 2, 4 * 3 * 256 * 2]
+    for argv, pattern in [(["all_reduce", "--hidden", "64"], "only moe take shape flags, not all_reduce"),
+                          (["moe", "--hidden", "100"], "multiple of 128"),
+                          (["moe", "--topk", "9", "--experts", "8"], r"--topk \(9\) must be from 1"),
+                          (["moe", "--topk", "0"], "--topk must be at least 1"),
+                          (["moe", "--tokens", "4,x"], "comma-separated token counts"),
+                          (["moe", "-d", "float"], "moves bfloat16 or half tokens")]:
+        with pytest.raises(BenchError, match=pattern):
+            cli.build_config(cli.build_parser().parse_args(argv), "cpu")
+
+
+@pytest.mark.parametrize("corrupt", (False, True))
+def test_cpu_run_checks_every_column(corrupt):
+    extra = {"SYMCOMM_BENCH_CORRUPT": "1"} if corrupt else {}
+    res = bench("moe", "-g", "2", "--device", "cpu", "--tokens", "1,3", "--hidden", "128", "--topk", "3",
+                "--experts", "4", "-n", "2", "-w", "1", timeout=300, **extra)
+    assert res.returncode == (1 if corrupt else 0), res.stdout + res.stderr
+    rows = table_rows(res.stdout)
+    blocks = [line.split(": ", 1)[1] for line in res.stdout.splitlines() if line.startswith("# Using algo: ")]
+    assert blocks[0] == BASELINE and "peer-push" in blocks
+    assert len(rows) == 2 * len(blocks)
+    measured = [r for r in rows if r[2] != "N/A"]
+    assert len(measured) == 2 * 3  # all_to_all_single, a2a, a2a+nvfp4 run on the CPU; peer-push needs CUDA
+    wrong = [int(r[2]) for r in measured]
+    assert (sum(wrong) > 0) == corrupt, res.stdout
+    assert all(r[3] == "N/A" for r in rows)  # no in-place form

@@ -1,0 +1,149 @@
+"""The MoE dispatch layout and combine sum on one process, CPU only: symcomm/ep/layout.py's
+vectorised functions and the peer kernels' CPU twin (csrc/ep.cu's symcomm_ep_*_host, their
+per-entry and per-row code) against the plain loop reference (tests/_ep_reference.py), bit for
+bit, at world sizes 2 to 8 (the twin simulates any world), every top-k from 1 to 8, with
+zero-token ranks, experts nobody picks, skipped (-1) and repeated ids, alignment, and the three
+encodings (rows as they are, NVFP4 with linear and swizzled scales, FP8 blocks).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _ep_reference import encode, random_case, world_combine, world_dispatch
+from symcomm import fp4
+from symcomm.ep import fp8, layout
+
+try:
+    from symcomm.ep import host
+    host.fp4.host_lib()
+    HOST = None
+except Exception as exc:  # noqa: BLE001 - the reason the twin tests skip
+    HOST = str(exc)
+needs_twin = pytest.mark.skipif(HOST is not None, reason=f"native library unavailable: {HOST}")
+
+CASES = [  # world, tokens per rank, experts, k, align
+    (2, [5, 0], 8, 1, 1),
+    (2, [7, 3], 8, 2, 4),
+    (3, [4, 0, 6], 9, 3, 1),
+    (3, [0, 0, 2], 6, 6, 2),
+    (4, [3, 5, 0, 1], 16, 4, 1),
+    (4, [6, 6, 6, 6], 8, 8, 8),
+    (5, [2, 9, 0, 4, 1], 10, 5, 1),
+    (8, [1, 0, 3, 2, 0, 4, 1, 2], 16, 7, 2),
+    (8, [3] * 8, 64, 8, 1),
+]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"w{c[0]}-k{c[3]}-a{c[4]}")
+def test_layout_functions_match_the_reference(case):
+    world, tokens, experts, k, align = case
+    _, ids, _ = random_case(world, tokens, 32, experts, k, seed=world * 10 + k)
+    received, send_rows = world_dispatch(ids, experts, max(tokens) + 1, align)
+    counts = []
+    for q in range(world):
+        valid = layout.valid_entries(ids[q], experts)
+        c, pos = layout.counts_and_positions(ids[q], valid, experts)
+        counts.append(c)
+        assert ((pos >= 0) == valid).all()
+    table = torch.stack(counts)
+    assert table.tolist() == received[0].table
+    for r in range(world):
+        base, expert_counts, expert_offsets = layout.placement(table, experts, r, align)
+        assert expert_counts.tolist() == received[r].counts
+        assert expert_offsets.tolist() == received[r].offsets
+        valid = layout.valid_entries(ids[r], experts)
+        _, pos = layout.counts_and_positions(ids[r], valid, experts)
+        assert torch.equal(layout.send_rows(ids[r], pos, base), send_rows[r])
+        pad = layout.padding_rows(expert_counts, expert_offsets, len(received[r].recv_src))
+        assert pad.tolist() == [v == -1 for v in received[r].recv_src]
+    cap = layout.capacity(world, max(tokens) + 1, k, experts, align)
+    assert all(rec.offsets[-1] <= cap for rec in received)
+
+
+def test_capacity_is_reached_and_not_passed():
+    """Every token of every rank picks all k experts of rank 0: it receives exactly capacity rows
+    (less the padding of experts that got none)."""
+    world, experts, k, max_tokens = 4, 8, 2, 5
+    ids = [torch.tensor([[0, 1]] * max_tokens) for _ in range(world)]
+    received, _ = world_dispatch(ids, experts, max_tokens)
+    assert received[0].offsets[-1] == layout.capacity(world, max_tokens, k, experts, 1) == world * max_tokens * k
+
+
+@needs_twin
+@pytest.mark.parametrize("quant", (None, "nvfp4", "nvfp4-swizzled", "fp8"))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"w{c[0]}-k{c[3]}-a{c[4]}")
+def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
+    world, tokens, experts, k, align = case
+    swizzle = quant == "nvfp4-swizzled"
+    quant = "nvfp4" if swizzle else quant
+    hidden = 256 if quant == "fp8" else 48
+    max_tokens = max(tokens) + 2
+    dtype = torch.float16 if world % 2 else torch.bfloat16
+    xs, ids, ws = random_case(world, tokens, hidden, experts, k, seed=world * 100 + k,
+                              dtype=dtype, ids_dtype=torch.int32 if k % 2 else torch.int64)
+    gs = 1.5 * 448 * 6 / max(float(x.float().abs().max()) for x in xs if x.numel())
+    received, send_rows = world_dispatch(ids, experts, max_tokens, align)
+    ranks = host.dispatch_host(list(xs), list(ids), experts, max_tokens, quant, gs, align, swizzle)
+    for p, (rec, got) in enumerate(zip(received, ranks)):
+        where = f"rank {p}"
+        assert got.expert_counts.tolist() == rec.counts, where
+        assert got.expert_offsets.tolist() == rec.offsets, where
+        used = rec.offsets[-1]
+        assert got.recv_src[:used].tolist() == rec.recv_src, where
+        assert got.table[:, :-1].tolist() == rec.table, where
+        assert torch.equal(got.send_rows[:tokens[p]], send_rows[p]), where
+        if rec.rows:
+            filled = torch.tensor(sorted(rec.rows))
+            want = [encode(xs[q][t:t + 1], quant, gs) for q, t in (rec.rows[r] for r in filled.tolist())]
+            payload = torch.cat([_bytes(w[0]) for w in want])
+            assert torch.equal(_bytes(got.recv)[filled], payload.view(len(filled), -1)), where
+            if quant == "nvfp4":
+                scales = (fp4.unswizzle_scales(got.scales, got.recv.shape[0], hidden // 16) if swizzle
+                          else got.scales)
+                assert torch.equal(_bytes(scales)[filled], torch.cat([w[1] for w in want])), where
+            elif quant == "fp8":
+                assert torch.equal(got.scales[filled], torch.cat([w[1] for w in want])), where
+    if any(tokens):
+        assert any(rank.recv.view(torch.uint8).ne(0xA5).any() for rank in ranks)
+    # combine: expert outputs drawn per rank, in the received layout
+    gen = torch.Generator().manual_seed(7)
+    outs = [torch.randn(r.recv.shape[0], hidden, generator=gen).to(dtype) for r in ranks]
+    for combine_quant in (None, "fp8") if hidden % 128 == 0 else (None,):
+        want = world_combine(ids, ws, send_rows, outs, experts, combine_quant)
+        got = host.combine_host(ranks, list(outs), list(ws), max_tokens, combine_quant)
+        for q in range(world):
+            assert torch.equal(_bytes(got[q]), _bytes(want[q])), f"combine {combine_quant} rank {q}"
+
+
+@needs_twin
+def test_twin_combine_adds_in_slot_order_without_fusing():
+    """Values whose sum depends on the order and on fused multiply-adds: the twin must give the
+    reference's bits (acc + w*y, slot by slot, each step rounded)."""
+    experts, k, hidden = 4, 4, 16
+    ids = [torch.tensor([[0, 1, 2, 3]]), torch.empty(0, k, dtype=torch.int64)]
+    xs = [torch.ones(1, hidden, dtype=torch.float32), torch.empty(0, hidden, dtype=torch.float32)]
+    ws = [torch.tensor([[1.0, 1e-8, 1.0 / 3, -1.0]]), torch.empty(0, k)]
+    ranks = host.dispatch_host(xs, ids, experts, 1)
+    _, send_rows = world_dispatch(ids, experts, 1)
+    outs = [torch.full((r.recv.shape[0], hidden), v, dtype=torch.float32) for r, v in zip(ranks, (1.0 + 2**-20, 3.0))]
+    want = world_combine(ids, ws, send_rows, outs, experts)
+    got = host.combine_host(ranks, outs, ws, 1)
+    assert torch.equal(got[0], want[0]) and not torch.equal(want[0], torch.zeros_like(want[0]))
+
+
+def test_fp8_blocks_round_trip_within_the_format():
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)) * 10
+    x[1] = 0
+    codes, scales = fp8.quantize(x)
+    assert codes.dtype == torch.float8_e4m3fn and scales.shape == (3, 2)
+    assert torch.equal(scales[1], torch.ones(2))  # an all-zero block keeps scale 1 and codes 0
+    back = fp8.dequantize(codes, scales, torch.float32)
+    assert torch.equal(back[1], torch.zeros(256))
+    rel = ((back - x).abs() / x.abs().clamp(min=1e-3))[[0, 2]]
+    assert float(rel.max()) <= 2**-3  # e4m3 keeps 3 mantissa bits
+    assert float(codes.float().abs().max()) == 448.0  # each block's largest value maps to the top code
