@@ -305,6 +305,14 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     pass ``out=(packed, scales)``.
     """
     n, h = check_rows(x)
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace a ctypes launch: the codec is a torch.library op there.
+        packed, scales = _quantize_op(x, *_scale_args(global_scale), swizzle)
+        if out is None:
+            return packed, scales
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ArgumentError("out must be a (packed, scales) pair")
+        return out[0].copy_(packed), out[1].copy_(scales)
     gs = check_global_scale(global_scale, x.device)
     s_shape = scales_shape(n, h, swizzle)
     if out is not None:
@@ -335,6 +343,9 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
     """Decode ``packed`` [N, H/2] with ``scales`` (linear, or ``swizzled=True``) into [N, H]."""
     n, h = _check_quantized(packed, scales, swizzled)
     dtype = _check_dtype(dtype)
+    if torch.compiler.is_compiling():
+        decoded = _dequantize_op(packed, scales, *_scale_args(global_scale), dtype, swizzled)
+        return decoded if out is None else out.copy_(decoded)
     gs = check_global_scale(global_scale, packed.device)
     if out is None:
         out = torch.empty((n, h), dtype=dtype, device=packed.device)
@@ -349,6 +360,39 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
                                         out.data_ptr(), _native.DTYPE_CODES[dtype], current_stream(packed.device))
     _check_rc(lib, "symcomm_fp4_dequantize", rc)
     return out
+
+
+def _scale_args(global_scale: GlobalScale) -> tuple[torch.Tensor | None, float]:
+    """The global scale as a torch.library op takes it: a tensor, or a number."""
+    if isinstance(global_scale, torch.Tensor):
+        return global_scale, 0.0
+    return None, float(global_scale)
+
+
+# The codec under torch.compile: each op's body is the eager function (validation included).
+@torch.library.custom_op("symcomm::fp4_quantize", mutates_args=())
+def _quantize_op(x: torch.Tensor, scale_tensor: torch.Tensor | None, scale_value: float,
+                 swizzle: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize(x, scale_tensor if scale_tensor is not None else scale_value, swizzle)
+
+
+@_quantize_op.register_fake
+def _(x, scale_tensor, scale_value, swizzle):
+    n, h = x.shape
+    return (x.new_empty((n, h // 2), dtype=torch.uint8),
+            x.new_empty(scales_shape(n, h, swizzle), dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("symcomm::fp4_dequantize", mutates_args=())
+def _dequantize_op(packed: torch.Tensor, scales: torch.Tensor, scale_tensor: torch.Tensor | None,
+                   scale_value: float, dtype: torch.dtype, swizzled: bool) -> torch.Tensor:
+    return dequantize(packed, scales, scale_tensor if scale_tensor is not None else scale_value, dtype,
+                      swizzled=swizzled)
+
+
+@_dequantize_op.register_fake
+def _(packed, scales, scale_tensor, scale_value, dtype, swizzled):
+    return packed.new_empty((packed.shape[0], packed.shape[1] * 2), dtype=dtype)
 
 
 # ------------------------------------------------------------------------------ host entries

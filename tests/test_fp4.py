@@ -432,3 +432,29 @@ def _gather_errors(rank, world):
 
 def test_all_gatherv_fp4_bad_input_raises_before_communication():
     run_world(_gather_errors, 2, timeout_s=90)
+
+
+@pytest.mark.parametrize("scale", (2.5, "tensor"))
+def test_codec_under_torch_compile_is_its_library_ops_bitwise(scale):
+    """Dynamo cannot trace the CUDA kernels' ctypes launch, so under torch.compile the codec runs
+    as symcomm::fp4_quantize / fp4_dequantize: the traced graph must hold them (not the torch
+    reference inlined), and give eager's bits, out= included."""
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    gs = torch.tensor([2.5]) if scale == "tensor" else scale
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    def roundtrip(t, g):
+        packed, scales = fp4.quantize(t, g, swizzle=True)
+        out = torch.empty(t.shape, dtype=torch.float32)
+        return packed, scales, fp4.dequantize(packed, scales, g, torch.float32, swizzled=True, out=out)
+
+    torch._dynamo.reset()
+    got = torch.compile(roundtrip, backend=backend, fullgraph=True)(x, gs)
+    want = roundtrip(x, gs)
+    assert any("symcomm.fp4_quantize" in g and "symcomm.fp4_dequantize" in g for g in graphs), graphs
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))

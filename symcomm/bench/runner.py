@@ -31,15 +31,25 @@ from .timing import Timer
 
 _MIB = 1 << 20
 _POOL_SLACK = 8 * _MIB
-_POOL_ROUND = 2 * _MIB
 
 
-def pool_bytes(buffer_bytes: int, buffers: int) -> int:
-    """Symmetric pool to reserve up front: every rank must register the same amount, and growing
-    it later is a collective that must not happen between timed calls. ``buffers`` buffers of
-    ``buffer_bytes`` in all; the slack covers the allocator's 2 MiB rounding of each."""
-    need = buffer_bytes + buffers * _POOL_ROUND + _POOL_SLACK
-    return -(-need // _POOL_ROUND) * _POOL_ROUND
+def segment_bytes(nbytes: int) -> int:
+    """What torch's caching allocator takes from the pool for one tensor of ``nbytes``: it asks
+    its backing allocator for whole segments, 2 MiB for requests up to 1 MiB, 20 MiB for those
+    below 10 MiB, and larger ones rounded up to 2 MiB (the constants
+    kSmallBuffer, kLargeBuffer and kRoundLarge in torch's caching allocator)."""
+    if nbytes <= _MIB:
+        return 2 * _MIB
+    if nbytes < 10 * _MIB:
+        return 20 * _MIB
+    return -(-nbytes // (2 * _MIB)) * 2 * _MIB
+
+
+def pool_bytes(buffer_sizes: Sequence[int]) -> int:
+    """Symmetric pool to reserve up front for tensors of ``buffer_sizes`` bytes: every rank must
+    register the same amount, and growing it later is a collective that must not happen between
+    timed calls."""
+    return sum(segment_bytes(n) for n in buffer_sizes) + _POOL_SLACK
 
 
 class Runner:
@@ -148,14 +158,14 @@ class Runner:
         extra: dict[str, tuple[int, torch.dtype]] = {}
         for s in self.specs:
             extra.update(s.buffers(n_recv))
-        total_bytes = (n_send + n_recv) * itemsize + sum(n * d.itemsize for n, d in extra.values())
+        sizes = [n_send * itemsize, n_recv * itemsize, *(n * d.itemsize for n, d in extra.values())]
 
         want = self.cfg.symmetric if self.cfg.symmetric is not None else self.device.type == "cuda"
         symmetric = False
         if want and self.device.type != "cuda":
             self.notes.append("Buffers: plain (symmetric memory needs --device cuda)")
         elif want:
-            nbytes = pool_bytes(total_bytes, 2 + len(extra))
+            nbytes = pool_bytes(sizes)
             try:
                 self.comm.reserve_symmetric(nbytes)
                 symmetric = True
