@@ -165,14 +165,7 @@ class AllGathervFp4(Operation):
         algo = super().resolve(call, algo, dispatcher)
         if algo == "auto" or algo in DEFAULT_ORDER:
             return algo
-        if algo in dispatcher.paths_of("all_gatherv"):
-            call.inner_algo = algo
-            return UNFUSED
-        off = dispatcher.off_of("all_gatherv")
-        if algo in off:
-            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
-        raise ArgumentError(f"algo must be 'auto', an FP4 path ({', '.join(DEFAULT_ORDER)}) or a gather path of "
-                            f"this communicator ({', '.join(dispatcher.paths_of('all_gatherv'))}), got {algo!r}")
+        return self.resolve_inner(call, algo, dispatcher, "all_gatherv", UNFUSED, DEFAULT_ORDER, "an FP4 path")
 
     def inner_choice(self, call: Fp4Call, path: Path, dispatcher: Dispatcher) -> Choice | None:
         if path.name != UNFUSED:

@@ -25,7 +25,7 @@ import torch
 from .. import check_mode, fp4
 from ..base import Call
 from ..dispatch import Choice
-from ..errors import ArgumentError, PeerMismatchError
+from ..errors import PeerMismatchError
 from ..registry import lookup
 from ..rmsnorm import OP, QUANTS, NormCall, NormedResult, allocate, check_args
 from .autograd import Backward, library_op, no_backward
@@ -107,14 +107,7 @@ class AllReduceRmsnorm(Operation):
             # Forcing a fused path forces its kernel too (tune times each path so).
             call.inner_algo = FUSED_KERNELS.get(algo, "auto")
             return algo
-        if algo in dispatcher.paths_of("all_reduce"):
-            call.inner_algo = algo
-            return "auto"
-        off = dispatcher.off_of("all_reduce")
-        if algo in off:
-            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
-        raise ArgumentError(f"algo must be 'auto', a norm path ({', '.join(DEFAULT_ORDER)}) or an all-reduce path "
-                            f"of this communicator ({', '.join(dispatcher.paths_of('all_reduce'))}), got {algo!r}")
+        return self.resolve_inner(call, algo, dispatcher, "all_reduce", "auto", DEFAULT_ORDER, "a norm path")
 
     def inner_choice(self, call: NormCall, path: Path, dispatcher: Dispatcher) -> Choice | None:
         if path.name not in (UNFUSED, REFERENCE):

@@ -100,6 +100,21 @@ class Operation:
             raise ArgumentError(f"algo must be a string, got {type(algo).__name__}")
         return algo
 
+    def resolve_inner(self, call: Call, algo: str, dispatcher: Dispatcher, inner_op: str, via: str,
+                      own: Sequence[str], own_label: str) -> str:
+        """What every composite operation's resolve() shares: ``algo`` naming a path of
+        ``inner_op`` (the collective the composite runs inside) is kept in ``call.inner_algo`` and
+        the composite path ``via`` runs it; anything else raises ArgumentError listing this
+        operation's ``own`` paths (called ``own_label``) and the inner ones."""
+        if algo in dispatcher.paths_of(inner_op):
+            call.inner_algo = algo
+            return via
+        off = dispatcher.off_of(inner_op)
+        if algo in off:
+            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
+        raise ArgumentError(f"algo must be 'auto', {own_label} ({', '.join(own)}) or a path of {inner_op} on this "
+                            f"communicator ({', '.join(dispatcher.paths_of(inner_op))}), got {algo!r}")
+
     def inner_choice(self, call: Call, path: Path, dispatcher: Dispatcher) -> Choice | None:
         """For select(): the choice of the operation a composite path runs inside (None here)."""
         return None

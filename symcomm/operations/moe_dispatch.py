@@ -199,14 +199,7 @@ class EpOperation(Operation):
         algo = super().resolve(call, algo, dispatcher)
         if algo == "auto" or algo in ORDER:
             return algo
-        if algo in dispatcher.paths_of("all_to_allv"):
-            call.inner_algo = algo
-            return A2A
-        off = dispatcher.off_of("all_to_allv")
-        if algo in off:
-            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
-        raise ArgumentError(f"algo must be 'auto', a path of {self.name} ({', '.join(ORDER)}) or an all_to_allv path "
-                            f"of this communicator ({', '.join(dispatcher.paths_of('all_to_allv'))}), got {algo!r}")
+        return self.resolve_inner(call, algo, dispatcher, "all_to_allv", A2A, ORDER, f"a path of {self.name}")
 
     def inner_choice(self, call: Any, path: Path, dispatcher: Dispatcher) -> Choice | None:
         return Choice(call.inner_algo, {}) if path.name == A2A else None
