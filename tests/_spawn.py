@@ -3,6 +3,12 @@
 Each rank runs ``fn(rank, world_size, *args)`` after init_process_group. A rank that raises
 reports its traceback; a world that outlives ``timeout_s`` is killed and the test fails, so a
 collective bug shows up as a failure, never as a hung CI job.
+
+Ranks fork from a forkserver that has imported torch once: a spawned rank imports it again,
+which on a GPU machine's CUDA build costs seconds per rank, hundreds of times per suite. The
+server is a fresh process (it never touches CUDA, whatever the test process did), and a fork
+from it sees the server's environment, so each rank takes the test's current one explicitly.
+symcomm itself is imported in the rank, after that environment is in place.
 """
 from __future__ import annotations
 
@@ -18,8 +24,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+_PRELOAD = ["torch", "torch.distributed"]
+
+
+def _entry(fn, rank, world_size, port, args, results, environ):
+    os.environ.clear()
+    os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
         import torch.distributed as dist
@@ -34,10 +44,12 @@ def _entry(fn, rank, world_size, port, args, results):
 
 
 def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first world only
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+    environ = dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results, environ), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
