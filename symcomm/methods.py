@@ -13,7 +13,7 @@ import torch
 from .operations import (ALL_GATHER, ALL_GATHERV, ALL_GATHERV_FP4, ALL_REDUCE, ALL_REDUCE_RMSNORM, ALL_TO_ALLV,
                          MOE_COMBINE, MOE_DISPATCH, REDUCE_SCATTER, REDUCE_SCATTERV)
 from .operations.all_gatherv_fp4 import Fp4Gathered
-from .operations.autograd import no_backward, records
+from .operations.autograd import records
 from .operations.moe_dispatch import Dispatched, EpHandle
 from .rmsnorm import NormedResult
 
@@ -107,8 +107,6 @@ class OperationMethods:
         global_scale): the received rows grouped by local expert, for a grouped GEMM, and the
         handle moe_combine() needs. ``max_tokens`` (the most tokens any rank passes, equal everywhere)
         sizes every buffer; ``out=`` reuses an earlier result's (symcomm/operations/moe_dispatch.py)."""
-        if records(x, topk_weights):
-            raise no_backward("moe_dispatch", "expert-parallel dispatch and combine have no backward yet (serve under torch.inference_mode())")
         if _is_compiling():
             return MOE_DISPATCH.compiled(self, x, topk_ids, topk_weights, num_experts, max_tokens, quant, global_scale,
                                          align, swizzle, out, algo)
@@ -121,8 +119,6 @@ class OperationMethods:
         the expert output row (``expert_out`` [capacity, H], in dispatch's layout) that entry
         produced, added in slot order in fp32; ``quant="fp8"`` sends the rows as block FP8
         (symcomm/operations/moe_combine.py)."""
-        if records(expert_out):
-            raise no_backward("moe_combine", "expert-parallel dispatch and combine have no backward yet (serve under torch.inference_mode())")
         if _is_compiling():
             return MOE_COMBINE.compiled(self, expert_out, handle, quant, out, algo)
         return MOE_COMBINE.result(self._run(MOE_COMBINE, (expert_out, handle, quant, out), algo))

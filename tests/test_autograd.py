@@ -153,6 +153,8 @@ def _no_gradient_errors(rank, world):
         comm.moe_dispatch(tokens.requires_grad_(), ids, weights, world, max_tokens=3)
     with pytest.raises(symcomm.ArgumentError, match="moe_dispatch has no gradient"):
         comm.moe_dispatch(tokens.detach(), ids, weights.requires_grad_(), world, max_tokens=3)
+    with pytest.raises(symcomm.ArgumentError, match="moe_dispatch has no gradient"):  # by name too
+        comm.run("moe_dispatch", tokens.detach(), ids, weights, world, max_tokens=3)
     d = comm.moe_dispatch(tokens.detach(), ids, weights.detach(), world, max_tokens=3)
     with pytest.raises(symcomm.ArgumentError, match="moe_combine has no gradient"):
         comm.moe_combine(d.x.float().to(d.x.dtype).requires_grad_(), d.handle)

@@ -6,6 +6,7 @@ symcomm changed. Also: the composite operations run their argument rules once pe
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
@@ -80,3 +81,15 @@ def _counting(rank, world):
 
 def test_every_public_call_runs_its_argument_rules_once():
     run_world(_counting, 2, timeout_s=180)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.name)
+def test_compiled_takes_builds_arguments_and_defaults(operation):
+    """Communicator.run hands compiled() what the caller gave build() (under torch.compile, or when
+    autograd records the call), so each descriptor's compiled form must take build's arguments
+    with build's defaults, then algo="auto": a call that omits an optional argument works the
+    same eagerly, compiled and under autograd."""
+    def params(fn, skip):
+        return [(p.name, p.default) for p in list(inspect.signature(fn).parameters.values())[skip:]]
+
+    assert params(operation.compiled, 1) == params(operation.build, 1) + [("algo", "auto")]

@@ -196,8 +196,8 @@ class AllGathervFp4(Operation):
         return values, names
 
     def compiled(self, comm: Any, x: torch.Tensor, sizes: Sequence[int], global_scale: Any,
-                 extra: Sequence[torch.Tensor], dequantize: bool, swizzle: bool, out: Fp4Gathered | None,
-                 algo: str) -> Fp4Gathered:
+                 extra: Sequence[torch.Tensor] = (), dequantize: bool = False, swizzle: bool = False,
+                 out: Fp4Gathered | None = None, algo: str = "auto") -> Fp4Gathered:
         got = _all_gatherv_fp4(x, list(sizes), *scale_args(global_scale), list(extra), dequantize, swizzle,
                                comm.key, algo)
         n = len(extra)

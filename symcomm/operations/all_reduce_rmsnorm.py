@@ -145,9 +145,10 @@ class AllReduceRmsnorm(Operation):
             return
         check_replicated(call, peers)
 
-    def compiled(self, comm: Any, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
-                 out: Any, residual_out: torch.Tensor | None, quant: str | None, scale: Any, swizzle: bool,
-                 algo: str) -> NormedResult:
+    def compiled(self, comm: Any, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
+                 eps: float = 1e-6, out: Any = None, residual_out: torch.Tensor | None = None,
+                 quant: str | None = None, scale: Any = None, swizzle: bool = False,
+                 algo: str = "auto") -> NormedResult:
         got = _all_reduce_rmsnorm(x, weight, residual, float(eps), quant, *scale_args(scale), swizzle, comm.key, algo)
         y, scales = got[0], got[2] if quant == "nvfp4" else None
         if out is not None:

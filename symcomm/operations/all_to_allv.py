@@ -109,8 +109,8 @@ class AllToAllv(Operation):
                         f"SYMCOMM_CHECK: {OP}: rank {r} sends {sent} rows to rank {p}, but rank {p} expects {got} "
                         f"from rank {r} (send_sizes[{p}] on rank {r} must equal recv_sizes[{r}] on rank {p})")
 
-    def compiled(self, comm: Any, tensors: Any, send_sizes: Sequence[int], recv_sizes: Sequence[int], out: Any,
-                 algo: str) -> Any:
+    def compiled(self, comm: Any, tensors: Any, send_sizes: Sequence[int], recv_sizes: Sequence[int],
+                 out: Any = None, algo: str = "auto") -> Any:
         single = isinstance(tensors, torch.Tensor)
         results = _all_to_allv([tensors] if single else list(tensors), list(send_sizes), list(recv_sizes), comm.key,
                                algo)

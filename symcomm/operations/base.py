@@ -15,7 +15,8 @@ of the dispatch table:
     resolve(call, algo, d)    what ``algo=`` may name (a composite op also takes an inner path)
     check_signature(...)      check mode's vector, with this op's own scalars
     compiled(comm, *args)     the same call as a torch.library op: under torch.compile, and
-                              whenever autograd records the call
+                              whenever autograd records the call; build's arguments with
+                              build's defaults, then algo="auto" (Communicator.run passes any)
     saved_for_backward, backward   its gradient (symcomm/operations/autograd.py binds them to
                               the torch.library op); without them autograd through it raises
     bench                     "module:attribute" of its symcomm-bench spec (None: none)

@@ -152,7 +152,8 @@ class AllReduce(Operation):
     def build(self, ctx: CallContext, x: Any, out: Any = None, op: Any = "sum") -> Call:
         return all_reduce_call(x, out, op, ctx.device)
 
-    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
+    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None = None, op: str = "sum",
+                 algo: str = "auto") -> torch.Tensor:
         return into(out, all_reduce_op(x, comm.key, op, algo))
 
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
@@ -169,7 +170,7 @@ class AllGather(Operation):
     def build(self, ctx: CallContext, x: Any, out: Any = None) -> Call:
         return all_gather_call(x, out, ctx.rank, ctx.world_size, ctx.device)
 
-    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, algo: str) -> torch.Tensor:
+    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
         return into(out, all_gather_op(x, comm.key, algo))
 
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
@@ -190,7 +191,7 @@ class AllGatherv(Operation):
     def result(self, call: Call) -> torch.Tensor | list[torch.Tensor]:
         return call.outputs[0] if call.single else list(call.outputs)
 
-    def compiled(self, comm: Any, tensors: Any, sizes: Sequence[int], out: Any, algo: str) -> Any:
+    def compiled(self, comm: Any, tensors: Any, sizes: Sequence[int], out: Any = None, algo: str = "auto") -> Any:
         single = isinstance(tensors, torch.Tensor)
         results = all_gatherv_op([tensors] if single else list(tensors), list(sizes), comm.key, algo)
         if single:
@@ -213,7 +214,8 @@ class ReduceScatter(Operation):
     def build(self, ctx: CallContext, x: Any, out: Any = None, op: Any = "sum") -> Call:
         return reduce_scatter_call(x, out, op, ctx.rank, ctx.world_size, ctx.device)
 
-    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
+    def compiled(self, comm: Any, x: torch.Tensor, out: torch.Tensor | None = None, op: str = "sum",
+                 algo: str = "auto") -> torch.Tensor:
         return into(out, reduce_scatter_op(x, comm.key, op, algo))
 
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
@@ -231,8 +233,8 @@ class ReduceScatterv(Operation):
     def build(self, ctx: CallContext, x: Any, sizes: Any, out: Any = None, op: Any = "sum") -> Call:
         return reduce_scatterv_call(x, sizes, out, op, ctx.rank, ctx.world_size, ctx.device)
 
-    def compiled(self, comm: Any, x: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None, op: str,
-                 algo: str) -> torch.Tensor:
+    def compiled(self, comm: Any, x: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None = None,
+                 op: str = "sum", algo: str = "auto") -> torch.Tensor:
         return into(out, reduce_scatterv_op(x, list(sizes), comm.key, op, algo))
 
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:

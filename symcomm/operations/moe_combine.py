@@ -61,6 +61,7 @@ class MoeCombine(EpOperation):
     window_rule = OFFSETS_RULE
 
     def build(self, ctx: CallContext, expert_out: Any, handle: Any, quant: Any = None, out: Any = None) -> CombineCall:
+        self.refuse_gradient(expert_out)
         device = ctx.device
         if not isinstance(handle, EpHandle):
             raise ArgumentError(f"handle must be the EpHandle a dispatch returned (Dispatched.handle), got "
@@ -97,8 +98,9 @@ class MoeCombine(EpOperation):
         return pool_signature(self.name, call, [("handle.returned", call.handle.returned)], call.expert_out.dtype,
                               self.check_scalars(call), path_index, world, locate, compared)
 
-    def compiled(self, comm: Any, expert_out: torch.Tensor, handle: EpHandle, quant: str | None,
-                 out: torch.Tensor | None, algo: str) -> torch.Tensor:
+    def compiled(self, comm: Any, expert_out: torch.Tensor, handle: EpHandle, quant: str | None = None,
+                 out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
+        self.refuse_gradient(expert_out)
         h = handle
         got = _moe_combine(expert_out, h.topk_ids, h.topk_weights, h.send_rows, h.recv_src, h.expert_offsets, h.table,
                            h.returned, h.num_experts, h.max_tokens, h.align, quant, comm.key, algo)

@@ -28,6 +28,7 @@ from ..dispatch import Choice
 from ..ep import fp8, layout
 from ..errors import ArgumentError, DtypeError
 from ..registry import lookup
+from .autograd import no_backward, records
 from .base import CallContext, Dispatcher, Operation, scale_args
 
 if TYPE_CHECKING:
@@ -185,6 +186,13 @@ def _given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, dev
     return validate.given(name, t, tuple(shape), dtype, device)
 
 
+def _max_tokens_arg(max_tokens: object) -> int:
+    if max_tokens is None:
+        raise ArgumentError("max_tokens is required: the most tokens any rank dispatches in one call, the same "
+                            "on every rank (it sizes every receive buffer)")
+    return _int_arg("max_tokens", max_tokens, 1, 1 << 31)
+
+
 class EpOperation(Operation):
     """What moe_dispatch and moe_combine share: their fixed order of paths, and ``algo=``
     naming one of them or an all_to_allv path (which forces a2a with that path inside)."""
@@ -204,6 +212,14 @@ class EpOperation(Operation):
     def inner_choice(self, call: Any, path: Path, dispatcher: Dispatcher) -> Choice | None:
         return Choice(call.inner_algo, {}) if path.name == A2A else None
 
+    def refuse_gradient(self, *tensors: Any) -> None:
+        """Neither operation has a backward yet: a call autograd would record is refused where
+        every call enters (build, and compiled for torch.compile and run()), rather than run
+        with its gradient silently dropped. In build, check mode tells the peers why."""
+        if records(*tensors):
+            raise no_backward(self.name, "expert-parallel dispatch and combine have no backward yet (serve "
+                                         "under torch.inference_mode())")
+
 
 class MoeDispatch(EpOperation):
     name = OP
@@ -217,6 +233,7 @@ class MoeDispatch(EpOperation):
     def build(self, ctx: CallContext, x: Any, topk_ids: Any, topk_weights: Any, num_experts: Any,
               max_tokens: Any = None, quant: Any = None, global_scale: Any = None, align: Any = 1,
               swizzle: Any = False, out: Any = None) -> DispatchCall:
+        self.refuse_gradient(x, topk_weights)
         device, world = ctx.device, ctx.world_size
         x = validate.tensor("x", x, device)
         if x.ndim != 2:
@@ -243,10 +260,7 @@ class MoeDispatch(EpOperation):
                                 f"each rank holds num_experts / world experts")
         if k > num_experts:
             raise ArgumentError(f"topk_ids picks {k} experts per token, but there are only {num_experts}")
-        if max_tokens is None:
-            raise ArgumentError("max_tokens is required: the most tokens any rank dispatches in one call, the same "
-                                "on every rank (it sizes every receive buffer)")
-        max_tokens = _int_arg("max_tokens", max_tokens, 1, 1 << 31)
+        max_tokens = _max_tokens_arg(max_tokens)
         if n > max_tokens:
             raise ArgumentError(f"x has {n} tokens, more than max_tokens ({max_tokens})")
         if world * max_tokens * k >= 1 << 31:
@@ -340,8 +354,11 @@ class MoeDispatch(EpOperation):
             raise ArgumentError(f"SYMCOMM_CHECK: {OP}: the top-k ids of rank(s) {bad} break the rules{here}")
 
     def compiled(self, comm: Any, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 num_experts: int, max_tokens: int, quant: str | None, global_scale: Any, align: int, swizzle: bool,
-                 out: Dispatched | None, algo: str) -> Dispatched:
+                 num_experts: int, max_tokens: int | None = None, quant: str | None = None, global_scale: Any = None,
+                 align: int = 1, swizzle: bool = False, out: Dispatched | None = None,
+                 algo: str = "auto") -> Dispatched:
+        self.refuse_gradient(x, topk_weights)
+        max_tokens = _max_tokens_arg(max_tokens)  # the op's schema takes an int: name the rule first
         if out is not None:
             raise ArgumentError("out= is not supported under torch.compile: the compiled dispatch allocates its own "
                                 "buffers (pass out=None)")
