@@ -23,6 +23,7 @@ import symcomm
 
 from layer_utils import Check, add_common_args, bitwise, close_enough, init_distributed, modes_for, run_example
 
+
 @dataclass(frozen=True)
 class TrainConfig:
     """An MLP's sizes (the defaults: the --cpu ones) and its SGD step."""

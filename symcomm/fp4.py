@@ -305,22 +305,18 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     pass ``out=(packed, scales)``.
     """
     n, h = check_rows(x)
-    if torch.compiler.is_compiling():
-        # Dynamo cannot trace a ctypes launch: the codec is a torch.library op there.
-        packed, scales = _quantize_op(x, *_scale_args(global_scale), swizzle)
-        if out is None:
-            return packed, scales
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ArgumentError("out must be a (packed, scales) pair")
-        return out[0].copy_(packed), out[1].copy_(scales)
-    gs = check_global_scale(global_scale, x.device)
     s_shape = scales_shape(n, h, swizzle)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ArgumentError("out must be a (packed, scales) pair")
         packed = validate.given("out[0]", out[0], (n, h // 2), torch.uint8, x.device)
         scales = validate.given("out[1]", out[1], s_shape, torch.float8_e4m3fn, x.device)
-    else:
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace a ctypes launch: the codec is a torch.library op there.
+        got = _quantize_op(x, *_scale_args(global_scale), swizzle)
+        return got if out is None else (packed.copy_(got[0]), scales.copy_(got[1]))
+    gs = check_global_scale(global_scale, x.device)
+    if out is None:
         packed = torch.empty((n, h // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty(s_shape, dtype=torch.float8_e4m3fn, device=x.device)
     lib = native_lib() if x.is_cuda else None
@@ -343,14 +339,14 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
     """Decode ``packed`` [N, H/2] with ``scales`` (linear, or ``swizzled=True``) into [N, H]."""
     n, h = _check_quantized(packed, scales, swizzled)
     dtype = _check_dtype(dtype)
+    if out is not None:
+        out = validate.given("out", out, (n, h), dtype, packed.device)
     if torch.compiler.is_compiling():
         decoded = _dequantize_op(packed, scales, *_scale_args(global_scale), dtype, swizzled)
         return decoded if out is None else out.copy_(decoded)
     gs = check_global_scale(global_scale, packed.device)
     if out is None:
         out = torch.empty((n, h), dtype=dtype, device=packed.device)
-    else:
-        out = validate.given("out", out, (n, h), dtype, packed.device)
     lib = native_lib() if packed.is_cuda else None
     if lib is None:
         return out.copy_(dequantize_reference(packed, scales, gs, dtype, swizzled))
