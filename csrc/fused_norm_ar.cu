@@ -37,49 +37,97 @@ struct NormRows {
   float eps;
   int rows;
   int nvec;           // hidden / 8
+  int parts;          // blocks per row (launch_norm): each sums all of it and writes its part
   norm::Output out;   // y (or its FP8 / NVFP4 encoding)
 };
 
-template <typename T>
-__device__ __forceinline__ norm::Vec<T> as_vec(const uint4& v) {
-  norm::Vec<T> h;
-  memcpy(&h, &v, sizeof h);
-  return h;
+// rmsnorm_row's mode here: the output format read at run time, the weight staged in shared
+// memory once per block (stage_weight), blocks that may take several rows.
+using FusedMode = norm::RowMode<norm::kQuantAny, true, false>;
+
+// The weight, every vector this thread will read (t + i * kThreads), copied to shared memory
+// with cp.async: read from global memory after the row's sum it was one more memory round trip
+// per row, and held in registers it would cost the registers that keep the row's loads in
+// flight. Called after the kernel's wait for its predecessor (which may write the weight);
+// rmsnorm_row waits for the copies after the sum.
+template <typename T, int kIters>
+__device__ __forceinline__ const norm::Vec<T>* stage_weight(const NormRows<T>& a, norm::Vec<T>* staged) {
+  const norm::Vec<T>* w = reinterpret_cast<const norm::Vec<T>*>(a.weight);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int j = threadIdx.x + i * norm::kThreads;
+    if (j < a.nvec) norm::copy_to_shared(staged + j, w + j);
+  }
+  return staged;
 }
 
-// h = the summed vector (+ the residual), stored to the new residual: the standalone kernel's
-// first step for one vector.
-template <typename T>
-__device__ __forceinline__ norm::Vec<T> finish_h(const uint4& sum, const NormRows<T>& a, int64_t idx) {
-  norm::Vec<T> h = as_vec<T>(sum);
-  if (a.residual != nullptr) norm::add_residual(h, reinterpret_cast<const norm::Vec<T>*>(a.residual)[idx]);
-  reinterpret_cast<norm::Vec<T>*>(a.residual_out)[idx] = h;
+// h for one vector: the W ranks' vectors summed in rank order (reduce_at's sum), the residual
+// (already loaded) added, and stored to the new residual if this block writes that vector.
+template <typename T, int W>
+__device__ __forceinline__ norm::Vec<T> finish_h(const uint4 (&v)[W], const norm::Vec<T>& residual,
+                                                 const NormRows<T>& a, int64_t idx, bool store) {
+  float acc[Lanes<T>::kN];
+  Lanes<T>::load(v[0], acc);
+#pragma unroll
+  for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
+  const uint4 sum = Lanes<T>::pack(acc);
+  norm::Vec<T> h;
+  memcpy(&h, &sum, sizeof h);
+  if (a.residual != nullptr) norm::add_residual(h, residual);
+  if (store) norm::store_vec(reinterpret_cast<norm::Vec<T>*>(a.residual_out) + idx, h);
   return h;
 }
 
 // One row summed from every rank's input in rank order, residual added, stored to a.residual_out,
-// and normalised into a.out: the standalone kernel's row, with the all-reduce in front.
+// and normalised into a.out: the standalone kernel's row, with the all-reduce in front. Every
+// load of the row (W peers' vectors and the residual) is issued before its first store: the
+// store to the new residual may alias the inputs as far as the compiler knows, and a
+// load-sum-store loop waited out one peer round trip per vector, kIters in series per row.
+// Block `part` of a.parts stores h and y for the iterations i % a.parts == part only.
 template <typename T, int W, int kIters>
-__device__ __forceinline__ void sum_and_norm_row(const uint4* const* src, int row, const NormRows<T>& a, float* smem) {
+__device__ __forceinline__ void sum_and_norm_row(const uint4* const* src, int row, int part, const NormRows<T>& a,
+                                                 const norm::Vec<T>* w, float scale, float* smem) {
+  const int64_t base = int64_t(row) * a.nvec;
+  const norm::Vec<T>* res = reinterpret_cast<const norm::Vec<T>*>(a.residual) + base;
+  uint4 v[kIters][W];
+  norm::Vec<T> r[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int j = threadIdx.x + i * norm::kThreads;
+    if (j < a.nvec) {
+#pragma unroll
+      for (int p = 0; p < W; ++p) v[i][p] = src[p][base + j];
+      if (a.residual != nullptr) r[i] = norm::load_vec(res + j);
+    }
+  }
   norm::Vec<T> h[kIters];
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int j = threadIdx.x + i * norm::kThreads;
-    if (j < a.nvec) h[i] = finish_h(reduce_at<T, W>(src, size_t(row) * a.nvec + j), a, int64_t(row) * a.nvec + j);
+    if (j < a.nvec) h[i] = finish_h<T, W>(v[i], r[i], a, base + j, i % a.parts == part);
   }
-  norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
+  norm::rmsnorm_row<T, kIters, FusedMode>(h, w, scale, row, a.nvec, a.eps, a.out, smem, a.parts, part);
 }
 
 template <typename T, int W, int kIters>
 __global__ void __launch_bounds__(norm::kThreads) one_shot_norm(Sync s, const Peers* in, size_t in_offset,
                                                                 NormRows<T> a) {
   __shared__ float smem[norm::kWarps];
+  __shared__ norm::Vec<T> staged[kIters * norm::kThreads];
   const uint64_t epoch = next_epoch(s);
   if (epoch == 0 || !slot_ready(s, in, W)) return;
   const uint4* src[kMaxRanks];
   for (int r = 0; r < W; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
-  if (!barrier(s, kStart, W, epoch)) return;
-  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) sum_and_norm_row<T, W, kIters>(src, row, a, smem);
+  const norm::Vec<T>* w = stage_weight<T, kIters>(a, staged);
+  const float scale = norm::load_out_scale(a.out, a.out.quant);
+  if (!barrier(s, kStart, W, epoch)) {
+    norm::wait_copies();
+    return;
+  }
+  // Block b takes rows and parts b, b + gridDim.x, ... of the rows x parts items.
+  for (int item = blockIdx.x; item < a.rows * a.parts; item += gridDim.x)
+    sum_and_norm_row<T, W, kIters>(src, item / a.parts, item % a.parts, a, w, scale, smem);
+  norm::wait_copies();  // a block without rows
   // Peers read this rank's input until they pass here.
   barrier(s, kEnd, W, epoch);
 }
@@ -117,13 +165,19 @@ template <typename T, int W, int kIters>
 __global__ void __launch_bounds__(norm::kThreads) two_shot_norm(Sync s, Peers scratch, const Peers* in,
                                                                 size_t in_offset, NormRows<T> a, ScratchLayout lay) {
   __shared__ float smem[norm::kWarps];
+  __shared__ norm::Vec<T> staged[kIters * norm::kThreads];
   const int rank = s.rank;
   const uint64_t epoch = next_epoch(s);
   if (epoch == 0 || !slot_ready(s, in, W)) return;
   const uint4* src[kMaxRanks];
   for (int r = 0; r < W; ++r) src[r] = reinterpret_cast<const uint4*>(in->ptr[r] + in_offset);
   const int chunk = (a.rows + W - 1) / W;
-  if (!barrier(s, kStart, W, epoch)) return;
+  const norm::Vec<T>* w = stage_weight<T, kIters>(a, staged);
+  const float scale = norm::load_out_scale(a.out, a.out.quant);
+  if (!barrier(s, kStart, W, epoch)) {
+    norm::wait_copies();
+    return;
+  }
   // Owner phase: rows of this rank's chunk, normalised into its own scratch. Block b takes the
   // same offsets within every chunk in both phases, so its mid barrier covers what it gathers.
   char* mine = scratch.ptr[rank];
@@ -133,7 +187,10 @@ __global__ void __launch_bounds__(norm::kThreads) two_shot_norm(Sync s, Peers sc
   own.out.scales = reinterpret_cast<uint8_t*>(mine + lay.scales_offset);
   own.out.swizzle = 0;
   const int lo = rank * chunk, hi = lo + chunk < a.rows ? lo + chunk : a.rows;
-  for (int row = lo + blockIdx.x; row < hi; row += gridDim.x) sum_and_norm_row<T, W, kIters>(src, row, own, smem);
+  // One block per row here (a.parts is 1): the gather below copies whole rows that block b
+  // itself wrote on every owner.
+  for (int row = lo + blockIdx.x; row < hi; row += gridDim.x) sum_and_norm_row<T, W, kIters>(src, row, 0, own, w, scale, smem);
+  norm::wait_copies();  // a block without rows
   // After it, every peer has read our input (so it may be reused) and every chunk is ready.
   if (!barrier(s, kMid, W, epoch)) return;
   const size_t h_row = size_t(a.nvec) * 16;
@@ -185,6 +242,7 @@ template <typename T, int W, int kIters>
 __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers recv, const uint4* x, size_t slot_vecs,
                                                                  NormRows<T> a) {
   __shared__ float smem[norm::kWarps];
+  __shared__ norm::Vec<T> staged[kIters * norm::kThreads];
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
   const int rank = s.rank;
@@ -211,19 +269,28 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
     }
   }
   const uint4* mine = reinterpret_cast<const uint4*>(recv.ptr[rank]);
-  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    // Every slot of every vector of the row is looked at first (one round of loads in flight),
-    // then only the slots still unwritten are waited on, as flag_free does: waiting vector by
-    // vector kept a thread's kIters trips to memory one after another.
+  const int items = a.rows * a.parts;
+  const norm::Vec<T>* w = blockIdx.x < items ? stage_weight<T, kIters>(a, staged) : nullptr;
+  const float scale = norm::load_out_scale(a.out, a.out.quant);
+  // Block b takes rows and parts b, b + gridDim.x, ... of the rows x parts items; every block of
+  // a row reads all of it.
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int row = item / a.parts, part = item % a.parts;
+    const int64_t base = int64_t(row) * a.nvec;
+    // Every slot of every vector of the row, and the residual, is looked at first (one round of
+    // loads in flight), then only the slots still unwritten are waited on, as flag_free does:
+    // waiting vector by vector kept a thread's kIters trips to memory one after another.
     uint4 v[kIters][W];
+    norm::Vec<T> res[kIters];
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int j = threadIdx.x + i * norm::kThreads;
       if (j >= a.nvec) continue;
-      const size_t idx = size_t(row) * a.nvec + j;
+      const size_t idx = size_t(base) + j;
 #pragma unroll
       for (int r = 0; r < W; ++r)
         v[i][r] = r == rank ? without_sentinel(x[idx]) : load_volatile(mine + (buf * W + r) * slot_vecs + idx);
+      if (a.residual != nullptr) res[i] = norm::load_vec(reinterpret_cast<const norm::Vec<T>*>(a.residual) + idx);
     }
     norm::Vec<T> h[kIters];
     bool gave_up = false;
@@ -231,7 +298,7 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
     for (int i = 0; i < kIters; ++i) {
       const int j = threadIdx.x + i * norm::kThreads;
       if (j >= a.nvec || gave_up) continue;
-      const size_t idx = size_t(row) * a.nvec + j;
+      const size_t idx = size_t(base) + j;
 #pragma unroll
       for (int r = 0; r < W; ++r) {
         if (r == rank || !has_sentinel(v[i][r]) || gave_up) continue;
@@ -248,15 +315,14 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
           }
         } while (!gave_up && has_sentinel(v[i][r]));
       }
-      float acc[Lanes<T>::kN];
-      Lanes<T>::load(v[i][0], acc);
-#pragma unroll
-      for (int r = 1; r < W; ++r) Lanes<T>::add(v[i][r], acc);
-      if (!gave_up) h[i] = finish_h(Lanes<T>::pack(acc), a, int64_t(idx));
+      if (!gave_up) h[i] = finish_h<T, W>(v[i], res[i], a, int64_t(idx), i % a.parts == part);
     }
     // rmsnorm_row synchronises the block: every thread leaves together, or none does.
-    if (__syncthreads_or(gave_up)) return;
-    norm::rmsnorm_row<T, kIters>(h, row, a.nvec, a.weight, a.eps, a.out, smem);
+    if (__syncthreads_or(gave_up)) {
+      norm::wait_copies();
+      return;
+    }
+    norm::rmsnorm_row<T, kIters, FusedMode>(h, w, scale, row, a.nvec, a.eps, a.out, smem, a.parts, part);
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
@@ -265,18 +331,29 @@ template <typename T, int W, int kIters>
 cudaError_t launch_norm(Context* c, int algo, const uint4* x, int slot, size_t in_offset, const NormRows<T>& a,
                         const ScratchLayout& lay, cudaStream_t stream) {
   const Sync s = make_sync(c);
-  // Equal on every rank (rows is), as block b meets block b.
-  const int blocks = a.rows < c->grid_blocks ? a.rows : c->grid_blocks;
+  // Blocks per row: with fewer rows than blocks, a row's sum of squares, normalisation and
+  // quantization ran on one SM while the grid's other blocks idled. Every block of a row reads
+  // and sums all of it (so the reduction order, and every bit, stays the standalone kernel's)
+  // and writes its part, as rmsnorm.cu splits decode rows. Two-shot keeps one block per row:
+  // its gather copies the rows a block wrote itself. Equal on every rank (rows and the grid
+  // caps are), as block b meets block b.
+  NormRows<T> split = a;
+  const int cap = algo == SYMCOMM_AR_FLAGFREE ? c->flagfree_blocks : c->grid_blocks;
+  while (algo != SYMCOMM_AR_TWOSHOT && split.parts * 2 <= kIters && split.parts * 2 <= norm::kMaxParts &&
+         int64_t(a.rows) * split.parts * 2 <= cap)
+    split.parts *= 2;
+  const int items = a.rows * split.parts;
+  const int blocks = items < c->grid_blocks ? items : c->grid_blocks;
   switch (algo) {
     case SYMCOMM_AR_FLAGFREE:
       return launch(c->overlap, flag_free_norm<T, W, kIters>, c->flagfree_blocks, norm::kThreads, stream, s,
-                    c->flagfree, x, c->flagfree_bytes / 16, a);
+                    c->flagfree, x, c->flagfree_bytes / 16, split);
     case SYMCOMM_AR_ONESHOT:
       return launch(c->overlap, one_shot_norm<T, W, kIters>, blocks, norm::kThreads, stream, s, c->slots + slot,
-                    in_offset, a);
+                    in_offset, split);
     case SYMCOMM_AR_TWOSHOT:
       return launch(c->overlap, two_shot_norm<T, W, kIters>, blocks, norm::kThreads, stream, s, c->scratch,
-                    c->slots + slot, in_offset, a, lay);
+                    c->slots + slot, in_offset, split, lay);
     default:
       return cudaErrorInvalidValue;
   }
@@ -330,7 +407,7 @@ int symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, const void* x, 
       return cudaErrorInvalidValue;  // refused above; no fp32 instantiation
     } else {
       const NormRows<T> a{static_cast<const T*>(residual), static_cast<T*>(residual_out), static_cast<const T*>(weight),
-                          eps, int(rows), int(nvec), o};
+                          eps, int(rows), int(nvec), 1, o};
       return for_world(c->world, [&](auto w) {
         constexpr int W = decltype(w)::value;
         const int iters = int((nvec + norm::kThreads - 1) / norm::kThreads);

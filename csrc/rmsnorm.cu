@@ -39,9 +39,6 @@ constexpr int min_blocks(int iters, bool residual) {
   return iters <= 4 ? (residual ? 3 : 4) : (iters <= 8 ? 2 : 1);
 }
 
-// Most blocks a row is split over at decode sizes (parts below).
-constexpr int kMaxParts = 4;
-
 // signal: when to let the next kernel on the stream launch (launch.cuh). kSignalEarly on entry;
 // kSignalLate only once this block is done. Launched early,
 // its blocks take the SM slots this grid leaves free and wait there; with more rows than SMs

@@ -48,6 +48,9 @@ constexpr int kThreads = 256;   // threads per row: part of the reduction order 
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxIters = 16;   // vectors per thread a kernel may hold in registers
 constexpr int64_t kMaxHidden = int64_t(kThreads) * kVec * kMaxIters;  // 32768
+// Most blocks a decode row is split over (rmsnorm_row's parts): each sums the whole row, so more
+// parts buy less; 4 measured best against 1 and 2 (H100, bench/NOTES.md).
+constexpr int kMaxParts = 4;
 
 // Values of symcomm_norm_quant_t (csrc/symcomm.h).
 enum Quant : int { kQuantNone = 0, kQuantFp8 = 1, kQuantNvfp4 = 2 };
@@ -380,15 +383,6 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const 
   }
 }
 
-// The same with the weight read from global memory after the row's sum and the scale read
-// before it: what the fused kernels call.
-template <typename T, int kIters>
-__device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h)[kIters], int64_t row, int nvec, const T* weight,
-                                            float eps, const Output& out, float* smem) {
-  const float scale = load_out_scale(out, out.quant);
-  rmsnorm_row<T, kIters, RowMode<kQuantAny>>(h, reinterpret_cast<const Vec<T>*>(weight), scale, row, nvec, eps, out,
-                                             smem);
-}
 #endif  // __CUDACC__
 
 }  // namespace norm

@@ -24,7 +24,7 @@ from symcomm.peer.setup import SharedContext
 
 KERNELS = (FLAGFREE, ONESHOT, TWOSHOT)
 FUSED_OF = {FLAGFREE: "fused-flagfree", ONESHOT: "fused-oneshot", TWOSHOT: "fused-twoshot"}
-TOKENS = (1, 7, 128, 1000)
+TOKENS = (1, 3, 7, 128, 1000)  # 1 and 3 rows split over 4 and 2 blocks at the sim's 8-block grid
 HIDDENS = (2048, 7168, 8192)
 # (quant, swizzle, scale): the FP8 scale is a dequant scale, the NVFP4 one a global scale.
 MODES = ((None, False, None), ("fp8", False, 0.05), ("nvfp4", False, 0.02), ("nvfp4", True, 0.02))
