@@ -8,8 +8,9 @@
 #   quick = tests, then membership and eager costs, no sweeps; release = the published
 #   numbers in one bounded call: the sweeps, FP4 tests and bench, eager, the stall tests,
 #   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere);
-#   fused = issue 12/13's numbers per world: tune (all_reduce_rmsnorm row included), the
-#   norm op with --algo all and that table, bench/gemm_overlap.py (overlap on/off);
+#   fused = the fused-norm numbers per world (issues 12, 13, 27): tune (all_reduce_rmsnorm row
+#   included), the norm op with --algo all and that table, bench/gemm_overlap.py (overlap
+#   on/off), bench/flashinfer_norm.py (every fused path, unfused and FlashInfer's kernel);
 #   memory = issue 30's first step per world: bench/comm_memory.py (symcomm with and without graph
 #   communicators, cold and after torch's NCCL group; symmetric-CTA timing) and bench/graph_mixing.py;
 #   single = what one GPU can show: the README's two commands exactly as written (tests,
@@ -122,7 +123,7 @@ if [[ $MODE == release ]]; then  # most important first: later steps are skipped
   gpu_tests 2 stall 200 "tests/gpu/test_custom_ar.py -k missing_peer"
 fi
 if [[ $MODE == fused ]]; then
-  for world in ${WORLDS:-2}; do
+  for world in ${WORLDS:-2 4}; do
     if ((world > NGPU)); then note "fused_w$world: NOT RUN ($NGPU GPUs)"; continue; fi
     table="$OUT/results/${GPU_SLUG}_w$world.json"
     step "tune_w$world" 300 torchrun --nproc-per-node="$world" -m symcomm.bench tune -d bfloat16 \
@@ -133,6 +134,10 @@ if [[ $MODE == fused ]]; then
       --json "$OUT/results/norm_w$world.json"
     step "gemm_overlap_w$world" 120 "${tuned[@]}" torchrun --nproc-per-node="$world" \
       bench/gemm_overlap.py --json "$OUT/results/gemm_overlap_w$world.json"
+    # Every fused path against unfused and FlashInfer's kernel per token count (says so and
+    # stops where flashinfer-python is not installed: bench/flashinfer_pack.sh packs it).
+    step "flashinfer_norm_w$world" 150 "${tuned[@]}" torchrun --nproc-per-node="$world" \
+      bench/flashinfer_norm.py --json "$OUT/results/flashinfer_norm_w$world.json"
   done
 fi
 if [[ $MODE == single ]]; then

@@ -40,8 +40,11 @@ class SimWorld:
     """W linked contexts and one stream per simulated rank; close() destroys the contexts."""
 
     def __init__(self, world: int, timeout_s: float = TIMEOUT_S, max_blocks: int = MAX_BLOCKS,
-                 graph_slots: int = 1, staging_bytes: int = STAGING_BYTES, flagfree_bytes: int = FLAGFREE_BYTES):
-        self.lib = _native.load().lib
+                 graph_slots: int = 1, staging_bytes: int = STAGING_BYTES, flagfree_bytes: int = FLAGFREE_BYTES,
+                 lib: ctypes.CDLL | None = None):
+        """``lib``: another build of the native library, bound with _native.bind (a benchmark's
+        variant); the installed one by default."""
+        self.lib = _native.load().lib if lib is None else lib
         self.world = world
         self.timeout_s = timeout_s
         self.graph_slots = graph_slots
