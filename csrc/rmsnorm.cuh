@@ -285,10 +285,14 @@ __device__ __forceinline__ float load_out_scale(const Output& out, int quant) {
 
 // A 16-byte copy from global to shared memory that bypasses registers (cp.async, sm_80), and the
 // wait for this thread's copies. A thread that reads back only what it copied needs no barrier.
+// Cached in L1 (.ca): every block copies the same weight, and the blocks resident on one SM then
+// read it from L1 after the first. With .cg (L2 only) each block fetched all of it from L2, as
+// many bytes as its row without a residual: y alone at 1024 rows of 7168 took 9.66 us against
+// 6.28 with .ca, and h + y at 256 rows 4.36 against 3.53 (H100, same run, bench/NOTES.md).
 template <typename T>
 __device__ __forceinline__ void copy_to_shared(Vec<T>* dst, const Vec<T>* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
