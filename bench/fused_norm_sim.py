@@ -1,9 +1,8 @@
 """Fused all-reduce + RMSNorm against the unfused pair, on simulated ranks of one GPU (issue 27,
 item 3): what the fused kernels cost on the SMs and in memory, never what NVLink costs.
 
-    SYMCOMM_REQUIRE_GPU=1 PYTHONPATH=.:tests/gpu_sim python bench/fused_norm_sim.py \\
-        [--worlds 2,4] [--tokens 1,2,4,16,64,256,1024] [--hidden 8192] [--quant none,nvfp4]
-        [--calls 50] [--replays 7] [--lib NAME=PATH ...] [--json out.json]
+    python bench/fused_norm_sim.py [--worlds 2,4] [--tokens 1,2,4,16,64,256,1024] [--hidden 8192]
+        [--quant none,nvfp4] [--calls 50] [--replays 7] [--lib NAME=PATH ...] [--json out.json]
 
 W ranks are W contexts of this process linked to each other's buffers (tests/gpu_sim's
 SimWorld), each launching on its own stream, so one call's W kernels run side by side and meet
@@ -39,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import pathlib
 import platform
 import statistics
 import sys
@@ -46,33 +46,19 @@ from collections.abc import Callable
 
 import torch
 
-from _sim import SimWorld
-from symcomm import _native
-from symcomm.backends.custom_ar import ALGO_CODES
-from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
+# The simulated ranks are the GPU tests' harness; bench/ itself is on the path as the script's folder.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "gpu_sim"))
+from _sim import SimWorld  # noqa: E402
+from local_kernels import load_lib, parse_lib, parse_list  # noqa: E402
+from symcomm import _native  # noqa: E402
+from symcomm.backends.custom_ar import ALGO_CODES  # noqa: E402
+from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT  # noqa: E402
 
 EPS = 1e-6
 KERNELS = (FLAGFREE, ONESHOT, TWOSHOT)
 QUANT_CODES = {"none": 0, "fp8": 1, "nvfp4": 2}
 GRID_BLOCKS = 36  # csrc/peer.cuh's one-/two-shot cap; flag-free's 32 is below it
 SMS_FOR_RANKS = 128  # blocks all ranks may hold at once: under an H100's 132 SMs at one block each
-
-
-def parse_list(text: str, kind=int) -> list:
-    return [kind(t) for t in text.split(",") if t]
-
-
-def parse_lib(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"--lib wants NAME=PATH, got {text!r}")
-    return name, path
-
-
-def load_lib(path: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path)
-    _native.bind(lib, path)  # refuses a build of another ABI
-    return lib
 
 
 def check(lib: ctypes.CDLL, what: str, rc: int) -> None:
@@ -282,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worlds", type=parse_list, default=parse_list("2,4"))
     p.add_argument("--tokens", type=parse_list, default=parse_list("1,2,4,16,64,256,1024"))
     p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--quant", type=lambda t: parse_list(t, str), default=["none", "nvfp4"])
+    p.add_argument("--quant", type=lambda t: [q for q in t.split(",") if q], default=["none", "nvfp4"])
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=7)
     p.add_argument("--lib", type=parse_lib, action="append", default=[], help="NAME=PATH of another build")
