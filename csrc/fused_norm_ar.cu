@@ -62,10 +62,10 @@ __device__ __forceinline__ const norm::Vec<T>* stage_weight(const NormRows<T>& a
 }
 
 // h for one vector: the W ranks' vectors summed in rank order (reduce_at's sum), the residual
-// (already loaded) added, and stored to the new residual if this block writes that vector.
+// (already loaded) added.
 template <typename T, int W>
-__device__ __forceinline__ norm::Vec<T> finish_h(const uint4 (&v)[W], const norm::Vec<T>& residual,
-                                                 const NormRows<T>& a, int64_t idx, bool store) {
+__device__ __forceinline__ norm::Vec<T> sum_h(const uint4 (&v)[W], const norm::Vec<T>& residual,
+                                              const NormRows<T>& a) {
   float acc[Lanes<T>::kN];
   Lanes<T>::load(v[0], acc);
 #pragma unroll
@@ -74,8 +74,18 @@ __device__ __forceinline__ norm::Vec<T> finish_h(const uint4 (&v)[W], const norm
   norm::Vec<T> h;
   memcpy(&h, &sum, sizeof h);
   if (a.residual != nullptr) norm::add_residual(h, residual);
-  if (store) norm::store_vec(reinterpret_cast<norm::Vec<T>*>(a.residual_out) + idx, h);
   return h;
+}
+
+// Stores this block's share of a row's h (iterations i % a.parts == part) to the new residual.
+template <typename T, int kIters>
+__device__ __forceinline__ void store_h(const norm::Vec<T> (&h)[kIters], int64_t base, int part, const NormRows<T>& a) {
+  norm::Vec<T>* out = reinterpret_cast<norm::Vec<T>*>(a.residual_out) + base;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int j = threadIdx.x + i * norm::kThreads;
+    if (j < a.nvec && i % a.parts == part) norm::store_vec(out + j, h[i]);
+  }
 }
 
 // One row summed from every rank's input in rank order, residual added, stored to a.residual_out,
@@ -102,10 +112,9 @@ __device__ __forceinline__ void sum_and_norm_row(const uint4* const* src, int ro
   }
   norm::Vec<T> h[kIters];
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int j = threadIdx.x + i * norm::kThreads;
-    if (j < a.nvec) h[i] = finish_h<T, W>(v[i], r[i], a, base + j, i % a.parts == part);
-  }
+  for (int i = 0; i < kIters; ++i)
+    if (threadIdx.x + i * norm::kThreads < a.nvec) h[i] = sum_h<T, W>(v[i], r[i], a);
+  store_h<T, kIters>(h, base, part, a);
   norm::rmsnorm_row<T, kIters, FusedMode>(h, w, scale, row, a.nvec, a.eps, a.out, smem, a.parts, part);
 }
 
@@ -124,7 +133,8 @@ __global__ void __launch_bounds__(norm::kThreads) one_shot_norm(Sync s, const Pe
     norm::wait_copies();
     return;
   }
-  // Block b takes rows and parts b, b + gridDim.x, ... of the rows x parts items.
+  // Block b takes rows and parts b, b + gridDim.x, ... of the rows x parts items (some blocks
+  // take none where this rank's a.parts is below the grid's: launch_norm).
   for (int item = blockIdx.x; item < a.rows * a.parts; item += gridDim.x)
     sum_and_norm_row<T, W, kIters>(src, item / a.parts, item % a.parts, a, w, scale, smem);
   norm::wait_copies();  // a block without rows
@@ -315,13 +325,14 @@ __global__ void __launch_bounds__(norm::kThreads) flag_free_norm(Sync s, Peers r
           }
         } while (!gave_up && has_sentinel(v[i][r]));
       }
-      if (!gave_up) h[i] = finish_h<T, W>(v[i], res[i], a, int64_t(idx), i % a.parts == part);
+      if (!gave_up) h[i] = sum_h<T, W>(v[i], res[i], a);
     }
     // rmsnorm_row synchronises the block: every thread leaves together, or none does.
     if (__syncthreads_or(gave_up)) {
       norm::wait_copies();
       return;
     }
+    store_h<T, kIters>(h, base, part, a);
     norm::rmsnorm_row<T, kIters, FusedMode>(h, w, scale, row, a.nvec, a.eps, a.out, smem, a.parts, part);
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
@@ -337,13 +348,23 @@ cudaError_t launch_norm(Context* c, int algo, const uint4* x, int slot, size_t i
   // and writes its part, as rmsnorm.cu splits decode rows. Two-shot keeps one block per row:
   // its gather copies the rows a block wrote itself. Equal on every rank (rows and the grid
   // caps are), as block b meets block b.
-  NormRows<T> split = a;
+  int parts = 1;
   const int cap = algo == SYMCOMM_AR_FLAGFREE ? c->flagfree_blocks : c->grid_blocks;
-  while (algo != SYMCOMM_AR_TWOSHOT && split.parts * 2 <= kIters && split.parts * 2 <= norm::kMaxParts &&
-         int64_t(a.rows) * split.parts * 2 <= cap)
-    split.parts *= 2;
-  const int items = a.rows * split.parts;
-  const int blocks = items < c->grid_blocks ? items : c->grid_blocks;
+  const int iters = (a.nvec + norm::kThreads - 1) / norm::kThreads;
+  while (algo != SYMCOMM_AR_TWOSHOT && parts * 2 <= iters && parts * 2 <= norm::kMaxParts &&
+         int64_t(a.rows) * parts * 2 <= cap)
+    parts *= 2;
+  const int64_t items = int64_t(a.rows) * parts;
+  const int blocks = items < c->grid_blocks ? int(items) : c->grid_blocks;
+  // Not where the new residual is the residual itself (in place): the blocks of a row are not
+  // ordered with each other, so one block's h could land before another block of the row read
+  // that vector, which would then add the residual to it twice (rmsnorm.cu says why no cluster
+  // barrier). That is this rank's own business, so the grid above stays every rank's: surplus
+  // blocks only meet their peers.
+  NormRows<T> split = a;
+  const size_t bytes = size_t(a.rows) * size_t(a.nvec) * sizeof(norm::Vec<T>);
+  const auto out = reinterpret_cast<uintptr_t>(a.residual_out), res = reinterpret_cast<uintptr_t>(a.residual);
+  split.parts = a.residual != nullptr && out < res + bytes && res < out + bytes ? 1 : parts;
   switch (algo) {
     case SYMCOMM_AR_FLAGFREE:
       return launch(c->overlap, flag_free_norm<T, W, kIters>, c->flagfree_blocks, norm::kThreads, stream, s,

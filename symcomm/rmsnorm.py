@@ -319,6 +319,14 @@ def launch_reference(a: torch.Tensor, call: NormCall, residual_out: torch.Tensor
         scales.view(torch.uint8).copy_(ref.scales.view(torch.uint8))
 
 
+def kernel_splits_rows(x: torch.Tensor) -> bool:
+    """Whether csrc/rmsnorm.cu may spread x's rows over several blocks each (rows x 2 <= the
+    GPU's SMs), which it does only where the new residual is not its input: callers that would
+    write the input into the new residual give it a buffer of its own there (a few rows, so a
+    few KiB to a MiB), and keep the memory saving where rows are many."""
+    return x.is_cuda and x.shape[0] * 2 <= torch.cuda.get_device_properties(x.device).multi_processor_count
+
+
 def kernel_available(device: torch.device) -> str | None:
     """None if csrc/rmsnorm.cu's kernel can run on ``device``, else why not."""
     if device.type != "cuda":

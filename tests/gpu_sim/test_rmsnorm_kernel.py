@@ -147,6 +147,37 @@ def test_in_place_residual_and_empty_rows(dtype):
     assert empty.out.shape == (0, 32) and empty.scales.shape == (0, 4)
 
 
+@pytest.mark.parametrize("tokens", (1, 3, 16))
+@pytest.mark.parametrize("alias", ("residual", "a"))
+def test_split_rows_with_an_aliased_new_residual(tokens, alias):
+    """At decode sizes a row is split over up to four blocks, each reading all of it and writing
+    its part of h. When the new residual is the residual itself (an in-place update) or a, a
+    block writing its h before another block of the row has read the same vector would make
+    that block add the residual twice, so the kernel keeps one block per row there. A race
+    shows only sometimes, so each case runs many times, each from fresh copies, and every run
+    must give the host's bits."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    a, r, w = _rows(tokens, 7168, torch.bfloat16, 21), _rows(tokens, 7168, torch.bfloat16, 22), \
+        _rows(1, 7168, torch.bfloat16, 23)[0]
+    wd = w.to(dev)
+    for quant in (None, "fp8", "nvfp4"):
+        host = fn.rmsnorm_host(a, w, r, EPS, quant=quant, scale=_scale(quant, False, None))
+        call = fn.check_args(dev, a.to(dev), wd, r.to(dev), EPS, None, None, quant, _scale(quant, True, dev), False)
+        runs = []
+        for _ in range(40):
+            res = r.to(dev)
+            h = res if alias == "residual" else a.to(dev)
+            src = a.to(dev) if alias == "residual" else h
+            call.residual = res
+            y, scales = fn.allocate(call)
+            fn.launch_kernel(src, call, h, y, scales)
+            runs.append((y, scales, h))
+        torch.cuda.synchronize()
+        for i, (y, scales, h) in enumerate(runs):
+            got = fn.NormedResult(y, h, scales)
+            _same(got, host, f"{tokens} rows, h aliases {alias}, {quant}, run {i}")
+
+
 @pytest.mark.parametrize("quant,as_tensor,swizzle", MODES)
 def test_graph_replay_matches_eager_bitwise(quant, as_tensor, swizzle):
     dev = torch.device("cuda")

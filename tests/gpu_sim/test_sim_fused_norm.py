@@ -24,7 +24,7 @@ from symcomm.peer.setup import SharedContext
 
 KERNELS = (FLAGFREE, ONESHOT, TWOSHOT)
 FUSED_OF = {FLAGFREE: "fused-flagfree", ONESHOT: "fused-oneshot", TWOSHOT: "fused-twoshot"}
-TOKENS = (1, 3, 7, 128, 1000)  # 1 and 3 rows split over 4 and 2 blocks at the sim's 8-block grid
+TOKENS = (1, 3, 7, 128, 1000)  # rows of 7168 and 8192: 1 and 3 split over 4 and 2 blocks (8-block grid)
 HIDDENS = (2048, 7168, 8192)
 # (quant, swizzle, scale): the FP8 scale is a dequant scale, the NVFP4 one a global scale.
 MODES = ((None, False, None), ("fp8", False, 0.05), ("nvfp4", False, 0.02), ("nvfp4", True, 0.02))
@@ -142,6 +142,36 @@ def test_fused_equals_unfused_with_the_same_all_reduce(world, kernel, dtype):
                         for r in range(world):
                             _same(outs[r], want[r], f"{what}, rank {r} against unfused")
                             _same(outs[r], outs[0], f"{what}, rank {r} against rank 0")
+        assert all(sim.alarm(r) == 0 for r in range(world))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("world", (2, 4))
+def test_in_place_residual_with_split_rows(world, kernel):
+    """h written over the residual itself at decode sizes, where rows are otherwise split over
+    several blocks that each read the whole residual row and write their part: one block's h
+    could land before another block of the row read it, so an in-place rank keeps one block per
+    row (while its grid stays its peers'). Many runs from fresh residuals, since a race shows
+    only sometimes; each must give the unfused (out-of-place) bits on every rank, also when only
+    one rank updates in place."""
+    gen = torch.Generator(device="cuda").manual_seed(77 + world)
+    with SimWorld(world, staging_bytes=STAGING, flagfree_bytes=FLAGFREE_CAP) as sim:
+        paths = _paths(sim, kernel)
+        streams = [torch.cuda.Stream() for _ in range(world)]
+        for tokens in (1, 3):
+            case = Case(world, tokens, 7168, torch.bfloat16, True, gen)
+            original = case.residual[0].clone()
+            for quant, swizzle, scale in MODES[:3]:
+                want = _unfused(sim, kernel, streams, case, quant, swizzle, scale)
+                for run in range(16):
+                    # Every rank in place, or (odd runs) rank 0 alone: the grids must still match.
+                    case.residual = [original.clone() for _ in range(world)]
+                    outs = [(y, scales, case.residual[r] if r == 0 or run % 2 == 0 else h)
+                            for r, (y, scales, h) in enumerate(_outputs(case, quant, swizzle))]
+                    _fused(paths, streams, case, outs, quant, swizzle, scale)
+                    for r in range(world):
+                        _same(outs[r], want[r], f"{kernel} W={world} {tokens} rows {quant} run {run}, rank {r}")
+                case.residual = [original.clone() for _ in range(world)]
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
