@@ -348,23 +348,16 @@ cudaError_t launch_norm(Context* c, int algo, const uint4* x, int slot, size_t i
   // and writes its part, as rmsnorm.cu splits decode rows. Two-shot keeps one block per row:
   // its gather copies the rows a block wrote itself. Equal on every rank (rows and the grid
   // caps are), as block b meets block b.
-  int parts = 1;
   const int cap = algo == SYMCOMM_AR_FLAGFREE ? c->flagfree_blocks : c->grid_blocks;
-  const int iters = (a.nvec + norm::kThreads - 1) / norm::kThreads;
-  while (algo != SYMCOMM_AR_TWOSHOT && parts * 2 <= iters && parts * 2 <= norm::kMaxParts &&
-         int64_t(a.rows) * parts * 2 <= cap)
-    parts *= 2;
+  const int parts = algo == SYMCOMM_AR_TWOSHOT ? 1 : norm::row_parts(a.rows, a.nvec, cap, false);
   const int64_t items = int64_t(a.rows) * parts;
   const int blocks = items < c->grid_blocks ? int(items) : c->grid_blocks;
-  // Not where the new residual is the residual itself (in place): the blocks of a row are not
-  // ordered with each other, so one block's h could land before another block of the row read
-  // that vector, which would then add the residual to it twice (rmsnorm.cu says why no cluster
-  // barrier). That is this rank's own business, so the grid above stays every rank's: surplus
-  // blocks only meet their peers.
+  // One block per row on a rank whose h is its residual itself (in place; norm::row_parts says
+  // why). That is this rank's own business, so the grid above stays every rank's: surplus blocks
+  // only meet their peers. (x never overlaps h: validation refuses it.)
   NormRows<T> split = a;
   const size_t bytes = size_t(a.rows) * size_t(a.nvec) * sizeof(norm::Vec<T>);
-  const auto out = reinterpret_cast<uintptr_t>(a.residual_out), res = reinterpret_cast<uintptr_t>(a.residual);
-  split.parts = a.residual != nullptr && out < res + bytes && res < out + bytes ? 1 : parts;
+  split.parts = norm::overlaps(a.residual_out, a.residual, bytes) ? 1 : parts;
   switch (algo) {
     case SYMCOMM_AR_FLAGFREE:
       return launch(c->overlap, flag_free_norm<T, W, kIters>, c->flagfree_blocks, norm::kThreads, stream, s,

@@ -51,13 +51,9 @@ constexpr int min_blocks(int iters, bool residual) {
 // hundred instructions a thread after the sum) ran on one SM while the others idled: FP8 output
 // cost 1.9x bf16's time at one row (H100, bench/NOTES.md). Block b takes row b / parts, loads
 // and sums all of it (the same order, so the same rinv in every block), and stores h and y for
-// the iterations i with i % parts == b % parts. Only where the new residual is neither a nor the
-// residual (launch_iters): blocks of a row are not ordered with each other, so a block's h could
-// land before another block of the row read that vector, which would then add the residual to
-// it twice. (Making the row's blocks a thread-block cluster that meets before its first store
-// kept the split correct everywhere but cost 0.7-0.8 us a call at 1-64 rows, H100, bench/NOTES.md:
-// five times what the split saves for bf16 output. The unfused path hands the kernel a separate
-// a at decode sizes instead, symcomm/backends/composite.py.)
+// the iterations i with i % parts == b % parts; never where h overlaps a or the residual
+// (row_parts says why; the unfused path hands the kernel an a of its own at decode sizes,
+// symcomm/backends/composite.py).
 enum DependentSignal : int { kSignalEarly = 0, kSignalLate = 1, kSignalNever = 2 };
 
 template <typename T, int kIters, int kQuant, bool kResidual>
@@ -130,13 +126,6 @@ Output make_output(int64_t cols, int quant, void* out, void* scales, const float
                 fp4::padded_cols(cols / fp4::kBlock)};
 }
 
-// Whether two [rows, hidden] tensors of `bytes` bytes share memory (null shares nothing).
-bool overlap(const void* p, const void* q, size_t bytes) {
-  if (p == nullptr || q == nullptr) return false;
-  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
-  return a < b + bytes && b < a + bytes;
-}
-
 // The current device's SM count (0 if it cannot be read: every launch then triggers late).
 int sm_count() {
   int device = 0, sms = 0;
@@ -152,13 +141,8 @@ template <typename T, int kIters, int kQuant>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
                          const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
   const int sms = sm_count();
-  // Blocks per row: as many as the row's iterations allow (a block with none would only sum)
-  // while every block still has an SM of its own, and none where h aliases an input.
-  const int iters = (nvec + kThreads - 1) / kThreads;
   const size_t bytes = size_t(rows) * size_t(nvec) * sizeof(Vec<T>);
-  const bool aliased = overlap(residual_out, a, bytes) || overlap(residual_out, residual, bytes);
-  int parts = 1;
-  while (!aliased && parts * 2 <= iters && parts * 2 <= kMaxParts && int64_t(rows) * parts * 2 <= sms) parts *= 2;
+  const int parts = row_parts(rows, nvec, sms, overlaps(residual_out, a, bytes) || overlaps(residual_out, residual, bytes));
   const int64_t blocks = int64_t(rows) * parts;
   const int signal = !dependents_early() ? kSignalNever : blocks > sms ? kSignalLate : kSignalEarly;
   // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
@@ -285,6 +269,12 @@ int symcomm_rmsnorm(const void* a, const symcomm_rmsnorm_args_t* args, cudaStrea
       return launch_rows<__nv_bfloat16>(a, g.residual, g.weight, g.residual_out, o, rows, cols, g.eps, st);
     default: return cudaErrorInvalidValue;
   }
+}
+
+int symcomm_norm_row_parts(int64_t rows, int64_t cols, int64_t slots, const void* a, const void* residual,
+                           const void* residual_out) {
+  const size_t bytes = size_t(rows) * size_t(cols) * 2;
+  return row_parts(rows, int(cols / kVec), slots, overlaps(residual_out, a, bytes) || overlaps(residual_out, residual, bytes));
 }
 
 int symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_t* args) {

@@ -52,6 +52,28 @@ constexpr int64_t kMaxHidden = int64_t(kThreads) * kVec * kMaxIters;  // 32768
 // parts buy less; 4 measured best against 1 and 2 (H100, bench/NOTES.md).
 constexpr int kMaxParts = 4;
 
+// Whether [rows, hidden] tensors of `bytes` bytes at p and q share memory (null shares nothing).
+inline bool overlaps(const void* p, const void* q, size_t bytes) {
+  if (p == nullptr || q == nullptr) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+  return a < b + bytes && b < a + bytes;
+}
+
+// Blocks per row (rmsnorm_row's parts) for `rows` rows of `nvec` vectors, where `slots` blocks
+// can each have an SM: as many as the row's iterations allow (a block with none would only
+// sum), up to kMaxParts, while rows x parts fits the slots. One where h overlaps what the kernel
+// reads (`aliased`: in place, or the input written into h): the blocks of a row are not ordered
+// with each other, so one block's h could land before another block of the row read that
+// vector, which would then add the residual to it twice. (A thread-block cluster meeting before
+// the first store kept the split correct there but cost 0.7-0.8 us a call at 1-64 rows, five
+// times what the split saves for bf16 output; H100, bench/NOTES.md.)
+inline int row_parts(int64_t rows, int nvec, int64_t slots, bool aliased) {
+  const int iters = (nvec + kThreads - 1) / kThreads;
+  int parts = 1;
+  while (!aliased && parts * 2 <= iters && parts * 2 <= kMaxParts && rows * parts * 2 <= slots) parts *= 2;
+  return parts;
+}
+
 // Values of symcomm_norm_quant_t (csrc/symcomm.h).
 enum Quant : int { kQuantNone = 0, kQuantFp8 = 1, kQuantNvfp4 = 2 };
 

@@ -69,6 +69,13 @@ symcomm_status_t symcomm_fp4_dequantize_host(const void* packed, const void* sca
  * CI checks the kernel's math without a device and GPU tests compare the kernel with it. */
 symcomm_status_t symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_t* args);
 
+/* How many blocks symcomm_rmsnorm gives each of `rows` rows of `cols` 2-byte values when `slots`
+ * blocks can each have an SM (the SM count), for these pointers (only compared, never read):
+ * 1 wherever residual_out overlaps a or residual. The fused kernels use the same rule with the
+ * grid cap as slots. Needs no GPU; exists so CI checks the rule. */
+int symcomm_norm_row_parts(int64_t rows, int64_t cols, int64_t slots, const void* a, const void* residual,
+                           const void* residual_out);
+
 /* symcomm_ep_dispatch for `world` simulated ranks on host memory: args[r] is rank r's call (its
  * slot and offset fields unused), recv[r], scales[r] (NULL without quant), src[r] and table[r] rank
  * r's buffers in place of the slots. The same per-entry and per-row code as the kernels

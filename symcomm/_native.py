@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 3  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 4  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -132,6 +132,7 @@ TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
     "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),
     "symcomm_rmsnorm_host": ([_ptr, _c.POINTER(RmsnormArgs)], _status),
+    "symcomm_norm_row_parts": ([_i64, _i64, _i64, _ptr, _ptr, _ptr], _int),
     "symcomm_ep_dispatch_host": ([_int, _c.POINTER(EpDispatchArgs), _c.POINTER(_ptr), _c.POINTER(_ptr),
                                   _c.POINTER(_i32p), _c.POINTER(_i32p)], _status),
     "symcomm_ep_combine_host": ([_int, _c.POINTER(EpCombineArgs), _c.POINTER(_ptr)], _status),

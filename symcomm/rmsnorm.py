@@ -179,7 +179,9 @@ def _check_memory(call: NormCall) -> None:
     _check_aligned("residual", call.residual, 16)
     _check_aligned("residual_out", call.residual_out, 16)
     out_name = "out[0]" if call.quant == "nvfp4" else "out"
-    inputs = [(n, t) for n, t in (("x", call.x), ("weight", call.weight), ("residual", call.residual)) if t is not None]
+    scale = call.scale if isinstance(call.scale, torch.Tensor) else None  # every block reads it
+    inputs = [(n, t) for n, t in (("x", call.x), ("weight", call.weight), ("residual", call.residual),
+                                  ("scale", scale)) if t is not None]
     outs = [(n, t) for n, t in ((out_name, call.out), ("out[1]", call.scales_out), ("residual_out", call.residual_out))
             if t is not None]
     _check_aligned(out_name, call.out, _OUT_ALIGN[call.quant])
@@ -321,10 +323,12 @@ def launch_reference(a: torch.Tensor, call: NormCall, residual_out: torch.Tensor
 
 def kernel_splits_rows(x: torch.Tensor) -> bool:
     """Whether csrc/rmsnorm.cu may spread x's rows over several blocks each (rows x 2 <= the
-    GPU's SMs), which it does only where the new residual is not its input: callers that would
-    write the input into the new residual give it a buffer of its own there (a few rows, so a
-    few KiB to a MiB), and keep the memory saving where rows are many."""
-    return x.is_cuda and x.shape[0] * 2 <= torch.cuda.get_device_properties(x.device).multi_processor_count
+    GPU's SMs, and more than one THREADS x VEC stretch a row: csrc/rmsnorm.cuh's row_parts),
+    which it does only where the new residual is not its input: callers that would write the
+    input into the new residual give it a buffer of its own there (a few rows, so a few KiB to a
+    MiB), and keep the memory saving where rows are many."""
+    return (x.is_cuda and x.shape[1] > THREADS * VEC
+            and x.shape[0] * 2 <= torch.cuda.get_device_properties(x.device).multi_processor_count)
 
 
 def kernel_available(device: torch.device) -> str | None:

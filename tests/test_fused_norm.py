@@ -275,6 +275,31 @@ def test_fp8_scale_accepts_a_float32_tensor_and_rounds_a_float():
 
 
 @needs_native
+def test_rows_split_over_blocks_only_where_h_aliases_nothing_the_kernel_reads():
+    """csrc/rmsnorm.cuh's row_parts, through the testing hook, with addresses only compared: a
+    decode row gets up to four blocks, but one wherever h overlaps a or the residual (the blocks
+    of a row are not ordered, so one block's h could overwrite a vector another has yet to read).
+    A GPU cannot show that race on demand; this rule is what prevents it."""
+    parts = _native.load().lib.symcomm_norm_row_parts
+    hidden, sms = 7168, 132
+    size = 64 * hidden * 2
+    a, res, h = 1 << 20, 1 << 30, 1 << 40  # far apart: no overlap
+    assert parts(1, hidden, sms, a, res, h) == 4
+    assert parts(1, hidden, sms, a, None, h) == 4
+    assert parts(1, hidden, sms, a, res, None) == 4
+    assert parts(1, hidden, sms, a, res, res) == 1  # in place
+    assert parts(1, hidden, sms, h, res, h) == 1  # the all-reduce written into h
+    assert parts(64, hidden, sms, a, res, res + size - 16) == 1  # any overlap, not only equality
+    assert parts(64, hidden, sms, a, res, res + size) == 2  # adjacent is no overlap
+    assert parts(33, hidden, sms, a, res, h) == 4  # 132 slots: 33 rows x 4
+    assert parts(34, hidden, sms, a, res, h) == 2
+    assert parts(67, hidden, sms, a, res, h) == 1
+    assert parts(1, 2048, sms, a, res, h) == 1  # one 256 x 8 stretch a row: nothing to split
+    assert parts(1, 4096, sms, a, res, h) == 2
+    assert parts(1, 5120, sms, a, res, h) == 2  # three stretches: a fourth block would only sum
+
+
+@needs_native
 def test_native_enum_matches_python():
     from test_native_header import HEADER, parse_header
     enum = parse_header(HEADER.read_text()).enums["symcomm_norm_quant_t"]

@@ -70,7 +70,7 @@ class UnfusedNormPath(CompositePath):
         # The all-reduce lands in the new residual itself (h = a + residual is computed over it
         # element by element), except when that is the old residual, still to be read, or when
         # the kernel would split rows over blocks, which it does only on an input of its own.
-        own = in_place or (residual is not None and rmsnorm.kernel_splits_rows(x))
+        own = in_place or (self._needs_kernel and residual is not None and rmsnorm.kernel_splits_rows(x))
         a = torch.empty_like(x) if own else h
         self._run_inner(make_all_reduce(x, a), call.inner_algo)
         self._local(a, call, None if residual is None and a is h else h, call.y, call.y_scales)
