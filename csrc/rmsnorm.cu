@@ -137,12 +137,18 @@ int sm_count() {
   return sms;
 }
 
+// Blocks per row for this kernel's call: row_parts, aliased wherever the new residual overlaps a
+// or the residual (all three [rows, nvec] vectors of 16 bytes). symcomm_norm_row_parts exposes it.
+int parts_for(int64_t rows, int nvec, int64_t slots, const void* a, const void* residual, const void* residual_out) {
+  const size_t bytes = size_t(rows) * size_t(nvec) * 16;
+  return row_parts(rows, nvec, slots, overlaps(residual_out, a, bytes) || overlaps(residual_out, residual, bytes));
+}
+
 template <typename T, int kIters, int kQuant>
 cudaError_t launch_iters(const void* a, const void* residual, const void* weight, void* residual_out,
                          const Output& out, int rows, int nvec, float eps, cudaStream_t st) {
   const int sms = sm_count();
-  const size_t bytes = size_t(rows) * size_t(nvec) * sizeof(Vec<T>);
-  const int parts = row_parts(rows, nvec, sms, overlaps(residual_out, a, bytes) || overlaps(residual_out, residual, bytes));
+  const int parts = parts_for(rows, nvec, sms, a, residual, residual_out);
   const int64_t blocks = int64_t(rows) * parts;
   const int signal = !dependents_early() ? kSignalNever : blocks > sms ? kSignalLate : kSignalEarly;
   // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
@@ -273,8 +279,7 @@ int symcomm_rmsnorm(const void* a, const symcomm_rmsnorm_args_t* args, cudaStrea
 
 int symcomm_norm_row_parts(int64_t rows, int64_t cols, int64_t slots, const void* a, const void* residual,
                            const void* residual_out) {
-  const size_t bytes = size_t(rows) * size_t(cols) * 2;
-  return row_parts(rows, int(cols / kVec), slots, overlaps(residual_out, a, bytes) || overlaps(residual_out, residual, bytes));
+  return parts_for(rows, int(cols / kVec), slots, a, residual, residual_out);
 }
 
 int symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_t* args) {

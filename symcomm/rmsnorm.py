@@ -321,14 +321,13 @@ def launch_reference(a: torch.Tensor, call: NormCall, residual_out: torch.Tensor
         scales.view(torch.uint8).copy_(ref.scales.view(torch.uint8))
 
 
-def kernel_splits_rows(x: torch.Tensor) -> bool:
-    """Whether csrc/rmsnorm.cu may spread x's rows over several blocks each (rows x 2 <= the
-    GPU's SMs, and more than one THREADS x VEC stretch a row: csrc/rmsnorm.cuh's row_parts),
-    which it does only where the new residual is not its input: callers that would write the
-    input into the new residual give it a buffer of its own there (a few rows, so a few KiB to a
-    MiB), and keep the memory saving where rows are many."""
-    return (x.is_cuda and x.shape[1] > THREADS * VEC
-            and x.shape[0] * 2 <= torch.cuda.get_device_properties(x.device).multi_processor_count)
+def kernel_splits_rows(tokens: int, hidden: int, sms: int) -> bool:
+    """Whether csrc/rmsnorm.cu may spread [tokens, hidden] rows over several blocks each on a GPU
+    of ``sms`` SMs (rows x 2 <= SMs, and more than one THREADS x VEC stretch a row:
+    csrc/rmsnorm.cuh's row_parts), which it does only where the new residual is not its input:
+    callers that would write the input into the new residual give it a buffer of its own there
+    (a few rows, so a few KiB to a MiB), and keep the memory saving where rows are many."""
+    return hidden > THREADS * VEC and tokens * 2 <= sms
 
 
 def kernel_available(device: torch.device) -> str | None:

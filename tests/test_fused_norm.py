@@ -297,6 +297,12 @@ def test_rows_split_over_blocks_only_where_h_aliases_nothing_the_kernel_reads():
     assert parts(1, 2048, sms, a, res, h) == 1  # one 256 x 8 stretch a row: nothing to split
     assert parts(1, 4096, sms, a, res, h) == 2
     assert parts(1, 5120, sms, a, res, h) == 2  # three stretches: a fourth block would only sum
+    # The unfused path's rule for giving the kernel an input of its own is the same split rule.
+    for tokens in (1, 33, 34, 66, 67, 500):
+        for width in (1024, 2048, 2064, 4096, 7168, 8192):
+            splits = parts(tokens, width, sms, a, res, h) > 1
+            assert fn.kernel_splits_rows(tokens, width, sms) == splits, (tokens, width)
+    assert not fn.kernel_splits_rows(1, 7168, 0)  # no GPU: the reference path never splits
 
 
 @needs_native

@@ -57,6 +57,12 @@ class UnfusedNormPath(CompositePath):
     def __init__(self, name: str, local: Callable[..., None], needs_kernel: bool) -> None:
         super().__init__()
         self.name, self._local, self._needs_kernel = name, local, needs_kernel
+        self._sms = 0  # the device's SM count where the kernel runs (read once, at open)
+
+    def open(self, setup: Setup) -> str | None:
+        if self._needs_kernel and setup.device.type == "cuda":
+            self._sms = torch.cuda.get_device_properties(setup.device).multi_processor_count
+        return super().open(setup)
 
     def why_not(self, call: rmsnorm.NormCall) -> str | None:
         return rmsnorm.kernel_available(call.x.device) if self._needs_kernel else None
@@ -70,7 +76,7 @@ class UnfusedNormPath(CompositePath):
         # The all-reduce lands in the new residual itself (h = a + residual is computed over it
         # element by element), except when that is the old residual, still to be read, or when
         # the kernel would split rows over blocks, which it does only on an input of its own.
-        own = in_place or (self._needs_kernel and residual is not None and rmsnorm.kernel_splits_rows(x))
+        own = in_place or (residual is not None and rmsnorm.kernel_splits_rows(x.shape[0], x.shape[1], self._sms))
         a = torch.empty_like(x) if own else h
         self._run_inner(make_all_reduce(x, a), call.inner_algo)
         self._local(a, call, None if residual is None and a is h else h, call.y, call.y_scales)
