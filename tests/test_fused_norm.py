@@ -429,7 +429,7 @@ def _router_with(rules: dict) -> Router:
     for kernel in kernels.values():
         router.add(kernel, None)
     shared = SharedContext(SimpleNamespace(staging_bytes=1 << 30, flagfree_bytes=1 << 30, alarm=None))
-    setup = SimpleNamespace(opened=kernels, off={}, dispatcher=router, shared={SHARED_KEY: shared})
+    setup = SimpleNamespace(opened=kernels, off={}, dispatcher=router, shared={SHARED_KEY: shared}, device=CPU)
     for path in (*(FusedNormPath(name) for name in FUSED_KERNELS), unfused_norm(), reference_norm()):
         assert path.open(setup) is None
         router.add(path, None)
