@@ -77,3 +77,20 @@ def test_uneven_layout_uses_aligned_rows(op):
     mine = lay.parts[3]
     expect = (mine, lay.total) if op == "all_gatherv" else (lay.total, mine)
     assert (lay.in_elems, lay.out_elems) == expect
+
+
+@pytest.mark.parametrize("op", ["all_gatherv", "reduce_scatterv", "all_gatherv_fp4", "all_reduce"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_bench_buffers_fit_every_rank_and_are_equal_everywhere(op, world):
+    """The CLI's buffers: one size on every rank (reserve_symmetric is collective, and symmetric
+    kernels need each buffer at the same pool offset), and large enough for every rank's part of
+    every size. Sized by one rank's layouts, the uneven ops reserved different sizes per rank and
+    never got symmetric memory (issue 35)."""
+    from symcomm.bench.runner import buffer_elems
+
+    specs, sizes = [ops.spec(op)], [1 << 10, 96 << 10, 1 << 20]
+    n_send, n_recv = buffer_elems(specs, sizes, world, 2)
+    per_rank = [[layout(op, n, world, 2, rank) for n in sizes] for rank in range(world)]
+    assert all(lay.in_elems <= n_send and lay.out_elems <= n_recv for lays in per_rank for lay in lays)
+    if op != "all_reduce":  # the uneven ops really are uneven: one rank alone would undersize
+        assert len({tuple((lay.in_elems, lay.out_elems) for lay in lays) for lays in per_rank}) > 1

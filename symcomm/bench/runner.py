@@ -52,6 +52,15 @@ def pool_bytes(buffer_sizes: Sequence[int]) -> int:
     return sum(segment_bytes(n) for n in buffer_sizes) + _POOL_SLACK
 
 
+
+def buffer_elems(specs: Sequence[OpSpec], sizes: Sequence[int], world: int, itemsize: int) -> tuple[int, int]:
+    """Elements of the send and recv buffers that every size of every spec fits, the same on
+    every rank. Uneven ops (all_gatherv, reduce_scatterv) give ranks different inputs, so the
+    largest over all ranks is taken: reserve_symmetric is a collective that takes one size, and
+    equal buffers sit at the same pool offset on every rank, as the symmetric kernels need."""
+    lays = [s.layout(n, world, itemsize, rank) for s in specs for n in sizes for rank in range(world)]
+    return max([lay.in_elems for lay in lays] + [1]), max([lay.out_elems for lay in lays] + [1])
+
 class Runner:
     """One communicator's sweep state: the columns to measure (the paths, or the config op's
     variants), buffers big enough for every op in ``op_names`` (the symmetric pool is reserved
@@ -152,9 +161,7 @@ class Runner:
 
     def _buffers(self) -> Buffers:
         itemsize = self.dtype.itemsize
-        lays = [s.layout(n, self.world, itemsize, self.rank) for s in self.specs for n in self.cfg.sizes]
-        n_send = max(max(lay.in_elems for lay in lays), 1)
-        n_recv = max(max(lay.out_elems for lay in lays), 1)
+        n_send, n_recv = buffer_elems(self.specs, self.cfg.sizes, self.world, itemsize)
         extra: dict[str, tuple[int, torch.dtype]] = {}
         for s in self.specs:
             extra.update(s.buffers(n_recv))
