@@ -278,7 +278,11 @@ def time_eager_cuda(step, hidden, iters: int, rounds: int) -> float:
     return timed_rounds(lambda: step(hidden), iters, rounds)
 
 
-def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool) -> float:
+def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool, graphs: list) -> float:
+    """Per-step time of ``step`` captured into ``pool``. The graph is appended to ``graphs`` and
+    kept alive: a serving engine keeps one graph per batch size in one shared pool, and torch
+    refuses (an internal assert in capture_begin) to capture into a shared pool whose graphs were
+    all destroyed while blocks from it are still cached."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -290,9 +294,8 @@ def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool) -> floa
         step(hidden)
     graph.replay()
     torch.cuda.synchronize()
-    us = timed_rounds(graph.replay, iters, rounds)
-    del graph
-    return us
+    graphs.append(graph)
+    return timed_rounds(graph.replay, iters, rounds)
 
 
 def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, float]:
@@ -302,6 +305,7 @@ def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, f
     need = {"dp_moe": dp.Workspace.nbytes(args.moe, max(tokens), world),
             "ep_moe": ep_bytes(args.ep, max(tokens), world)}.get(layer, 2 * max(tokens) * args.tp.hidden * 2)
     comm = open_comm(variant, need)
+    graphs: list = []
     try:
         step, model = build(layer, variant, comm, args, max(tokens))
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
@@ -315,13 +319,14 @@ def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, f
             if device.type == "cuda" and layer == "ep_moe" and variant in EP_EAGER:
                 times[n] = time_eager_cuda(step, hidden, args.iters, args.rounds)
             elif device.type == "cuda":
-                times[n] = time_graph(step, hidden, args.iters, args.rounds, capture_ctx, pool)
+                times[n] = time_graph(step, hidden, args.iters, args.rounds, capture_ctx, pool, graphs)
             else:
                 times[n] = time_cpu(step, hidden, args.iters, args.rounds)
         return times
     finally:
         if device.type == "cuda":
             torch.cuda.synchronize()
+        graphs.clear()  # before close(): graphs captured in graph_capture() hold its buffers
         comm.close()
 
 
