@@ -232,7 +232,7 @@ def test_fallback_reasons(fast):
         assert not choice.algo.startswith("custom-"), (expect, choice)
         for algo in ALGOS:
             assert expect in choice.rejected[algo], (expect, algo, choice.rejected[algo])
-    choice = fast.select("all_reduce", torch.ones(1024, device=dev), reduce_op="max")
+    choice = fast.select("all_reduce", torch.ones(1024, device=dev), op="max")
     assert "only sum" in choice.rejected[base.ONESHOT]
     big_for_flagfree = torch.ones(peer_context.DEFAULT_FLAGFREE_BYTES // 4 + 4, device=dev)
     with pytest.raises(symcomm.ArgumentError, match="capacity"):
