@@ -48,7 +48,8 @@ def test_cpu_run_checks_every_column(corrupt):
     assert blocks[0] == BASELINE and "peer-push" in blocks
     assert len(rows) == 2 * len(blocks)
     measured = [r for r in rows if r[2] != "N/A"]
-    assert len(measured) == 2 * 3  # all_to_all_single, a2a, a2a+nvfp4 run on the CPU; peer-push needs CUDA
+    # all_to_all_single, a2a-buckets, a2a, a2a+nvfp4 run on the CPU; peer-push needs CUDA
+    assert len(measured) == 2 * 4
     wrong = [int(r[2]) for r in measured]
     assert (sum(wrong) > 0) == corrupt, res.stdout
     assert all(r[3] == "N/A" for r in rows)  # no in-place form

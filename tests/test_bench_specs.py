@@ -137,7 +137,7 @@ def test_only_the_fp4_gather_the_norm_and_moe_have_variant_columns():
         "all_gatherv_fp4": ("unquantized", "fp4", "fp4+dequant"),
         "all_reduce_rmsnorm": ("nccl+torch", "symm_mem+torch", "unfused", "fused-flagfree", "fused-oneshot",
                                "fused-twoshot", "auto", "auto+fp8", "auto+nvfp4"),
-        "moe": ("all_to_all_single", "a2a", "a2a+nvfp4", "peer-push", "peer-push+nvfp4", "peer-push+fp8",
+        "moe": ("all_to_all_single", "a2a-buckets", "a2a", "a2a+nvfp4", "peer-push", "peer-push+nvfp4", "peer-push+fp8",
                 "peer-push:dispatch", "peer-push+nvfp4:dispatch")}
 
 

@@ -5,6 +5,12 @@ per way of doing it, in the same run:
   sent to its expert's rank with torch.distributed.all_to_all_single (counts first, exchanged
   the same way and read on the host), then sent back the same way and summed with the top-k
   weights. It does less than the others: its rows arrive grouped by source, not by expert.
+  Eager only: its split sizes are read on the host.
+- ``a2a-buckets``: the same exchange as a CUDA graph can hold it, as serving engines capture
+  it: every rank sends every peer a bucket of ``tokens x min(topk, experts per rank)`` rows (the
+  most one rank can send another), filled on the device in token order, with one equal-split
+  all_to_all_single each way; the slots each entry took are computed on the device too. It
+  moves padding where a bucket is not full, which is the price of needing no host count.
 - ``a2a``, ``a2a+nvfp4``: ``comm.moe_dispatch`` / ``comm.moe_combine`` on their a2a path
   (one all_gather of the counts, then all_to_allv over the path --algo names; the counts are
   read on the host);
@@ -19,8 +25,9 @@ A size is the bytes of the rows one rank dispatches, one per (token, expert) ent
 random. Busbw counts those rows going out and coming back, (W-1)/W of them over links. The "expert" between dispatch and combine is the identity,
 so the timed steps are the exchange alone; the check decodes what arrived, feeds it back
 through the combine, and compares every output bit with the same sum computed locally (the
-all_to_all_single column within a few bf16 units: it sums its own way). Columns that read
-counts on the host cannot be captured: with -G they are N/A, and the summary says why.
+all_to_all_single columns within a few bf16 units: they sum their own way). Columns that read
+counts on the host (all_to_all_single, a2a) cannot be captured: with -G they are N/A, the
+summary says why, and a2a-buckets is the baseline there; -G 0 times every column eagerly.
 """
 from __future__ import annotations
 
@@ -42,13 +49,14 @@ from .sizes import Layout
 from .spec import Buffers, Case, Cases, Inputs, OpSpec, Setup
 
 BASELINE = "all_to_all_single"
+BUCKETS = "a2a-buckets"  # the baseline a CUDA graph can capture
 # column -> (path, dispatch quant, combine quant, dispatch only)
 _COLUMNS = {"a2a": ("a2a", None, None, False), "a2a+nvfp4": ("a2a", "nvfp4", None, False),
             "peer-push": ("peer-push", None, None, False), "peer-push+nvfp4": ("peer-push", "nvfp4", None, False),
             "peer-push+fp8": ("peer-push", "fp8", "fp8", False),
             "peer-push:dispatch": ("peer-push", None, None, True),
             "peer-push+nvfp4:dispatch": ("peer-push", "nvfp4", None, True)}
-VARIANTS = (BASELINE, *_COLUMNS)
+VARIANTS = (BASELINE, BUCKETS, *_COLUMNS)
 SHAPE_FLAGS = ("hidden", "topk", "experts")  # --hidden, --topk, --experts
 _ALIGN = 512  # every carved buffer starts on a pool allocation boundary
 
@@ -171,8 +179,8 @@ class MoeSpec(OpSpec):
             if inplace:
                 return None
             out = bufs["out"]
-            if variant == BASELINE:
-                call = self._baseline(setup, x, ids, weights, out)
+            if variant in (BASELINE, BUCKETS):
+                call = (self._baseline if variant == BASELINE else self._buckets)(setup, x, ids, weights, out)
                 value = (mine.view(tokens, h).double() * weights.double().sum(1, keepdim=True)).reshape(-1)
                 exp = check.Expected(value, value.abs() * 2.0**-6)  # a few bf16 roundings of its own sum
                 return Case(call=call, load=lambda: _load(x, mine, out),
@@ -267,6 +275,33 @@ class MoeSpec(OpSpec):
             per_entry = torch.empty_like(back)
             per_entry[order] = back
             sums = (per_entry.view(-1, k, x.shape[1]).float() * weights.unsqueeze(-1)).sum(1)
+            out.copy_(sums)
+            return out
+        return call
+
+    def _buckets(self, setup: Setup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                 out: torch.Tensor) -> Callable[[], object]:
+        """all_to_all_single both ways on fixed buckets (module docstring): no host count, so a
+        CUDA graph captures it. Bucket q of a rank's send buffer holds its entries for rank q in
+        token order; the slot of each entry is its place among the earlier entries for q."""
+        world, k, h = setup.world, self.topk, self.hidden
+        local = self.experts // world
+        tokens = x.shape[0]
+        bucket = max(tokens, 1) * min(k, local)
+        group = dist.group.WORLD
+
+        def call() -> object:
+            dest = (ids.long() // local).reshape(-1)  # [tokens * k]
+            onehot = torch.nn.functional.one_hot(dest, world)
+            slot = onehot.cumsum(0).gather(1, dest.unsqueeze(1)).squeeze(1) - 1
+            where = dest * bucket + slot  # row of the entry in the [world * bucket, h] buffers
+            send = x.new_zeros((world * bucket, h))
+            send[where] = x.repeat_interleave(k, dim=0)
+            arrived = torch.empty_like(send)
+            dist.all_to_all_single(arrived, send, group=group)
+            back = torch.empty_like(send)  # the expert is the identity: the rows go straight back
+            dist.all_to_all_single(back, arrived, group=group)
+            sums = (back[where].view(tokens, k, h).float() * weights.unsqueeze(-1)).sum(1)
             out.copy_(sums)
             return out
         return call
