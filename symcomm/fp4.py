@@ -113,9 +113,12 @@ def _check_value(value: float, name: str) -> None:
         raise ArgumentError(f"{name} must be finite and > 0 in float32, got {value}")
 
 
-def scale_tensor(gs: GlobalScale) -> torch.Tensor:
-    """0-dim fp32 for the reference; a CPU scalar tensor mixes with tensors on any device."""
-    return gs.reshape(()) if isinstance(gs, torch.Tensor) else torch.tensor(gs, dtype=torch.float32)
+def scale_tensor(gs: GlobalScale, device: torch.device | str = "cpu") -> torch.Tensor:
+    """0-dim fp32 on ``device`` for the references. On the tensors' own device, not as a CPU
+    scalar: torch divides a CUDA tensor by a CPU scalar as a multiply by its reciprocal, which
+    is one unit in the last place off the kernels' fp32 division for some values."""
+    t = gs.reshape(()) if isinstance(gs, torch.Tensor) else torch.tensor(gs, dtype=torch.float32)
+    return t.to(device)
 
 
 def scales_shape(n: int, h: int, swizzled: bool) -> tuple[int, int]:
@@ -163,10 +166,10 @@ def quantize_reference(x: torch.Tensor, global_scale: GlobalScale,
                        swizzle: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The format's definition in plain torch (any device, slow): (packed, scales)."""
     n, h = check_rows(x)
-    gs = scale_tensor(check_global_scale(global_scale, x.device))
+    gs = scale_tensor(check_global_scale(global_scale, x.device), x.device)
     xf = x.float().reshape(n, h // BLOCK, BLOCK)
     amax = xf.abs().amax(dim=-1)  # NaN propagates
-    s = (gs * amax / 6.0).clamp(max=E4M3_MAX)
+    s = (gs * amax / torch.full_like(amax, E2M1_MAX)).clamp(max=E4M3_MAX)  # a tensor divisor: see scale_tensor
     scales = s.to(torch.float8_e4m3fn)
     sf = scales.float()
     inv = torch.where(sf > 0, (gs / sf).clamp(max=_FLT_MAX), 0.0)
@@ -181,7 +184,7 @@ def dequantize_reference(packed: torch.Tensor, scales: torch.Tensor, global_scal
     """Inverse of quantize_reference, in plain torch: [rows, H] of ``dtype``."""
     n, h = _check_quantized(packed, scales, swizzled)
     dtype = _check_dtype(dtype)
-    gs = scale_tensor(check_global_scale(global_scale, packed.device))
+    gs = scale_tensor(check_global_scale(global_scale, packed.device), packed.device)
     if swizzled:
         scales = unswizzle_scales(scales, n, h // BLOCK)
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(n, h // BLOCK, BLOCK).long()

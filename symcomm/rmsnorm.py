@@ -232,7 +232,7 @@ def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fp8(y: torch.Tensor, scale: fp4.GlobalScale) -> torch.Tensor:
-    v = y.float() / fp4.scale_tensor(scale)
+    v = y.float() / fp4.scale_tensor(scale, y.device)
     # The clamp states the saturation rather than relying on the installed torch's cast (older
     # releases gave NaN above 464); abs() clears a NaN's sign, so every NaN encodes as 0x7F, as in
     # the kernel.

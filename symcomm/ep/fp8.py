@@ -40,7 +40,9 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n, h = check_rows(x)
     xf = x.float().reshape(n, h // BLOCK, BLOCK)
     amax = xf.abs().amax(dim=-1)  # NaN propagates
-    s = amax / FP8_MAX
+    # The divisor is a tensor on x's device: torch divides a CUDA tensor by a Python number as a
+    # multiply by its reciprocal, one unit in the last place off fp32 division for some amax.
+    s = amax / torch.full_like(amax, FP8_MAX)
     s = torch.where(s > 0, s, torch.ones_like(s))
     v = xf / s.unsqueeze(-1)
     # The clamp states the saturation rather than relying on the installed torch's cast (older
