@@ -134,6 +134,13 @@ class Communicator(OperationMethods):
         all raise PeerMismatchError. Not allowed during CUDA-graph capture.
         """
         self._require_open()
+        # Before anything touches the device: measuring the region synchronizes, and a
+        # synchronize inside a capture invalidates it, after which torch aborts the process at
+        # the next memory pool's teardown (its capture_end raises before it stops routing
+        # allocations to the graph's pool).
+        if capturing(self.device):
+            raise SymmetricMemoryError("reserve_symmetric() is not allowed during CUDA-graph capture: reserve "
+                                       "before capturing")
         if self._pool is None:
             raise SymmetricMemoryError(self.router.off_of(_COLLECTIVE).get(NCCL_SYMM, "symmetric memory is off"))
         region = self.router.paths_of(_COLLECTIVE)[NCCL_SYMM].reserve(nbytes)
