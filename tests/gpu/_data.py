@@ -35,3 +35,12 @@ def assert_reduced(out: torch.Tensor, inputs: list[torch.Tensor], what: str) -> 
     assert not torch.isnan(out).any(), f"{what}: NaN in output"
     bad = (err > bound).sum().item()
     assert bad == 0, f"{what}: {bad}/{out.numel()} elements off (max err {err.max().item():.3g})"
+
+
+def assert_symmetric_served(choice) -> None:
+    """Symmetric inputs reached the symmetric paths: one of them runs, or the dispatch table
+    ranked plain NCCL above them at this size (a measured decision, which differs per GPU model),
+    never a refusal such as "not symmetric memory"."""
+    if choice.algo in ("nccl", "torch"):
+        reason = choice.rejected.get("nccl-symm", "")
+        assert reason.startswith("ranked below"), choice

@@ -41,6 +41,13 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def pytest_runtest_logreport(report):
+    # Printed at once, not in the end-of-run summary: a crash in a later teardown (a native
+    # abort takes the process down) must not hide which test failed and why.
+    if report.failed:
+        print(f"\n---- FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n----", flush=True)
+
+
 @pytest.fixture(scope="session")
 def dist_env():
     local = int(os.environ["LOCAL_RANK"])

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import symcomm
 from symcomm.backends import nccl as nccl_backend
-from _data import DTYPES, all_inputs, assert_reduced, rank_input
+from _data import DTYPES, all_inputs, assert_reduced, assert_symmetric_served, rank_input
 
 PATHS = ("nccl", "nccl-symm", "auto")
 # Element counts: empty, tiny, not a multiple of 16 bytes, around the path thresholds, large.
@@ -151,7 +151,7 @@ def test_all_gatherv_several_tensors(comm, pattern, symmetric, schedule, monkeyp
         assert torch.equal(outs[i].view(torch.uint8), expect.view(torch.uint8)), f"tensor {i} ({dtype})"
     even = len(set(sizes)) == 1
     if symmetric and even and sum(sizes):
-        assert choice.algo == "nccl-symm", choice
+        assert_symmetric_served(choice)
     elif not even:
         assert choice.algo == "nccl" and "uneven" in choice.rejected["nccl-symm"], choice
 
