@@ -290,8 +290,16 @@ def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool, graphs:
             step(hidden)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with capture_ctx(), torch.cuda.graph(graph, pool=pool):
-        step(hidden)
+    try:
+        with capture_ctx(), torch.cuda.graph(graph, pool=pool):
+            step(hidden)
+    except Exception:
+        # When a capture is invalidated, torch's capture_end raises before it stops routing
+        # allocations to the graph's pool; left so, the next memory pool destroyed in this
+        # process aborts it (an internal assert). End the routing here, then report the failure.
+        with contextlib.suppress(RuntimeError):  # raises when capture_end did end it
+            torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), pool)
+        raise
     graph.replay()
     torch.cuda.synchronize()
     graphs.append(graph)
