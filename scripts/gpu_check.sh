@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
-#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|fused|memory|single|build] [OUT]
+#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|fused|memory|single|build|verify] [OUT]
 #   tests = GPU tests per world; bench = per world, tune then, for each op, NCCL alone in its
 #   process (`symcomm-bench baseline`) and `--algo all` with the freshly tuned table (so auto is
 #   measured with it) compared with that baseline, and eager costs; all = both;
@@ -113,6 +113,72 @@ sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path
   done
 }
 
+# verify: is this machine's symcomm correct at world W (default: every GPU)? PART=1 runs tests/gpu
+# and every example, PART=2 every symcomm-bench op with --algo all, bench/layer_step.py and
+# bench/train_step.py: each part fits one 10-minute device call; PART=all runs both. Steps go to
+# $OUT/<date>_<gpu>-x<N>_w<W>_verify/ (logs/ and outcomes_part<N>.tsv), packed as verify.tgz;
+# scripts/verify_report.py prints the one-screen PASS/FAIL table and writes its README.md.
+if [[ $MODE == verify ]]; then
+  W=${WORLD:-$NGPU}
+  GPU_KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|a100|l40s?' | head -1 | tr 'A-Z' 'a-z')
+  VNAME="$(date -u +%F)_nvidia-${GPU_KIND:-gpu}-x${NGPU}_w${W}_verify"
+  VDIR="$OUT/$VNAME"; mkdir -p "$VDIR/logs"
+  PART=${PART:-all}
+  {
+    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W, part $PART, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  } >>"$VDIR/outcomes_part$PART.tsv"
+  vrecord() {  # vrecord NAME OUTCOME DETAIL SECONDS COMMAND
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$VDIR/outcomes_part$PART.tsv"
+    echo "$1: $2 ($3, $4 s)"
+  }
+  vtests() {  # tests/gpu at world W: a failure, error or skip on any rank fails it
+    local start=$SECONDS cmd="SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node=$W --no-python bash -c 'python3 -m pytest tests/gpu -q -rs -p no:cacheprovider'"
+    timeout "${TEST_TIMEOUT:-330}" env SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node="$W" --no-python bash -c \
+      "python3 -X faulthandler -m pytest tests/gpu -q -rs -p no:cacheprovider >$VDIR/logs/tests_gpu_r\$RANK.log 2>&1"
+    local rc=$? outcome=PASS detail=""
+    for log in "$VDIR"/logs/tests_gpu_r*.log; do
+      local last; last=$(grep -E '[0-9]+ (passed|failed)' "$log" | tail -1 | tr -d '=' | xargs)
+      detail+="$(basename "$log" .log): ${last:-no summary}; "
+      if [[ -z $last || $last =~ (failed|error|skipped) ]] || grep -q "Fatal Python error" "$log"; then outcome=FAIL; fi
+    done
+    ((rc == 0)) || { outcome=FAIL; detail+="exit $rc"; }
+    vrecord tests_gpu "$outcome" "$detail" $((SECONDS - start)) "$cmd"
+  }
+  vrun() {  # vrun NAME LIMIT CMD...: passes on exit 0 and, where the output has nccl-tests' check lines, #wrong 0
+    local name=$1 limit=$2; shift 2
+    local start=$SECONDS log="$VDIR/logs/$name.log"
+    timeout "$limit" "$@" >"$log" 2>&1
+    local rc=$? outcome=PASS detail
+    local wrong; wrong=$(grep -oE 'Out of bounds values : [0-9]+' "$log" | awk '{s += $NF; n++} END {if (n) print s " wrong in " n " tables"}')
+    detail="exit $rc${wrong:+, $wrong}"
+    if ((rc != 0)) || [[ -n $wrong && ${wrong%% *} != 0 ]]; then
+      outcome=FAIL; detail+=": $(grep -E 'Error|FAILED|error:' "$log" | grep -v '^\s*File' | tail -1 | cut -c1-160)"
+    fi
+    ((rc == 124)) && detail+=" (timed out after $limit s)"
+    vrecord "$name" "$outcome" "$detail" $((SECONDS - start)) "$*"
+  }
+  SWEEP=(-n 5 -w 2 -G 10 --algo all)
+  if [[ $PART == 1 || $PART == all ]]; then
+    vtests
+    for ex in quickstart tp_block dp_moe_step ep_moe_step tp_train_step fsdp_train_step; do
+      vrun "example_$ex" 120 torchrun --nproc-per-node="$W" "examples/$ex.py"
+    done
+  fi
+  if [[ $PART == 2 || $PART == all ]]; then
+    for op in all_reduce all_gather reduce_scatter all_gatherv reduce_scatterv all_gatherv_fp4; do
+      vrun "bench_$op" 120 symcomm-bench "$op" -g "$W" -b 1K -e 64M -f 8 "${SWEEP[@]}"
+    done
+    vrun bench_all_reduce_rmsnorm 120 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
+    vrun bench_moe 150 symcomm-bench moe -g "$W" --tokens 1,8,64,512,2048 "${SWEEP[@]}"
+    vrun bench_moe_eager 150 symcomm-bench moe -g "$W" --tokens 1,64,512 -n 5 -w 2 -G 0 --algo all
+    vrun layer_step 200 torchrun --nproc-per-node="$W" bench/layer_step.py --tokens 1,8,64,2048 --iters 10 \
+      --rounds 3 --json "$VDIR/layer_step.json"
+    vrun train_step 150 torchrun --nproc-per-node="$W" bench/train_step.py --iters 10 --rounds 3 \
+      --json "$VDIR/train_step.json"
+  fi
+  python3 scripts/verify_report.py "$VDIR" | tee -a "$SUMMARY"
+  tar -czf "$OUT/verify.tgz" -C "$OUT" "$VNAME" && rm -rf "${VDIR:?}"
+fi
 if [[ $MODE == release ]]; then  # most important first: later steps are skipped at the deadline
   DEADLINE=${DEADLINE:-420}
   sweep 4
