@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from ._nccl import DTYPES
-from .base import Call
+from .base import Call, capturing
 from .errors import PeerMismatchError
 from .peers import PeerRefusal, Peers, ints_text, text_ints
 from .validate import REDOPS
@@ -35,6 +35,23 @@ _REDOPS = ("none", *REDOPS)
 def float_bits(value: float) -> int:
     """A float's fp32 bits, for comparing scales and eps exactly (they reach the kernels as fp32)."""
     return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+# What scale_bits gives a device scalar during CUDA-graph capture: reading it would synchronize,
+# which ends the capture (and torch then aborts at the next memory pool's teardown). Every rank of
+# a graph_capture() captures alike, so the check compares everything else.
+ON_DEVICE_IN_CAPTURE = 0xFFFFFFFF + 1
+
+
+def scale_bits(scale: float | torch.Tensor | None) -> int:
+    """float_bits of a scale given as a number or a 1-element tensor (0 for None), for checks."""
+    if scale is None:
+        return 0
+    if isinstance(scale, torch.Tensor):
+        if capturing(scale.device):
+            return ON_DEVICE_IN_CAPTURE
+        scale = float(scale.item())
+    return float_bits(scale)
 
 
 def bits_float(bits: int) -> float:

@@ -178,8 +178,7 @@ class AllGathervFp4(Operation):
         return Fp4Choice(choice.algo, choice.rejected, inner)
 
     def check_scalars(self, call: Fp4Call) -> Sequence[tuple[str, int]]:
-        scale = float(call.gs.item()) if isinstance(call.gs, torch.Tensor) else call.gs
-        return [("global_scale", check_mode.float_bits(scale))]
+        return [("global_scale", check_mode.scale_bits(call.gs))]
 
     def check_signature(self, call: Fp4Call, path_index: int, world: int,
                         locate: Callable[[int], tuple[int, int]] | None,

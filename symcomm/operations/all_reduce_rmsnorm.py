@@ -120,11 +120,9 @@ class AllReduceRmsnorm(Operation):
         return NormChoice(choice.algo, choice.rejected, inner)
 
     def check_scalars(self, call: NormCall) -> Sequence[tuple[str, int]]:
-        scale = call.scale
-        scale_bits = 0 if scale is None else check_mode.float_bits(float(scale.item()) if isinstance(scale, torch.Tensor)
-                                                                   else scale)
         return [("eps", check_mode.float_bits(call.eps)), ("quant", (None, *QUANTS).index(call.quant)),
-                ("scale", scale_bits), ("swizzle", int(call.swizzle)), ("residual", int(call.residual is not None))]
+                ("scale", check_mode.scale_bits(call.scale)), ("swizzle", int(call.swizzle)),
+                ("residual", int(call.residual is not None))]
 
     def check_signature(self, call: NormCall, path_index: int, world: int,
                         locate: Callable[[int], tuple[int, int]] | None,

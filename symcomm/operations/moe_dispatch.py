@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from .. import check_mode, fp4, validate
-from ..base import Call
+from ..base import Call, capturing
 from ..dispatch import Choice
 from ..ep import fp8, layout
 from ..errors import ArgumentError, DtypeError
@@ -329,13 +329,10 @@ class MoeDispatch(EpOperation):
         return Dispatched(call.recv, call.recv_scales, call.expert_counts, call.expert_offsets, call.handle, call.gs)
 
     def check_scalars(self, call: DispatchCall) -> Sequence[tuple[str, int]]:
-        scale = call.gs
-        if isinstance(scale, torch.Tensor):
-            scale = float(scale.item())
         quant = QUANTS.index(call.quant) | (4 if call.swizzle else 0)
         return [("num_experts", call.num_experts), ("max_tokens", call.max_tokens), ("topk", call.handle.topk),
                 ("align", call.align), ("quant", quant),
-                ("global_scale", check_mode.float_bits(scale) if scale is not None else 0)]
+                ("global_scale", check_mode.scale_bits(call.gs))]
 
     def check_signature(self, call: DispatchCall, path_index: int, world: int,
                         locate: Callable[[int], tuple[int, int]] | None,
@@ -345,8 +342,11 @@ class MoeDispatch(EpOperation):
 
     def check_more(self, call: DispatchCall, path: Path, peers: Peers) -> None:
         """On CUDA the ids are checked here (a host synchronisation, which check mode may make):
-        every rank learns which ranks' ids break the rules, and all raise the same error."""
-        problem = None if call.x.device.type == "cpu" else check_ids_on_host(call.topk_ids.cpu(), call.num_experts)
+        every rank learns which ranks' ids break the rules, and all raise the same error. Not
+        during CUDA-graph capture, where reading them would end the capture: the kernels skip an
+        id outside [0, num_experts) there, as everywhere."""
+        unread = call.x.device.type == "cpu" or capturing(call.x.device)  # CPU ids: validated already
+        problem = None if unread else check_ids_on_host(call.topk_ids.cpu(), call.num_experts)
         rows = peers.exchange([0 if problem is None else 1], kind=check_mode.KIND)
         bad = [r for r, (flag,) in enumerate(rows) if flag]
         if bad:
