@@ -117,6 +117,7 @@ sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path
 # and every example, PART=2 every symcomm-bench op with --algo all, bench/layer_step.py and
 # bench/train_step.py: each part fits one 10-minute device call; PART=all runs both. Steps go to
 # $OUT/<date>_<gpu>-x<N>_w<W>_verify/ (logs/ and outcomes_part<N>.tsv), packed as verify.tgz;
+# COMMIT names the commit in its header (the device's copy may lack the repository's history);
 # scripts/verify_report.py prints the one-screen PASS/FAIL table and writes its README.md.
 if [[ $MODE == verify ]]; then
   W=${WORLD:-$NGPU}
@@ -125,7 +126,7 @@ if [[ $MODE == verify ]]; then
   VDIR="$OUT/$VNAME"; mkdir -p "$VDIR/logs"
   PART=${PART:-all}
   {
-    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W, part $PART, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W, part $PART, commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   } >>"$VDIR/outcomes_part$PART.tsv"
   vrecord() {  # vrecord NAME OUTCOME DETAIL SECONDS COMMAND
     printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$VDIR/outcomes_part$PART.tsv"
@@ -133,7 +134,7 @@ if [[ $MODE == verify ]]; then
   }
   vtests() {  # tests/gpu at world W: a failure, error or skip on any rank fails it
     local start=$SECONDS cmd="SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node=$W --no-python bash -c 'python3 -m pytest tests/gpu -q -rs -p no:cacheprovider'"
-    timeout "${TEST_TIMEOUT:-330}" env SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node="$W" --no-python bash -c \
+    timeout "${TEST_TIMEOUT:-270}" env SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node="$W" --no-python bash -c \
       "python3 -X faulthandler -m pytest tests/gpu -q -rs -p no:cacheprovider >$VDIR/logs/tests_gpu_r\$RANK.log 2>&1"
     local rc=$? outcome=PASS detail=""
     for log in "$VDIR"/logs/tests_gpu_r*.log; do
@@ -161,7 +162,7 @@ if [[ $MODE == verify ]]; then
   if [[ $PART == 1 || $PART == all ]]; then
     vtests
     for ex in quickstart tp_block dp_moe_step ep_moe_step tp_train_step fsdp_train_step; do
-      vrun "example_$ex" 120 torchrun --nproc-per-node="$W" "examples/$ex.py"
+      vrun "example_$ex" 100 torchrun --nproc-per-node="$W" "examples/$ex.py"
     done
   fi
   if [[ $PART == 2 || $PART == all ]]; then
@@ -170,10 +171,10 @@ if [[ $MODE == verify ]]; then
     done
     vrun bench_all_reduce_rmsnorm 120 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
     vrun bench_moe 150 symcomm-bench moe -g "$W" --tokens 1,8,64,512,2048 "${SWEEP[@]}"
-    vrun bench_moe_eager 150 symcomm-bench moe -g "$W" --tokens 1,64,512 -n 5 -w 2 -G 0 --algo all
+    vrun bench_moe_eager 120 symcomm-bench moe -g "$W" --tokens 1,512 -n 5 -w 2 -G 0 --algo all
     vrun layer_step 200 torchrun --nproc-per-node="$W" bench/layer_step.py --tokens 1,8,64,2048 --iters 10 \
-      --rounds 3 --json "$VDIR/layer_step.json"
-    vrun train_step 150 torchrun --nproc-per-node="$W" bench/train_step.py --iters 10 --rounds 3 \
+      --rounds 2 --json "$VDIR/layer_step.json"
+    vrun train_step 150 torchrun --nproc-per-node="$W" bench/train_step.py --iters 10 --rounds 2 \
       --json "$VDIR/train_step.json"
   fi
   python3 scripts/verify_report.py "$VDIR" | tee -a "$SUMMARY"

@@ -9,6 +9,8 @@ subnormals), and one case gives a rank no tokens at all.
 """
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -21,6 +23,25 @@ K, E = 8, 256  # DeepSeek-V3's top-8 of 256 experts
 SIZES = ((1, 7168), (8, 7168), (64, 7168), (512, 7168), (2048, 7168), (4096, 1024))
 PATHS = ("peer-push", "a2a")
 QUANTS = ((None, None), ("fp8", "fp8"), ("nvfp4", None), (None, "fp8"))
+
+
+@pytest.fixture(scope="module")
+def comm(dist_env):
+    """A communicator of this module's own, its pool sized for 2,048 tokens of hidden 7168 (receive
+    rows, expert outputs, returned rows: about 1.2 GiB), so the session's pool and its offsets are
+    left as the other modules expect them."""
+    c = symcomm.Communicator(symmetric_capacity=3 << 30, check=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(autouse=True)
+def _free_buffers():
+    """Every rank frees a test's pool buffers at the same point (not whenever its garbage collector
+    runs), so the next test's buffers take equal offsets everywhere, as the peer path needs."""
+    yield
+    gc.collect()
+    torch.cuda.synchronize()
 
 
 def _tokens(world: int, rank: int, tokens: int, zero_rank: bool) -> int:
