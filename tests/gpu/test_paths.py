@@ -218,3 +218,67 @@ def test_communicator_over_an_nccl_only_group(dist_env):
         x = rank_input(1000, torch.float32, c.rank, 8)
         assert_reduced(c.all_reduce(x), all_inputs(1000, torch.float32, c.world_size, 8), "nccl-group comm")
     torch.distributed.destroy_process_group(group)
+
+
+def test_many_graphs_share_one_pool_some_freed_and_recaptured(comm):
+    """As a serving engine keeps them: one graph per batch size in one pool handle, two of them
+    destroyed and captured again while the others live; every replay gives the eager bits."""
+    pool = torch.cuda.graph_pool_handle()
+    numels = [4096 * (i + 1) + 8 for i in range(6)]
+    with symcomm.use_symmetric_memory(comm):
+        xs = [torch.empty(n, dtype=torch.bfloat16, device=comm.device) for n in numels]
+    for i, x in enumerate(xs):
+        x.copy_(rank_input(x.numel(), torch.bfloat16, comm.rank, 80 + i))
+        comm.all_reduce(x)  # warm-up, as frameworks do before capturing
+    graphs, outs = {}, {}
+
+    def capture(i: int) -> None:
+        graph = torch.cuda.CUDAGraph()
+        with comm.graph_capture(), torch.cuda.graph(graph, pool=pool):
+            outs[i] = comm.all_reduce(xs[i])
+        graphs[i] = graph
+
+    for i in range(len(xs)):
+        capture(i)
+    for i in (1, 4):
+        del graphs[i], outs[i]
+    for i in (4, 1):
+        capture(i)
+    for i, x in enumerate(xs):
+        x.copy_(rank_input(x.numel(), torch.bfloat16, comm.rank, 90 + i))
+        graphs[i].replay()
+        torch.cuda.synchronize()
+        eager = comm.all_reduce(x)
+        assert torch.equal(outs[i].view(torch.int16), eager.view(torch.int16)), f"graph {i}"
+    graphs.clear()
+
+
+def test_close_after_every_kind_of_refused_call_leaves_the_process_working(dist_env):
+    """Each refusal raises on every rank before any communication, then close() returns (it once
+    aborted the process after a refusal inside a capture) and CUDA still works."""
+    c = symcomm.Communicator(symmetric_capacity=64 << 20, check=True)
+    dev = c.device
+    plain = torch.ones(1024, dtype=torch.bfloat16, device=dev)
+    refusals = {
+        "a CPU tensor": lambda: c.all_reduce(torch.ones(4)),
+        "an unknown op": lambda: c.all_reduce(plain, op="median"),
+        "symmetric path on plain memory": lambda: c.all_reduce(plain, algo="nccl-symm"),
+        "out of the wrong shape": lambda: c.all_gather(plain, out=torch.empty(3, device=dev)),
+        "uneven sizes that do not add up": lambda: c.all_gatherv(plain, [1, 2][:c.world_size]),
+        "a negative reservation": lambda: c.reserve_symmetric(-1),
+        "ids out of range": lambda: c.moe_dispatch(torch.ones(2, 128, dtype=torch.bfloat16, device=dev),
+                                                   torch.full((2, 1), 99, dtype=torch.int32, device=dev),
+                                                   torch.ones(2, 1, device=dev), 8 * c.world_size),
+    }
+    for what, call in refusals.items():
+        with pytest.raises(symcomm.SymcommError):
+            call()
+        torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(symcomm.SymmetricMemoryError, match="capture"):
+        with torch.cuda.graph(graph):
+            c.reserve_symmetric(2 << 20)
+    del graph
+    assert_reduced(c.all_reduce(plain.clone()), [plain] * c.world_size, "after the refusals")
+    c.close()
+    assert torch.ones(8, device=dev).sum().item() == 8
