@@ -9,13 +9,14 @@ off and every collective runs on NCCL or torch.distributed. The build's outcome 
 not) goes to symcomm/_native/build.json, which `python -m symcomm` and symcomm-bench's preamble
 print, since pip shows a build's own output only with -v.
 
-nvcc is looked for in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH, then in NVIDIA's
-nvidia-cuda-nvcc wheel installed in the build environment. Each translation unit compiles in
-its own nvcc process, as many at once as there are cores, slowest first; object files are cached
-in build/nvcc-cache/ under a key of the nvcc version, the flags and the contents of the unit and
-of every csrc/ header it includes, so a rebuild compiles only what changed. A unit that fails to
-compile fails the install: a library left over from an earlier build must never pass for this
-source. SYMCOMM_CUDA_ARCHS=none builds no library even where nvcc is found.
+nvcc is looked for in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH, in NVIDIA's nvidia-cuda-nvcc
+wheel installed in the build environment, then in /usr/local/cuda/bin unless CUDA_HOME or
+CUDA_PATH is set. Each translation unit compiles in its own nvcc process, as many at once as
+there are cores, slowest first; object files are cached in build/nvcc-cache/ under a key of the
+nvcc version, the flags and the contents of the unit and of every csrc/ header it includes, so a
+rebuild compiles only what changed. A unit that fails to compile fails the install: a library
+left over from an earlier build must never pass for this source. SYMCOMM_CUDA_ARCHS=none builds
+no library even where nvcc is found.
 
 Only setup() runs when setuptools executes this file; the functions above it are importable
 (tests/test_build.py).
@@ -55,6 +56,8 @@ SLOWEST_FIRST = {"fused_norm_ar.cu": 34.0, "rmsnorm.cu": 9.7, "custom_ar.cu": 5.
 # toolkit inside site-packages. Its nvcc.profile looks for libraries in lib64/, the wheels ship
 # lib/: the link step is told.
 WHEEL_TOOLKIT = Path("nvidia") / "cu13"
+# Where NVIDIA's installers put the toolkit (a link to /usr/local/cuda-X.Y).
+DEFAULT_TOOLKIT = Path("/usr/local/cuda")
 
 
 def log(message: str) -> None:
@@ -63,8 +66,10 @@ def log(message: str) -> None:
 
 def find_nvcc() -> tuple[str | None, str]:
     """(nvcc, where it was found), or (None, why none was)."""
+    named = False
     for var in ("CUDA_HOME", "CUDA_PATH"):
         home = os.environ.get(var)
+        named = named or bool(home)
         if home and (Path(home) / "bin" / "nvcc").exists():
             return str(Path(home) / "bin" / "nvcc"), f"${var}"
     found = shutil.which("nvcc")
@@ -74,8 +79,14 @@ def find_nvcc() -> tuple[str | None, str]:
         candidate = Path(entry or ".") / WHEEL_TOOLKIT / "bin" / "nvcc"
         if candidate.is_file():
             return str(candidate), "the nvidia-cuda-nvcc wheel"
-    return None, ("nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH and for the "
-                  "nvidia-cuda-nvcc wheel)")
+    # The toolkit's installers put it here and leave PATH alone, so a machine with CUDA often
+    # has no nvcc on PATH. Only a guess: where CUDA_HOME or CUDA_PATH names a toolkit, that
+    # is the one meant, and a different one found here could be another CUDA version.
+    if not named and (DEFAULT_TOOLKIT / "bin" / "nvcc").is_file():
+        return str(DEFAULT_TOOLKIT / "bin" / "nvcc"), str(DEFAULT_TOOLKIT / "bin")
+    guessed = "" if named else f", in {DEFAULT_TOOLKIT / 'bin'}"
+    return None, ("nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH, for the "
+                  f"nvidia-cuda-nvcc wheel{guessed})")
 
 
 def nvcc_version(nvcc: str) -> str:

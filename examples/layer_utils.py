@@ -52,7 +52,16 @@ def modes_for(args: argparse.Namespace, device: torch.device) -> tuple[str, ...]
 
 def init_distributed(cpu: bool) -> torch.device:
     """Join the torchrun world. On GPUs the group gets gloo for host-side exchanges and NCCL for
-    CUDA tensors; with ``cpu`` it is gloo alone, so the Communicator runs on the CPU."""
+    CUDA tensors; with ``cpu`` it is gloo alone, so the Communicator runs on the CPU. Where the
+    local ranks outnumber the GPUs (a CPU-only machine: none) it runs as ``cpu`` does, saying so,
+    rather than failing in torch.cuda.set_device."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count()
+    if not cpu and gpus < local_world:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{gpus} CUDA device(s) for {local_world} local ranks: running on the CPU over gloo, "
+                  "as --cpu does", flush=True)
+        cpu = True
     if cpu:
         dist.init_process_group("gloo")
         return torch.device("cpu")

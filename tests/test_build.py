@@ -108,6 +108,7 @@ def test_nvcc_is_found_in_cuda_home_on_path_or_in_nvidias_wheel(setup_py, tmp_pa
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    monkeypatch.setattr(setup_py, "DEFAULT_TOOLKIT", tmp_path / "no-toolkit")
     nvcc, why = setup_py.find_nvcc()
     assert nvcc is None and "nvcc not found" in why
     wheel = tmp_path / "site" / "nvidia" / "cu13" / "bin" / "nvcc"
@@ -119,6 +120,29 @@ def test_nvcc_is_found_in_cuda_home_on_path_or_in_nvidias_wheel(setup_py, tmp_pa
     (home / "bin" / "nvcc").write_text("")
     monkeypatch.setenv("CUDA_HOME", str(home))
     assert setup_py.find_nvcc() == (str(home / "bin" / "nvcc"), "$CUDA_HOME")
+
+
+def test_nvcc_is_found_in_the_default_toolkit_when_nothing_names_one(setup_py, tmp_path, monkeypatch):
+    """NVIDIA's installers put the toolkit in /usr/local/cuda without touching PATH: an install
+    there must build the kernels, unless CUDA_HOME or CUDA_PATH names another toolkit."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    toolkit = tmp_path / "usr-local-cuda"
+    monkeypatch.setattr(setup_py, "DEFAULT_TOOLKIT", toolkit)
+    nvcc, why = setup_py.find_nvcc()
+    assert nvcc is None and f"in {toolkit / 'bin'}" in why
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "bin" / "nvcc").write_text("")
+    assert setup_py.find_nvcc() == (str(toolkit / "bin" / "nvcc"), str(toolkit / "bin"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "another-cuda"))
+    nvcc, why = setup_py.find_nvcc()
+    assert nvcc is None and "nvcc not found" in why and str(toolkit) not in why
+
+
+def test_the_default_toolkit_is_where_nvidias_installers_put_it(setup_py):
+    assert setup_py.DEFAULT_TOOLKIT == Path("/usr/local/cuda")
 
 
 def test_the_release_is_read_from_nvcc_version(setup_py):
@@ -144,6 +168,9 @@ def test_an_install_without_nvcc_records_why(tmp_path, monkeypatch):
                            if d and not (Path(d) / "nvcc").exists())
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
+    # A CUDA_HOME without nvcc also stops the guess at /usr/local/cuda, which a machine with a
+    # toolkit has whatever PATH says.
+    env["CUDA_HOME"] = str(tmp_path / "no-toolkit")
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                            str(tmp_path / "dist"), str(copy)], env=env, capture_output=True, text=True,
                           timeout=300)

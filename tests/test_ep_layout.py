@@ -12,15 +12,9 @@ import torch
 
 from _ep_reference import encode, random_case, world_combine, world_dispatch
 from symcomm import fp4
-from symcomm.ep import fp8, layout
+from symcomm.ep import fp8, host, layout
 
-try:
-    from symcomm.ep import host
-    host.fp4.host_lib()
-    HOST = None
-except Exception as exc:  # noqa: BLE001 - the reason the twin tests skip
-    HOST = str(exc)
-needs_twin = pytest.mark.skipif(HOST is not None, reason=f"native library unavailable: {HOST}")
+needs_twin = pytest.mark.needs_native
 
 CASES = [  # world, tokens per rank, experts, k, align
     (2, [5, 0], 8, 1, 1),

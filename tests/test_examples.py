@@ -189,6 +189,29 @@ def test_the_training_examples_run_eager_and_compiled_on_cpu(example):
     assert re.search(rf"{example}: PASS: \d+ checks per rank, world 2, cpu", done.stdout), done.stdout
 
 
+@pytest.mark.parametrize("example", ("tp_block", "dp_moe_step", "ep_moe_step"))
+def test_the_layer_examples_run_on_a_machine_with_fewer_gpus_than_ranks(example):
+    """The plain GPU command, no --cpu, where torch sees fewer GPUs than local ranks (none on the
+    CPU machine): one line says so and the example runs over gloo, instead of dying in
+    torch.cuda.set_device (issue 35). The training examples share init_distributed."""
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU per rank: the example would run on them")
+    done = _torchrun(f"examples/{example}.py", "--steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CUDA device(s) for 2 local ranks: running on the CPU over gloo, as --cpu does" in done.stdout, done.stdout
+    assert re.search(rf"{example}: PASS: \d+ checks per rank, world 2, cpu", done.stdout), done.stdout
+
+
+# Every example in examples/ (the *_utils modules are their helpers) runs under torchrun on the
+# CPU in a test here: a new one must join them.
+TORCHRUN_TESTED = {"quickstart", "tp_block", "dp_moe_step", "ep_moe_step", "tp_train_step", "fsdp_train_step"}
+
+
+def test_every_example_runs_under_torchrun_here():
+    examples = {p.stem for p in (ROOT / "examples").glob("*.py") if not p.stem.endswith("_utils")}
+    assert examples == TORCHRUN_TESTED
+
+
 def test_layer_step_bench_prints_its_table_on_cpu():
     done = _torchrun("bench/layer_step.py", "--cpu", "--tokens", "1,4", "--iters", "2", "--rounds", "1")
     assert done.returncode == 0, done.stdout + done.stderr

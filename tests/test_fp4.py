@@ -12,8 +12,7 @@ from _spawn import run_world
 from symcomm import fp4
 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
-NATIVE, WHY_NOT = fp4.native_available()
-needs_native = pytest.mark.skipif(not NATIVE, reason=f"csrc/fp4.cu is not built: {WHY_NOT}")
+needs_native = pytest.mark.needs_native
 
 
 def _bytes(t: torch.Tensor) -> list[int]:

@@ -22,8 +22,7 @@ from symcomm.peer import context as peer_context
 from symcomm.peer.setup import SharedContext
 from symcomm.peers import PeerRefusal
 
-NATIVE, WHY_NOT = fp4.native_available()
-needs_native = pytest.mark.skipif(not NATIVE, reason=f"csrc/ is not built: {WHY_NOT}")
+needs_native = pytest.mark.needs_native
 HALVES = (torch.bfloat16, torch.float16)
 
 

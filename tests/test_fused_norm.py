@@ -23,8 +23,7 @@ from symcomm.rmsnorm import OP as NORM_KEY
 from symcomm.errors import ArgumentError, DtypeError
 
 DTYPES = (torch.bfloat16, torch.float16)
-NATIVE, WHY_NOT = fp4.native_available()
-needs_native = pytest.mark.skipif(not NATIVE, reason=f"csrc/ is not built: {WHY_NOT}")
+needs_native = pytest.mark.needs_native
 CPU = torch.device("cpu")
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "symcomm.h"
 TESTING_HEADER = ROOT / "csrc" / "symcomm_testing.h"
 BUILT = sorted((ROOT / "symcomm" / "_native").glob("libsymcomm*.so"))
-needs_library = pytest.mark.skipif(not BUILT, reason="csrc/ is not built under symcomm/_native/")
+needs_library = pytest.mark.needs_native
 
 _c = ctypes
 # On LP64 Linux, ctypes makes size_t, uint64_t and uintptr_t one class (c_ulong), so those

@@ -5,7 +5,6 @@ import ctypes
 
 import pytest
 
-from symcomm import _native
 from symcomm.pool import REGION_GRANULE, SegmentIndex, round_to_granule
 
 G = REGION_GRANULE
@@ -54,8 +53,8 @@ def test_round_to_granule():
 
 
 @pytest.fixture(scope="module")
-def native():
-    return _native.load().lib
+def native(native_library):
+    return native_library.lib
 
 
 def _alloc(lib, pool, size):

@@ -1,6 +1,7 @@
 """The README is a front page that runs as written: short, its example is a file in examples/
 (which tests/test_examples.py runs at world 2 and 3), and its first command is the one CI runs
-in a fresh environment without nvcc (.ci/run, through .ci/readme_block.py)."""
+in a fresh environment without nvcc (.ci/run, through .ci/readme_block.py), followed there by its
+second, the test command."""
 from __future__ import annotations
 
 import re
@@ -37,6 +38,8 @@ def test_the_first_two_commands_are_what_ci_runs():
     assert "python -m pytest tests" in tests
     ci = (ROOT / ".ci" / "run").read_text()
     assert "readme_block.py 1" in ci and "python -m pytest tests" in ci
+    # the test command as a newcomer runs it too, without nvcc, not only CI's own pytest call
+    assert "readme_block.py 2" in ci and "SYMCOMM_REQUIRE_NATIVE=1 python -m pytest tests" in ci
 
 
 def test_the_readme_names_the_commands_its_example_runs_with():
