@@ -304,3 +304,66 @@ def test_numpy_integers_are_sizes_and_select_lists_every_op():
 def test_a_foreign_native_library_is_named_as_such():
     with pytest.raises(OSError, match="is not symcomm's native library"):
         _native.bind(ctypes.CDLL("libc.so.6"), "libc.so.6")
+
+
+# --------------------------------------------------------------------------------- issue 35
+# Misuse on purpose: after any of these, every rank has an error within the timeout, and the
+# README's last two lines (comm.close(), dist.destroy_process_group()) still return at once.
+STOPPED_S = 12.0  # how long a peer that "stops participating" stays away: far past every bound below
+
+
+def _close_and_destroy_promptly(comm, rank):
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    comm.close()
+    dist.destroy_process_group()  # waited for symcomm's abandoned collective on the user's group
+    assert time.monotonic() - start < 3, f"rank {rank}: close() + destroy_process_group() took " \
+                                         f"{time.monotonic() - start:.1f} s"
+
+
+def _peer_stops_participating(rank, world, check):
+    comm = symcomm.Communicator(timeout_s=2, check=check)
+    _sum_is_right(comm, rank, world)
+    stopped = world - 1
+    if rank == stopped:
+        time.sleep(STOPPED_S)  # alive, holding its connections, but no longer calling symcomm
+        _close_and_destroy_promptly(comm, rank)
+        return
+    start = time.monotonic()
+    with pytest.raises(symcomm.CommTimeoutError, match=f"rank.*{stopped}.* did not arrive within 2 s"
+                       if check else "did not arrive within 2 s"):
+        comm.all_reduce(torch.ones(3))
+    assert time.monotonic() - start < 4, "the wait outlived its bound"
+    _close_and_destroy_promptly(comm, rank)
+    assert time.monotonic() - start < 7, "a survivor had to wait for the stopped peer"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("check", (False, True), ids=("plain", "check"))
+def test_after_a_timeout_close_and_destroy_process_group_return(world, check):
+    run_world(_peer_stops_participating, world, check, timeout_s=60)
+
+
+def _dead_peer(rank, world):
+    comm = symcomm.Communicator(timeout_s=20)
+    _sum_is_right(comm, rank, world)
+    dead = world - 1  # not rank 0, whose process hosts the store
+    if rank == dead:
+        os._exit(0)  # dies without a word: no close(), no destroy, its sockets closed by the OS
+    start = time.monotonic()
+    with pytest.raises(symcomm.CommTimeoutError, match="a peer is gone"):
+        comm.all_reduce(torch.ones(3))  # gloo's own error is a RuntimeError: mapped, not leaked
+    assert time.monotonic() - start < 20
+    again = time.monotonic()
+    with pytest.raises(symcomm.CommTimeoutError, match="a peer is gone"):
+        comm.all_gather(torch.ones(3))  # marked broken: fails at once, not after another timeout
+    with pytest.raises(symcomm.CommTimeoutError, match="a peer is gone"):
+        comm.check_health()
+    assert time.monotonic() - again < 1
+    comm.close()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_dead_peer_is_a_symcomm_error_and_breaks_the_communicator(world):
+    run_world(_dead_peer, world, timeout_s=60, may_exit=frozenset({world - 1}))
