@@ -345,6 +345,36 @@ def test_after_a_timeout_close_and_destroy_process_group_return(world, check):
     run_world(_peer_stops_participating, world, check, timeout_s=60)
 
 
+def _refused_without_check_mode(rank, world):
+    os.environ["SYMCOMM_TIMEOUT_S"] = "2"
+    comm = symcomm.Communicator()
+    del os.environ["SYMCOMM_TIMEOUT_S"]
+    sizes = [1] * world
+    x = torch.ones(1, 8)
+    start = time.monotonic()
+    if rank == 0:
+        with pytest.raises(symcomm.ArgumentError, match=r"sizes\[0\] = .* more than any tensor"):
+            comm.all_gatherv(x, [10 ** 30, *sizes[1:]])
+        assert time.monotonic() - start < 1, "the refusal itself must not wait"
+        time.sleep(STOPPED_S)  # its peers must not need it to end their wait, nor to tear down
+        _close_and_destroy_promptly(comm, rank)
+        return
+    # Its peers already entered the collective: without check mode nothing tells them, so they
+    # wait at most the timeout (SYMCOMM_TIMEOUT_S), not the group's 30 minutes.
+    with pytest.raises(symcomm.CommTimeoutError, match="within 2 s"):
+        comm.all_gatherv(x, sizes)
+    assert time.monotonic() - start < 4, "the wait outlived SYMCOMM_TIMEOUT_S"
+    with pytest.raises(symcomm.CommTimeoutError):  # broken: a later call fails at once
+        comm.all_reduce(torch.ones(3))
+    assert time.monotonic() - start < 4
+    _close_and_destroy_promptly(comm, rank)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_refusal_without_check_mode_leaves_peers_bounded_by_symcomms_timeout(world):
+    run_world(_refused_without_check_mode, world, timeout_s=60)
+
+
 def _dead_peer(rank, world):
     comm = symcomm.Communicator(timeout_s=20)
     _sum_is_right(comm, rank, world)
