@@ -397,3 +397,27 @@ def _dead_peer(rank, world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_a_dead_peer_is_a_symcomm_error_and_breaks_the_communicator(world):
     run_world(_dead_peer, world, timeout_s=60, may_exit=frozenset({world - 1}))
+
+
+def _bad_timeout_variable_on_one_rank(rank, world):
+    bad = world - 1
+    if rank == bad:
+        os.environ["SYMCOMM_TIMEOUT_S"] = "soon"
+    start = time.monotonic()
+    rule = r"SYMCOMM_TIMEOUT_S must be a finite number of seconds > 0"
+    if rank == bad:
+        with pytest.raises(symcomm.ArgumentError, match=rule):
+            symcomm.Communicator()
+    else:  # the group's 30 minutes are its bound here: the refusal must come long before
+        with pytest.raises(symcomm.PeerMismatchError, match=rf"rank {bad} could not take part.*{rule}"):
+            symcomm.Communicator()
+    assert time.monotonic() - start < 10
+    os.environ.pop("SYMCOMM_TIMEOUT_S", None)
+    comm = symcomm.Communicator(timeout_s=30)  # everyone can start over
+    _sum_is_right(comm, rank, world)
+    comm.close()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_bad_timeout_variable_on_one_rank_is_voted(world):
+    run_world(_bad_timeout_variable_on_one_rank, world, timeout_s=60)
