@@ -42,12 +42,14 @@ def bounded(what: str, fn: Callable[[], Any], timeout_s: float, device: torch.de
 # names the wait and who gives up when the bound runs out.
 BOUNDED_WAITS = (
     "every host-side exchange of symcomm's with its peers: the constructor's votes, check mode, "
-    "graph_capture() registration, reserve_symmetric() (peers.Peers; CommTimeoutError)",
+    "graph_capture() registration, reserve_symmetric(), through the group's store, never queued on the "
+    "group (peers.Peers; CommTimeoutError)",
     "NCCL communicator setup and teardown, close() (CommTimeoutError; the paths are aborted)",
     "the descriptor channel that maps peers' pool memory (setup falls back to staging)",
     "every barrier and wait of symcomm's own kernels (the kernel gives up; the next call raises "
     "CommTimeoutError)",
-    "collectives of the torch path over gloo, i.e. CPU tensors (CommTimeoutError)",
+    "collectives of the torch path over gloo, i.e. CPU tensors, on a gloo group of symcomm's own whose "
+    "timeout is the same (CommTimeoutError, also when a peer is gone)",
 )
 UNBOUNDED_WAITS = (
     "NCCL collectives on symcomm's own NCCL communicators (paths nccl and nccl-symm): NCCL itself "

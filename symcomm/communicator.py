@@ -76,9 +76,13 @@ class Communicator(OperationMethods):
         self._find = None
         self._alarm = None
         # Local checks first. A rank that fails one still joins the first vote (as a refusal), so
-        # its peers raise with its reason instead of waiting for it in the next step.
-        self.peers = Peers(group, validate.timeout(None, group)[0])
-        self.timeout_s = self.peers.timeout_s
+        # its peers raise with its reason instead of waiting for it in the next step. The settings
+        # are among those checks (a bad SYMCOMM_TIMEOUT_S on one rank is voted like a bad
+        # argument), so until they pass, the bound is the group's own timeout: the documented
+        # default, and a number that cannot be wrong.
+        self.timeout_s = min(validate.group_timeout_s(group), settings.MAX_TIMEOUT_S)
+        self.timeout_source = "process group"
+        self.peers = Peers(group, self.timeout_s)
         try:
             options = {"symmetric": bool(symmetric),
                        "symmetric_capacity": validate.capacity("symmetric_capacity", symmetric_capacity, 1),

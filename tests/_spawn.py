@@ -37,13 +37,16 @@ def _entry(fn, rank, world_size, port, args, results, environ):
         try:
             fn(rank, world_size, *args)
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # a scenario may destroy it itself (the README's last line)
+                dist.destroy_process_group()
         results.put((rank, None))
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         results.put((rank, traceback.format_exc()))
 
 
-def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0) -> None:
+def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0, may_exit: frozenset[int] = frozenset()) -> None:
+    """``may_exit``: ranks that may end their process without reporting (a test's dead peer);
+    the others must finish as usual."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first world only
     results = ctx.Queue()
@@ -55,13 +58,13 @@ def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0) -> None:
         p.start()
     failures, seen = {}, set()
     try:
-        for _ in range(world_size):
+        while not set(range(world_size)) - set(may_exit) <= seen:
             rank, error = results.get(timeout=timeout_s)
             seen.add(rank)
             if error:
                 failures[rank] = error
     except Exception:  # queue.Empty: some rank never finished
-        missing = sorted(set(range(world_size)) - seen)
+        missing = sorted(set(range(world_size)) - seen - set(may_exit))
         failures.update({r: f"rank {r} did not finish within {timeout_s} s (hang?)" for r in missing})
     finally:
         for p in procs:

@@ -304,3 +304,120 @@ def test_numpy_integers_are_sizes_and_select_lists_every_op():
 def test_a_foreign_native_library_is_named_as_such():
     with pytest.raises(OSError, match="is not symcomm's native library"):
         _native.bind(ctypes.CDLL("libc.so.6"), "libc.so.6")
+
+
+# --------------------------------------------------------------------------------- issue 35
+# Misuse on purpose: after any of these, every rank has an error within the timeout, and the
+# README's last two lines (comm.close(), dist.destroy_process_group()) still return at once.
+STOPPED_S = 12.0  # how long a peer that "stops participating" stays away: far past every bound below
+
+
+def _close_and_destroy_promptly(comm, rank):
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    comm.close()
+    dist.destroy_process_group()  # waited for symcomm's abandoned collective on the user's group
+    assert time.monotonic() - start < 3, f"rank {rank}: close() + destroy_process_group() took " \
+                                         f"{time.monotonic() - start:.1f} s"
+
+
+def _peer_stops_participating(rank, world, check):
+    comm = symcomm.Communicator(timeout_s=2, check=check)
+    _sum_is_right(comm, rank, world)
+    stopped = world - 1
+    if rank == stopped:
+        time.sleep(STOPPED_S)  # alive, holding its connections, but no longer calling symcomm
+        _close_and_destroy_promptly(comm, rank)
+        return
+    start = time.monotonic()
+    with pytest.raises(symcomm.CommTimeoutError, match=f"rank.*{stopped}.* did not arrive within 2 s"
+                       if check else "did not arrive within 2 s"):
+        comm.all_reduce(torch.ones(3))
+    assert time.monotonic() - start < 4, "the wait outlived its bound"
+    _close_and_destroy_promptly(comm, rank)
+    assert time.monotonic() - start < 7, "a survivor had to wait for the stopped peer"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("check", (False, True), ids=("plain", "check"))
+def test_after_a_timeout_close_and_destroy_process_group_return(world, check):
+    run_world(_peer_stops_participating, world, check, timeout_s=60)
+
+
+def _refused_without_check_mode(rank, world):
+    os.environ["SYMCOMM_TIMEOUT_S"] = "2"
+    comm = symcomm.Communicator()
+    del os.environ["SYMCOMM_TIMEOUT_S"]
+    sizes = [1] * world
+    x = torch.ones(1, 8)
+    start = time.monotonic()
+    if rank == 0:
+        with pytest.raises(symcomm.ArgumentError, match=r"sizes\[0\] = .* more than any tensor"):
+            comm.all_gatherv(x, [10 ** 30, *sizes[1:]])
+        assert time.monotonic() - start < 1, "the refusal itself must not wait"
+        time.sleep(STOPPED_S)  # its peers must not need it to end their wait, nor to tear down
+        _close_and_destroy_promptly(comm, rank)
+        return
+    # Its peers already entered the collective: without check mode nothing tells them, so they
+    # wait at most the timeout (SYMCOMM_TIMEOUT_S), not the group's 30 minutes.
+    with pytest.raises(symcomm.CommTimeoutError, match="within 2 s"):
+        comm.all_gatherv(x, sizes)
+    assert time.monotonic() - start < 4, "the wait outlived SYMCOMM_TIMEOUT_S"
+    with pytest.raises(symcomm.CommTimeoutError):  # broken: a later call fails at once
+        comm.all_reduce(torch.ones(3))
+    assert time.monotonic() - start < 4
+    _close_and_destroy_promptly(comm, rank)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_refusal_without_check_mode_leaves_peers_bounded_by_symcomms_timeout(world):
+    run_world(_refused_without_check_mode, world, timeout_s=60)
+
+
+def _dead_peer(rank, world):
+    comm = symcomm.Communicator(timeout_s=20)
+    _sum_is_right(comm, rank, world)
+    dead = world - 1  # not rank 0, whose process hosts the store
+    if rank == dead:
+        os._exit(0)  # dies without a word: no close(), no destroy, its sockets closed by the OS
+    start = time.monotonic()
+    with pytest.raises(symcomm.CommTimeoutError, match="a peer is gone"):
+        comm.all_reduce(torch.ones(3))  # gloo's own error is a RuntimeError: mapped, not leaked
+    assert time.monotonic() - start < 20
+    again = time.monotonic()
+    with pytest.raises(symcomm.CommTimeoutError, match="a peer is gone"):
+        comm.all_gather(torch.ones(3))  # marked broken: fails at once, not after another timeout
+    with pytest.raises(symcomm.CommTimeoutError, match="a peer is gone"):
+        comm.check_health()
+    assert time.monotonic() - again < 1
+    comm.close()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_dead_peer_is_a_symcomm_error_and_breaks_the_communicator(world):
+    run_world(_dead_peer, world, timeout_s=60, may_exit=frozenset({world - 1}))
+
+
+def _bad_timeout_variable_on_one_rank(rank, world):
+    bad = world - 1
+    if rank == bad:
+        os.environ["SYMCOMM_TIMEOUT_S"] = "soon"
+    start = time.monotonic()
+    rule = r"SYMCOMM_TIMEOUT_S must be a finite number of seconds > 0"
+    if rank == bad:
+        with pytest.raises(symcomm.ArgumentError, match=rule):
+            symcomm.Communicator()
+    else:  # the group's 30 minutes are its bound here: the refusal must come long before
+        with pytest.raises(symcomm.PeerMismatchError, match=rf"rank {bad} could not take part.*{rule}"):
+            symcomm.Communicator()
+    assert time.monotonic() - start < 10
+    os.environ.pop("SYMCOMM_TIMEOUT_S", None)
+    comm = symcomm.Communicator(timeout_s=30)  # everyone can start over
+    _sum_is_right(comm, rank, world)
+    comm.close()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_bad_timeout_variable_on_one_rank_is_voted(world):
+    run_world(_bad_timeout_variable_on_one_rank, world, timeout_s=60)

@@ -4,10 +4,11 @@ gloo lacks some collectives and dtypes that NCCL has, so the v-variants and redu
 are composed from all_gather / all_reduce. That costs bandwidth, which is fine for the path
 whose job is to make the same API work on a laptop and in CI.
 
-Waits: over gloo (CPU tensors) each collective waits at most the communicator's timeout
-(peers.Peers.wait), then raises CommTimeoutError. On CUDA tensors (an NCCL group) the work is
-stream-ordered, as torch.distributed enqueues it; the group's own timeout (its watchdog) bounds
-it, not symcomm's.
+Waits: CPU tensors travel on a gloo group of symcomm's own (peers.Peers.collectives), never on
+the user's group, so a collective abandoned after the communicator's timeout (peers.Peers.wait
+raises CommTimeoutError) cannot keep dist.destroy_process_group() waiting. On CUDA tensors (an
+NCCL group) the work is stream-ordered on the user's group, as torch.distributed enqueues it;
+the group's own timeout (its watchdog) bounds it, not symcomm's.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..base import TORCH, Call, Path, Setup, runner_table
-from ..peers import Peers
+from ..peers import GroupCollectives, HostCollectives, Peers
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -31,19 +32,19 @@ class TorchPath(Path):
     name = TORCH
 
     def __init__(self) -> None:
-        self._group: dist.ProcessGroup | None = None
+        self._collectives: HostCollectives | GroupCollectives | None = None
         self._peers: Peers | None = None
         self._rank = 0
         self._world = 1
 
     def open(self, setup: Setup) -> str | None:
         self._peers = setup.peers
-        self._group = setup.peers.group
+        self._collectives = setup.peers.collectives(setup.device)
         self._rank, self._world = setup.peers.rank, setup.peers.world_size
         return None
 
     def close(self) -> None:
-        self._group = None  # see Peers.close: the group must not outlive the user's teardown
+        self._collectives = None  # see Peers.close: no group may outlive the user's teardown
         self._peers = None
 
     abort = close
@@ -64,8 +65,8 @@ class TorchPath(Path):
 
     def _reduce_in_place(self, t: torch.Tensor, redop: str) -> None:
         # gloo has no AVG: sum, then divide (callers only allow avg on floating dtypes).
-        self._wait(dist.all_reduce(t, op=_REDUCE_OPS["sum" if redop == "avg" else redop], group=self._group,
-                                   async_op=True), t, "all_reduce")
+        self._wait(self._collectives.all_reduce(t, _REDUCE_OPS["sum" if redop == "avg" else redop]), t,
+                   "all_reduce")
         if redop == "avg":
             t.div_(self._world)
 
@@ -78,7 +79,7 @@ class TorchPath(Path):
     def _all_gather(self, call: Call) -> None:
         x, out = call.inputs[0], call.outputs[0]
         chunks = list(_bytes(out).chunk(self._world))
-        self._wait(dist.all_gather(chunks, _bytes(x).clone(), group=self._group, async_op=True), x, "all_gather")
+        self._wait(self._collectives.all_gather(chunks, _bytes(x).clone()), x, "all_gather")
 
     def _all_gatherv(self, call: Call) -> None:
         longest = max(call.sizes)
@@ -87,7 +88,7 @@ class TorchPath(Path):
             padded = torch.zeros(longest * row, dtype=torch.uint8, device=x.device)
             padded[: x.numel() * x.element_size()] = _bytes(x)
             gathered = [torch.empty_like(padded) for _ in range(self._world)]
-            self._wait(dist.all_gather(gathered, padded, group=self._group, async_op=True), x, "all_gather")
+            self._wait(self._collectives.all_gather(gathered, padded), x, "all_gather")
             flat, offset = _bytes(out), 0
             for rows, part in zip(call.sizes, gathered):
                 flat[offset: offset + rows * row] = part[: rows * row]
@@ -109,8 +110,8 @@ class TorchPath(Path):
     def _all_to_allv(self, call: Call) -> None:
         for x, out in zip(call.inputs, call.outputs):
             row = _row_bytes(x)
-            self._wait(dist.all_to_all_single(_bytes(out), _bytes(x), [n * row for n in call.recv_sizes],
-                                              [n * row for n in call.sizes], group=self._group, async_op=True),
+            self._wait(self._collectives.all_to_all_single(_bytes(out), _bytes(x), [n * row for n in call.recv_sizes],
+                                                           [n * row for n in call.sizes]),
                        x, "all_to_all_single")
 
     _RUNNERS = runner_table(locals())
