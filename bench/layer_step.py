@@ -362,6 +362,8 @@ def run(args, device: torch.device) -> list[dict]:
             if variant == "torch-symm-mem" and layer == "ep_moe":
                 results[variant] = "skipped: torch's all_to_all_vdev needs NVSHMEM, which this step does not set up"
                 continue
+            if dist.get_rank() == 0:  # progress: the table comes only at the end
+                print(f"# measuring {layer} / {variant} ...", file=sys.stderr, flush=True)
             try:
                 results[variant] = measure(layer, variant, args, device)
             except Exception as exc:  # noqa: BLE001 - one variant failing must not hide the others

@@ -172,7 +172,7 @@ if [[ $MODE == verify ]]; then
     vrun bench_all_reduce_rmsnorm 120 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
     vrun bench_moe 150 symcomm-bench moe -g "$W" --tokens 1,8,64,512,2048 "${SWEEP[@]}"
     vrun bench_moe_eager 120 symcomm-bench moe -g "$W" --tokens 1,512 -n 5 -w 2 -G 0 --algo all
-    vrun layer_step 200 torchrun --nproc-per-node="$W" bench/layer_step.py --tokens 1,8,64,2048 --iters 10 \
+    vrun layer_step 300 torchrun --nproc-per-node="$W" bench/layer_step.py --tokens 1,8,64,2048 --iters 10 \
       --rounds 2 --json "$VDIR/layer_step.json"
     vrun train_step 150 torchrun --nproc-per-node="$W" bench/train_step.py --iters 10 --rounds 2 \
       --json "$VDIR/train_step.json"

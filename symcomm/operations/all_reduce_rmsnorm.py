@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import check_mode, fp4
-from ..base import Call
+from ..base import Call, capturing
 from ..dispatch import Choice
 from ..errors import PeerMismatchError
 from ..registry import lookup
@@ -195,7 +195,14 @@ def rmsnorm_backward(h: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def check_replicated(call: NormCall, peers: Peers) -> None:
+    """Exchange a digest of residual and weight. Reading it is a synchronisation, which ends a
+    CUDA-graph capture (the capture was invalidated, then the end-of-capture exchange timed out
+    or the next pool teardown aborted the process): during capture every rank exchanges a
+    placeholder instead, so the eager calls before a capture are where the rule is checked."""
     digest = 0
+    if capturing(call.x.device):
+        peers.exchange([-1], kind="check:replicated")
+        return
     for t in (call.residual, call.weight):
         if t is not None:
             bits = t.contiguous().view(torch.int16).reshape(-1).to(torch.int64)

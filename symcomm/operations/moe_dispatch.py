@@ -12,7 +12,9 @@ one all_to_allv on whatever path that op's dispatch picks; it reads the counts o
 Every buffer has a shape equal on every rank (sized by ``max_tokens``, the most tokens any rank
 passes), so inside use_symmetric_memory they take equal pool offsets, as the peer path needs;
 ``out=`` (an earlier call's Dispatched) reuses them, which is how a CUDA graph keeps fixed
-buffers. The receive buffers hold ``capacity`` rows, of which ``expert_offsets[-1]`` (on the
+buffers. The a2a path's own temporaries are sized by each rank's counts, so call it outside
+use_symmetric_memory (it needs no symmetric buffers): inside, they would leave rank-dependent
+holes that move later pool tensors to unequal offsets. The receive buffers hold ``capacity`` rows, of which ``expert_offsets[-1]`` (on the
 device) are used; rows past each expert's count are not written.
 """
 from __future__ import annotations

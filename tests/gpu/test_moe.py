@@ -85,7 +85,10 @@ def _run(comm, tokens: int, hidden: int, quant, combine_quant, algo: str, zero_r
     x, ids, weights = every[rank]
     gs = fp4.global_scale_for(torch.cat([e[0] for e in every])) if quant == "nvfp4" else None
     max_tokens, local = max(counts), E // world
-    with symcomm.use_symmetric_memory(comm):
+    # Only the peer path needs its buffers in the pool. The a2a path allocates temporaries whose
+    # sizes are each rank's own counts: inside the pool they would leave rank-dependent holes that
+    # shift every later pool tensor (check mode then refuses the next peer-path dispatch).
+    with symcomm.use_symmetric_memory(comm, disabled=algo != "peer-push"):
         d = comm.moe_dispatch(x, ids, weights, E, max_tokens=max_tokens, quant=quant, global_scale=gs, algo=algo)
     used = int(d.expert_offsets[-1])
     src = d.handle.recv_src[:used].long()
@@ -133,8 +136,7 @@ def _run(comm, tokens: int, hidden: int, quant, combine_quant, algo: str, zero_r
     # Combine: the expert scales row r by its expert's factor, in fp32, rounded once to bf16.
     decoded = _decode(quant, d.x[:used], None if d.scales is None else d.scales[:used], gs, torch.bfloat16)
     capacity = d.x.shape[0]
-    with symcomm.use_symmetric_memory(comm):
-        expert_out = torch.empty(capacity, hidden, dtype=torch.bfloat16, device=dev)
+    expert_out = torch.empty(capacity, hidden, dtype=torch.bfloat16, device=dev)  # read locally: any memory
     expert_out.fill_(float("nan"))  # rows past `used` must never be read
     expert_out[:used] = (decoded.float() * _factor(expert).to(dev).unsqueeze(1)).to(torch.bfloat16)
     out = comm.moe_combine(expert_out, d.handle, quant=combine_quant, algo=algo)

@@ -97,9 +97,16 @@ def test_all_to_allv_matches_the_reference(comm, dtype):
     counts = [[(3 * r + 5 * p) % 7 for p in range(w)] for r in range(w)]  # zeros included
     xs = [rank_input((sum(counts[r]), 33), dtype, r, 70, comm.device) for r in range(w)]
     want = _a2a_reference(xs, counts)[rank]
+    served = []
     for algo in comm.algorithms("all_to_allv"):
-        got = comm.all_to_allv(xs[rank], counts[rank], [row[rank] for row in counts], algo=algo)
+        try:
+            got = comm.all_to_allv(xs[rank], counts[rank], [row[rank] for row in counts], algo=algo)
+        except symcomm.ArgumentError as exc:  # e.g. nccl-symm: NCCL has no symmetric all-to-all
+            assert "cannot serve" in str(exc), exc
+            continue
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), algo
+        served.append(algo)
+    assert "nccl" in served or comm.device.type == "cpu", served
 
 
 # Every collective's backward; the spec with a CPU output buffer (all_gather out=) is the gloo suite's.
