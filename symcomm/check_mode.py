@@ -40,7 +40,7 @@ def float_bits(value: float) -> int:
 # What scale_bits gives a device scalar during CUDA-graph capture: reading it would synchronize,
 # which ends the capture (and torch then aborts at the next memory pool's teardown). Every rank of
 # a graph_capture() captures alike, so the check compares everything else.
-ON_DEVICE_IN_CAPTURE = 0xFFFFFFFF + 1
+ON_DEVICE_IN_CAPTURE = 1 << 32  # no fp32 bit pattern
 
 
 def scale_bits(scale: float | torch.Tensor | None) -> int:

@@ -80,8 +80,7 @@ class Communicator(OperationMethods):
         # are among those checks (a bad SYMCOMM_TIMEOUT_S on one rank is voted like a bad
         # argument), so until they pass, the bound is the group's own timeout: the documented
         # default, and a number that cannot be wrong.
-        self.timeout_s = min(validate.group_timeout_s(group), settings.MAX_TIMEOUT_S)
-        self.timeout_source = "process group"
+        self.timeout_s, self.timeout_source = validate.group_bound_s(group), "process group"
         self.peers = Peers(group, self.timeout_s)
         try:
             options = {"symmetric": bool(symmetric),

@@ -57,6 +57,12 @@ def group_timeout_s(group: dist.ProcessGroup) -> float:
     return dist.default_pg_timeout.total_seconds()
 
 
+def group_bound_s(group: dist.ProcessGroup) -> float:
+    """The group's own timeout, capped at settings.MAX_TIMEOUT_S (a group may wait longer than
+    symcomm will): the default bound, and the one that holds before the settings are checked."""
+    return min(group_timeout_s(group), settings.MAX_TIMEOUT_S)
+
+
 def timeout(timeout_s: object, group: dist.ProcessGroup) -> tuple[float, str]:
     """(seconds, where they came from): the argument, else SYMCOMM_TIMEOUT_S (both under
     settings.checked_timeout's rule), else the group's own timeout, capped at
@@ -66,7 +72,7 @@ def timeout(timeout_s: object, group: dist.ProcessGroup) -> tuple[float, str]:
     from_env = settings.timeout_s(default=None)
     if from_env is not None:
         return from_env, "SYMCOMM_TIMEOUT_S"
-    return min(group_timeout_s(group), settings.MAX_TIMEOUT_S), "process group"
+    return group_bound_s(group), "process group"
 
 
 def flag(name: str, value: object) -> bool:

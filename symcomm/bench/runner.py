@@ -52,7 +52,6 @@ def pool_bytes(buffer_sizes: Sequence[int]) -> int:
     return sum(segment_bytes(n) for n in buffer_sizes) + _POOL_SLACK
 
 
-
 def buffer_elems(specs: Sequence[OpSpec], sizes: Sequence[int], world: int, itemsize: int) -> tuple[int, int]:
     """Elements of the send and recv buffers that every size of every spec fits, the same on
     every rank. Uneven ops (all_gatherv, reduce_scatterv) give ranks different inputs, so the
@@ -60,6 +59,7 @@ def buffer_elems(specs: Sequence[OpSpec], sizes: Sequence[int], world: int, item
     equal buffers sit at the same pool offset on every rank, as the symmetric kernels need."""
     lays = [s.layout(n, world, itemsize, rank) for s in specs for n in sizes for rank in range(world)]
     return max([lay.in_elems for lay in lays] + [1]), max([lay.out_elems for lay in lays] + [1])
+
 
 class Runner:
     """One communicator's sweep state: the columns to measure (the paths, or the config op's

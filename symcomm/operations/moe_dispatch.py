@@ -14,8 +14,9 @@ passes), so inside use_symmetric_memory they take equal pool offsets, as the pee
 ``out=`` (an earlier call's Dispatched) reuses them, which is how a CUDA graph keeps fixed
 buffers. The a2a path's own temporaries are sized by each rank's counts, so call it outside
 use_symmetric_memory (it needs no symmetric buffers): inside, they would leave rank-dependent
-holes that move later pool tensors to unequal offsets. The receive buffers hold ``capacity`` rows, of which ``expert_offsets[-1]`` (on the
-device) are used; rows past each expert's count are not written.
+holes that move later pool tensors to unequal offsets. The receive buffers hold ``capacity``
+rows, of which ``expert_offsets[-1]`` (on the device) are used; rows past each expert's count
+are not written.
 """
 from __future__ import annotations
 
