@@ -61,7 +61,8 @@ note "$(grep -E '^date|torch ' "$OUT/logs/env.txt" | tr '\n' ' ')"
 note "gpus: $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 
 # python3 -m pip: the image's plain `pip` belongs to another Python, whose scripts cannot import torch.
-if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/logs/build.log" 2>&1; then
+# SKIP_BUILD=1: already built by the caller (two runs side by side must not both run pip in one tree).
+if [[ -z ${SKIP_BUILD:-} ]] && ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/logs/build.log" 2>&1; then
   note "BUILD FAILED (see logs/build.log)"; tail -20 "$OUT/logs/build.log"; exit 1
 fi
 note "build: ok ($(ls symcomm/_native/))"
@@ -122,11 +123,14 @@ sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path
 if [[ $MODE == verify ]]; then
   W=${WORLD:-$NGPU}
   GPU_KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|a100|l40s?' | head -1 | tr 'A-Z' 'a-z')
-  VNAME="$(date -u +%F)_nvidia-${GPU_KIND:-gpu}-x${NGPU}_w${W}_verify"
+  # Named by the host's GPU count (the device kind), which CUDA_VISIBLE_DEVICES may narrow: two
+  # world-2 parts can run side by side on the two pairs of a four-GPU host.
+  HOST_GPUS=$(nvidia-smi -L | wc -l)
+  VNAME="$(date -u +%F)_nvidia-${GPU_KIND:-gpu}-x${HOST_GPUS}_w${W}_verify"
   VDIR="$OUT/$VNAME"; mkdir -p "$VDIR/logs"
   PART=${PART:-all}
   {
-    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W, part $PART, commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W (GPUs ${CUDA_VISIBLE_DEVICES:-all} of $HOST_GPUS), part $PART, commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   } >>"$VDIR/outcomes_part$PART.tsv"
   vrecord() {  # vrecord NAME OUTCOME DETAIL SECONDS COMMAND
     printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$VDIR/outcomes_part$PART.tsv"
