@@ -221,17 +221,20 @@ def open_comm(variant: str, symmetric_bytes: int) -> symcomm.Communicator:
 EP_EAGER = ("symcomm-nccl", "torch.distributed")
 
 
-def build(layer: str, variant: str, comm: symcomm.Communicator, args, capacity: int):
+def build(layer: str, variant: str, comm: symcomm.Communicator, args, capacity: int,
+          experts: dp.MoEWeights | None):
+    """The variant's step and model; ``experts``: the MoE layers' weights, shared by every variant
+    (drawing them per variant took about a minute per EP build on one CPU thread)."""
     if layer == "ep_moe":
         cls = {"torch.distributed": EPTorch, "local": EPLocal}.get(variant, ep.EPMoELayer)
-        model = cls(comm, args.ep, capacity, None)
+        model = cls(comm, args.ep, capacity, None, weights=experts)
         return model.forward, model
     if layer == "dp_moe":
         cls = {"torch.distributed": DPTorch, "torch-symm-mem": DPSymmMem, "local": DPLocal}.get(variant, dp.DPMoELayer)
         ws = dp.Workspace(comm, args.moe, capacity)
         for t in (ws.packed, ws.ids, ws.weights, ws.values, ws.partial):
             t.zero_()  # the local variant reads these without anyone writing them
-        model = cls(comm, args.moe, ws)
+        model = cls(comm, args.moe, ws, weights=experts)
         return lambda hidden: model(hidden, [hidden.shape[0]] * comm.world_size), model
     cls = {"torch.distributed": TPTorch, "torch-symm-mem": TPSymmMem, "local": TPLocal}.get(variant, tp.TPBlock)
     model = cls(comm, args.tp, capacity)
@@ -306,7 +309,17 @@ def time_graph(step, hidden, iters: int, rounds: int, capture_ctx, pool, graphs:
     return timed_rounds(graph.replay, iters, rounds)
 
 
-def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, float]:
+def moe_weights(layer: str, args, device: torch.device) -> dp.MoEWeights | None:
+    """This rank's expert weights for an MoE layer (None for the TP block): the experts a rank
+    holds depend only on its rank and the world, the same for every variant."""
+    cfg = {"dp_moe": args.moe, "ep_moe": args.ep}.get(layer)
+    if cfg is None:
+        return None
+    return dp.MoEWeights(cfg, dp.experts_of(dist.get_rank(), dist.get_world_size(), cfg.experts), device)
+
+
+def measure(layer: str, variant: str, args, device: torch.device,
+            experts: dp.MoEWeights | None) -> dict[int, float]:
     """Microseconds per step for every token count, one communicator for all of them."""
     tokens = args.tokens
     world = dist.get_world_size()
@@ -315,7 +328,7 @@ def measure(layer: str, variant: str, args, device: torch.device) -> dict[int, f
     comm = open_comm(variant, need)
     graphs: list = []
     try:
-        step, model = build(layer, variant, comm, args, max(tokens))
+        step, model = build(layer, variant, comm, args, max(tokens), experts)
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         capture_ctx = comm.graph_capture if variant in SYMCOMM_VARIANTS else contextlib.nullcontext
         times = {}
@@ -350,6 +363,7 @@ def run(args, device: torch.device) -> list[dict]:
     skip_symm = symm_mem_unavailable(device)
     for layer in args.layers:
         results: dict[str, dict[int, float] | str] = {}
+        experts = moe_weights(layer, args, device)
         for variant in VARIANTS:
             if variant == "torch-symm-mem" and skip_symm:
                 results[variant] = f"skipped: {skip_symm}"
@@ -365,7 +379,7 @@ def run(args, device: torch.device) -> list[dict]:
             if dist.get_rank() == 0:  # progress: the table comes only at the end
                 print(f"# measuring {layer} / {variant} ...", file=sys.stderr, flush=True)
             try:
-                results[variant] = measure(layer, variant, args, device)
+                results[variant] = measure(layer, variant, args, device, experts)
             except Exception as exc:  # noqa: BLE001 - one variant failing must not hide the others
                 if variant != "torch-symm-mem":
                     raise

@@ -121,10 +121,13 @@ def gather_tokens(comm: symcomm.Communicator, x: torch.Tensor, gs: torch.Tensor,
 class DPMoELayer:
     """RMSNorm + router + experts sharded over ranks; ``forward`` returns hidden + MoE(hidden)."""
 
-    def __init__(self, comm: symcomm.Communicator, cfg: MoEConfig, ws: Workspace) -> None:
+    def __init__(self, comm: symcomm.Communicator, cfg: MoEConfig, ws: Workspace,
+                 weights: MoEWeights | None = None) -> None:
+        """``weights``: this rank's experts' weights, when already built (drawing them takes
+        seconds per expert set on one CPU thread; bench/layer_step.py shares one set across variants)."""
         self.comm, self.cfg, self.ws = comm, cfg, ws
         self.experts = experts_of(comm.rank, comm.world_size, cfg.experts)
-        self.w = MoEWeights(cfg, self.experts, comm.device)
+        self.w = weights or MoEWeights(cfg, self.experts, comm.device)
         # Group ends are found by searching the sorted expert keys for 1..n: static shapes and no
         # host sync, so the step can be captured in a CUDA graph and compiled without breaks.
         self._group_keys = torch.arange(1, len(self.experts) + 1, device=comm.device)

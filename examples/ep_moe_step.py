@@ -56,12 +56,14 @@ def expert_mlp(w: MoEWeights, rows: torch.Tensor, ends: torch.Tensor) -> torch.T
 class EPMoELayer:
     """RMSNorm + router + experts held by ranks; ``forward`` returns hidden + MoE(hidden)."""
 
-    def __init__(self, comm: symcomm.Communicator, cfg: MoEConfig, capacity: int, quant: str | None) -> None:
+    def __init__(self, comm: symcomm.Communicator, cfg: MoEConfig, capacity: int, quant: str | None,
+                 weights: MoEWeights | None = None) -> None:
+        """``weights``: as for DPMoELayer (this rank's experts' weights, when already built)."""
         if cfg.experts % comm.world_size:
             raise SystemExit(f"--experts ({cfg.experts}) must be a multiple of the world size ({comm.world_size})")
         self.comm, self.cfg, self.capacity, self.quant = comm, cfg, capacity, quant
         self.experts = experts_of(comm.rank, comm.world_size, cfg.experts)
-        self.w = MoEWeights(cfg, self.experts, comm.device)
+        self.w = weights or MoEWeights(cfg, self.experts, comm.device)
         dev, h, k = comm.device, cfg.hidden, cfg.top_k
         # The buffers every step reuses: one dispatch of no tokens allocates them (a collective).
         with symcomm.use_symmetric_memory(comm):
