@@ -116,7 +116,9 @@ sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path
 
 # verify: is this machine's symcomm correct at world W (default: every GPU)? PART=1 runs tests/gpu
 # and every example, PART=2 every symcomm-bench op with --algo all, bench/layer_step.py and
-# bench/train_step.py: each part fits one 10-minute device call; PART=all runs both. Steps go to
+# bench/train_step.py: each part fits one 10-minute device call; PART=all runs both; ONLY (globs)
+# narrows either to the steps it names (docs/measuring.md: two world-2 halves side by side on a
+# four-GPU host). Steps go to
 # $OUT/<date>_<gpu>-x<N>_w<W>_verify/ (logs/ and outcomes_part<N>.tsv), packed as verify.tgz;
 # COMMIT names the commit in its header (the device's copy may lack the repository's history);
 # scripts/verify_report.py prints the one-screen PASS/FAIL table and writes its README.md.
@@ -130,13 +132,20 @@ if [[ $MODE == verify ]]; then
   VDIR="$OUT/$VNAME"; mkdir -p "$VDIR/logs"
   PART=${PART:-all}
   {
-    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W (GPUs ${CUDA_VISIBLE_DEVICES:-all} of $HOST_GPUS), part $PART, commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+    echo "# $(grep -E '^date' "$OUT/logs/env.txt") $(grep -E 'torch ' "$OUT/logs/env.txt"), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), world $W (GPUs ${CUDA_VISIBLE_DEVICES:-all} of $HOST_GPUS), part $PART${ONLY:+ (only: $ONLY)}, commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   } >>"$VDIR/outcomes_part$PART.tsv"
+  wanted() {  # ONLY="glob ...": run just the steps whose names match (the header records ONLY)
+    [[ -z ${ONLY:-} ]] && return 0
+    local pattern patterns; read -ra patterns <<<"$ONLY"  # split without expanding against files
+    for pattern in "${patterns[@]}"; do [[ $1 == $pattern ]] && return 0; done  # unquoted: a glob
+    return 1
+  }
   vrecord() {  # vrecord NAME OUTCOME DETAIL SECONDS COMMAND
     printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$VDIR/outcomes_part$PART.tsv"
     echo "$1: $2 ($3, $4 s)"
   }
   vtests() {  # tests/gpu at world W: a failure, error or skip on any rank fails it
+    wanted tests_gpu || return 0
     local start=$SECONDS cmd="SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node=$W --no-python bash -c 'python3 -m pytest tests/gpu -q -rs -p no:cacheprovider'"
     timeout "${TEST_TIMEOUT:-270}" env SYMCOMM_REQUIRE_GPU=1 torchrun --nproc-per-node="$W" --no-python bash -c \
       "python3 -X faulthandler -m pytest tests/gpu -q -rs -p no:cacheprovider >$VDIR/logs/tests_gpu_r\$RANK.log 2>&1"
@@ -151,6 +160,11 @@ if [[ $MODE == verify ]]; then
   }
   vrun() {  # vrun NAME LIMIT CMD...: passes on exit 0 and, where the output has nccl-tests' check lines, #wrong 0
     local name=$1 limit=$2; shift 2
+    wanted "$name" || return 0
+    # DEADLINE (seconds of this script): a step gets at most what is left, none if under 30 s.
+    local left=$(( ${DEADLINE:-1000000} - SECONDS ))
+    if ((left < 30)); then echo "$name: not run (deadline)"; return 0; fi
+    ((limit > left)) && limit=$left
     local start=$SECONDS log="$VDIR/logs/$name.log"
     timeout "$limit" "$@" >"$log" 2>&1
     local rc=$? outcome=PASS detail
@@ -176,8 +190,10 @@ if [[ $MODE == verify ]]; then
     vrun bench_all_reduce_rmsnorm 120 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
     vrun bench_moe 150 symcomm-bench moe -g "$W" --tokens 1,8,64,512,2048 "${SWEEP[@]}"
     vrun bench_moe_eager 120 symcomm-bench moe -g "$W" --tokens 1,512 -n 5 -w 2 -G 0 --algo all
-    vrun layer_step 300 torchrun --nproc-per-node="$W" bench/layer_step.py --tokens 1,8,64,2048 --iters 10 \
-      --rounds 2 --json "$VDIR/layer_step.json"
+    for layer in dp_moe tp_block ep_moe; do  # one step per layer: a slow or failing one names itself
+      vrun "layer_step_$layer" 240 torchrun --nproc-per-node="$W" bench/layer_step.py --layers "$layer" \
+        --tokens 1,8,64,2048 --iters 10 --rounds 2 --json "$VDIR/layer_step_$layer.json"
+    done
     vrun train_step 150 torchrun --nproc-per-node="$W" bench/train_step.py --iters 10 --rounds 2 \
       --json "$VDIR/train_step.json"
   fi
