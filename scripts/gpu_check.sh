@@ -187,7 +187,7 @@ if [[ $MODE == verify ]]; then
     for op in all_reduce all_gather reduce_scatter all_gatherv reduce_scatterv all_gatherv_fp4; do
       vrun "bench_$op" 120 symcomm-bench "$op" -g "$W" -b 1K -e 64M -f 8 "${SWEEP[@]}"
     done
-    vrun bench_all_reduce_rmsnorm 120 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
+    vrun bench_all_reduce_rmsnorm 240 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
     vrun bench_moe 150 symcomm-bench moe -g "$W" --tokens 1,8,64,512,2048 "${SWEEP[@]}"
     vrun bench_moe_eager 120 symcomm-bench moe -g "$W" --tokens 1,512 -n 5 -w 2 -G 0 --algo all
     for layer in dp_moe tp_block ep_moe; do  # one step per layer: a slow or failing one names itself

@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,25 @@ def test_whole_report_matches_golden_file():
     if os.environ.get("SYMCOMM_UPDATE_GOLDEN") == "1":
         path.write_text(text, encoding="utf-8")
     assert text == path.read_text(encoding="utf-8"), "rerun with SYMCOMM_UPDATE_GOLDEN=1 after a deliberate change"
+
+
+def test_progress_lines_name_each_measurement_as_it_starts(capsys):
+    with rp.Progress(2, "lines") as progress:
+        progress.starting("all_reduce 1024 B auto, round 1 of 1")
+        progress.advance("all_reduce 1024 B auto")
+        progress.starting("all_reduce 2048 B auto, round 1 of 1")
+    out, err = capsys.readouterr()
+    assert out == ""  # never stdout: the table's
+    assert err.splitlines() == ["# progress 1/2: all_reduce 1024 B auto, round 1 of 1",
+                                "# progress 2/2: all_reduce 2048 B auto, round 1 of 1"]
+
+
+def test_progress_mode_bar_on_a_terminal_lines_in_a_log_nothing_off_lead(monkeypatch):
+    from symcomm.bench.runner import progress_mode
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert progress_mode(True, False) == "bar"
+    assert progress_mode(True, True) is None  # rows stream to the same terminal
+    assert progress_mode(False, False) is None
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert progress_mode(True, True) == "lines"
+    assert progress_mode(False, True) is None

@@ -34,7 +34,7 @@ from ..peers import Peers
 from ..errors import DtypeError
 from . import ops, report
 from .config import BaselineConfig, BenchConfig, BenchError
-from .runner import Runner, bar_enabled, sweep
+from .runner import Runner, progress_mode, sweep
 from .spec import Buffers, OpSpec
 
 SCHEMA = "symcomm-bench-baseline/1"
@@ -194,7 +194,7 @@ def run(cfg: BaselineConfig) -> int:
     results: dict[str, list[report.SizeRow]] = {}
     info: report.RunInfo | None = None
     total = len(cfg.sizes) * len(modes) * cfg.rounds
-    with report.Progress(total, bar_enabled(emit.lead, emit.out.isatty())) as progress:
+    with report.Progress(total, progress_mode(emit.lead, emit.out.isatty())) as progress:
         for mode in modes:
             comm = RawNccl.open(nccl, device)
             info, results[mode.name] = _measure(ModeRunner(cfg, comm, mode), emit, progress, info is None)

@@ -363,12 +363,16 @@ def emit_blocks(emit: Emitter, info: RunInfo, rows: Sequence[SizeRow], algos: Se
 
 
 class Progress:
-    """A rich progress bar on stderr, or nothing. Never writes to stdout."""
+    """Progress on stderr, never stdout. ``mode``: "bar" (a rich bar, for a terminal), "lines"
+    (one line as each measurement starts, for a log: a sweep that stalls then names the path and
+    size it stalled in, which a bar erased at exit or a table printed at the end cannot), or None."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int, mode: str | None):
         self._bar = None
         self._task = None
-        if enabled and total > 0:
+        self._lines = mode == "lines" and total > 0
+        self._total, self._started = total, 0
+        if mode == "bar" and total > 0:
             from rich.console import Console
             from rich.progress import Progress as RichProgress
 
@@ -380,6 +384,12 @@ class Progress:
         if self._bar is not None:
             self._bar.start()
         return self
+
+    def starting(self, description: str) -> None:
+        """A measurement begins (lines mode prints it; the bar moves on ``advance``)."""
+        self._started += 1
+        if self._lines:
+            print(f"# progress {self._started}/{self._total}: {description}", file=sys.stderr, flush=True)
 
     def advance(self, description: str) -> None:
         if self._bar is not None:

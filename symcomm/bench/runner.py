@@ -263,6 +263,7 @@ class Runner:
         for round_ in range(cfg.rounds):
             last = round_ == cfg.rounds - 1
             for i, algo in enumerate(algos):
+                progress.starting(f"{op} {lay.nbytes} B {algo}, round {round_ + 1} of {cfg.rounds}")
                 for j, inplace in enumerate((False, True)):
                     if math.isnan(stats[i, 2 * j]):  # absent or refused: the same every round
                         continue
@@ -378,9 +379,14 @@ def sweep(runner: Runner, op: str, progress: report.Progress,
     return rows
 
 
-def bar_enabled(lead: bool, streaming_to_terminal: bool) -> bool:
-    # The bar shares the terminal with the table only when rows are not streaming to it.
-    return lead and sys.stderr.isatty() and not streaming_to_terminal
+def progress_mode(lead: bool, streaming_to_terminal: bool) -> str | None:
+    """What report.Progress shows on the lead rank: a bar on a terminal (only when rows are not
+    streaming to it: they would share it), a line per measurement where stderr is a file or pipe."""
+    if not lead:
+        return None
+    if sys.stderr.isatty():
+        return None if streaming_to_terminal else "bar"
+    return "lines"
 
 
 def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
@@ -397,8 +403,8 @@ def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
     emit(report.header_lines(info))
     if streaming:
         emit(report.block_header(runner.algos[0]))
-    show_bar = bar_enabled(emit.lead, streaming and emit.out.isatty())
-    with report.Progress(len(cfg.sizes) * len(runner.algos) * cfg.rounds, show_bar) as progress:
+    mode = progress_mode(emit.lead, streaming and emit.out.isatty())
+    with report.Progress(len(cfg.sizes) * len(runner.algos) * cfg.rounds, mode) as progress:
         on_size = (lambda size_rows: emit([report.format_row(r, info) for r in size_rows])) \
             if streaming else None
         rows = sweep(runner, cfg.op, progress, on_size)

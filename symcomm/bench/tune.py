@@ -24,7 +24,7 @@ from ..rmsnorm import OP as NORM_KEY
 from . import ops, report
 from .config import DATATYPES, TUNE_OPS, BenchError, TuneConfig
 from .norm_spec import ALL_REDUCE_RMSNORM, NORMABLE
-from .runner import Runner, bar_enabled, sweep
+from .runner import Runner, progress_mode, sweep
 
 # Dispatch key -> (op measured, in-place column?). In-place calls dispatch by rows of their own
 # (Call.table_key): at world 2, 16 MiB, in-place one-shot took 74.13 us against two-shot's 68.79
@@ -185,7 +185,7 @@ def run(cfg: TuneConfig, comm) -> int:
     wrong: dict[str, dict[str, list[int]]] = {}
     status = 0
     total = (len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos) + len(nsizes) * len(norm_columns)) * cfg.rounds
-    with report.Progress(total, bar_enabled(emit.lead, False)) as progress:
+    with report.Progress(total, progress_mode(emit.lead, False)) as progress:
         for op in TUNE_OPS:
             labels = ops.spec(op).labels(cfg.type_name, cfg.redop)
             info = dataclasses.replace(base, op=op, **labels._asdict())
