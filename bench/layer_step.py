@@ -19,6 +19,7 @@ same run:
                         its low-contention all-gather / reduce-scatter for DP), where the
                         installed torch has it; otherwise the row says why it was skipped
     local               the same step with every collective replaced by a no-op: compute alone
+                        (TP: symcomm.rmsnorm's add + RMSNorm, the norm symcomm's variants run)
 
 DP and EP rows: tokens per rank, every rank at the same count (graph replay needs static sizes,
 and serving pads ranks to the bucket). TP rows: tokens per step (every rank holds all). EP:
@@ -195,9 +196,13 @@ class TPSymmMem(tp.TPBlock):
 
 
 class TPLocal(tp.TPBlock):
+    """No all-reduce, and the norm symcomm's variants run after theirs (symcomm.rmsnorm's kernel
+    where it runs): with torch's add and RMSNorm here, 'step - local' credited the kernel's
+    speed-up to symcomm's communication and came out negative (bench/NOTES.md, 2026-11-28)."""
+
     def all_reduce_add_rmsnorm(self, partial, residual, weight):
-        hidden = residual + partial
-        return rms_norm(hidden, weight, self.cfg.eps), hidden
+        got = symcomm.rmsnorm.add_rmsnorm(partial, weight, residual=residual, eps=self.cfg.eps)
+        return got.out, got.residual
 
 
 # ------------------------------------------------------------------ building and timing
