@@ -21,7 +21,7 @@
 # gpu_check.sh's fallback on the GPU machine, with NCCL_TESTS_SRC=.nccl-tests/src.
 #
 # Settings: NCCL_VERSION (default 2.28.9, the image's), NCCL_TESTS_SRC (default the shared
-# checkout beside the repository, ../shared/nccl-tests), NCCL_WHEEL_DIR (a folder that already
+# checkout in the folder beside the repository: shared, then nccl-tests), NCCL_WHEEL_DIR (a folder that already
 # holds the wheel; otherwise it is downloaded into build/nccl-tests/wheel/), CUDA_HOME (default
 # /usr/local/cuda), NVCC_GENCODE (default sm_90 only), JOBS (make -j, default the core count).
 set -euo pipefail
@@ -47,7 +47,7 @@ SRC=$(cd "$SRC" && pwd)
 # for the linker (the wheel ships only libnccl.so.2, which is also the name the binaries record).
 # Symlinks, so that the GPU machine's fallback build copies nothing out of its 218 MB library.
 NCCL=$WORK/nccl-home
-stage_nccl() {  # stage_nccl DIR: DIR holds include/nccl.h and lib/libnccl.so.2
+stage_nccl() {  # stage_nccl DIR: the folder that holds the headers (include) and libnccl.so.2 (lib)
   rm -rf "$NCCL" && mkdir -p "$NCCL/lib"
   ln -s "$1/include" "$NCCL/include"
   ln -s "$1/lib/libnccl.so.2" "$NCCL/lib/libnccl.so"
