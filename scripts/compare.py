@@ -220,6 +220,33 @@ def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
     return num / den if num is not None and den else None
 
 
+def _label(mode: str) -> str:
+    return f"nccl-tests -{mode[0]} {mode[1]}"  # "R0" -> "nccl-tests -R 0", its own flag
+
+
+def _unfinished(mode: str, run: Optional[NcclRun]) -> list[str]:
+    if run is None:
+        return [f"{_label(mode)}: no output"]
+    if not run.rows:
+        return [f"{_label(mode)}: no rows (did it start?)"]
+    if run.footer_wrong is None:
+        return [f"{_label(mode)}: no footer, the run did not finish"]
+    return []
+
+
+def _mismatches(mode: str, run: NcclRun, sym: SymcommRun) -> list[str]:
+    """What makes one nccl-tests run's times no yardstick for this symcomm-bench run."""
+    problems = []
+    if run.world is not None and run.world != sym.world:
+        problems.append(f"world differs: {_label(mode)} {run.world}, symcomm {sym.world}")
+    if run.library and sym.nccl and run.library != _dotted(sym.nccl):
+        problems.append(f"NCCL differs: {_label(mode)} ran {run.library}, symcomm {sym.nccl}")
+    types = {r.type_name for r in run.rows.values()}
+    if types and types != {sym.dtype}:
+        problems.append(f"datatype differs: {_label(mode)} {'/'.join(sorted(types))}, symcomm {sym.dtype}")
+    return problems
+
+
 def compare_op(op: str, nccl: dict[str, Optional[NcclRun]], sym: Optional[SymcommRun]) -> OpResult:
     """One op's rows, sizes matched on bytes, plus what keeps the numbers from being comparable."""
     problems: list[str] = []
@@ -227,15 +254,10 @@ def compare_op(op: str, nccl: dict[str, Optional[NcclRun]], sym: Optional[Symcom
     wrong: dict[str, Optional[int]] = {}
     for mode in MODES:
         run = nccl.get(mode)
+        problems += _unfinished(mode, run)
         wrong[mode] = run.wrong if run is not None and run.rows else None
-        if run is None:
-            problems.append(f"nccl-tests -{mode[0]} {mode[1]}: no output")
-            continue
-        sources[f"nccl_tests_{mode}"] = run.version or "version line missing"
-        if not run.rows:
-            problems.append(f"nccl-tests -{mode[0]} {mode[1]}: no rows (did it start?)")
-        elif run.footer_wrong is None:
-            problems.append(f"nccl-tests -{mode[0]} {mode[1]}: no footer, the run did not finish")
+        if run is not None:
+            sources[f"nccl_tests_{mode}"] = run.version or "version line missing"
     wrong["symcomm"] = None if sym is None else sym.wrong
     if sym is None:
         problems.append("symcomm-bench: no JSON")
@@ -244,18 +266,8 @@ def compare_op(op: str, nccl: dict[str, Optional[NcclRun]], sym: Optional[Symcom
         if sym.op != op:
             problems.append(f"symcomm-bench JSON is for {sym.op}, not {op}")
         for mode in MODES:
-            run = nccl.get(mode)
-            if run is None:
-                continue
-            if run.world is not None and run.world != sym.world:
-                problems.append(f"world differs: nccl-tests -{mode[0]} {mode[1]} {run.world}, symcomm {sym.world}")
-            if run.library and sym.nccl and run.library != _dotted(sym.nccl):
-                problems.append(f"NCCL differs: nccl-tests -{mode[0]} {mode[1]} ran {run.library}, "
-                                f"symcomm {sym.nccl}")
-            types = {r.type_name for r in run.rows.values()}
-            if types and types != {sym.dtype}:
-                problems.append(f"datatype differs: nccl-tests -{mode[0]} {mode[1]} {'/'.join(sorted(types))}, "
-                                f"symcomm {sym.dtype}")
+            if (run := nccl.get(mode)) is not None:
+                problems += _mismatches(mode, run, sym)
 
     symm_paths = [p for p in sym.paths if is_symm_mem(p)] if sym else []
     sizes = sorted({*(sym.times if sym else {}), *(n for run in nccl.values() if run for n in run.rows)})
