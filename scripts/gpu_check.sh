@@ -236,10 +236,13 @@ if [[ $MODE == compare ]]; then
   [[ -x .nccl-tests/bin/all_reduce_perf ]] || note "compare: no .nccl-tests/bin (run scripts/build_nccl_tests.sh on the CPU machine and carry .nccl-tests)"
   # bfloat16 on both sides: symcomm-bench's default on GPUs, where nccl-tests' is float.
   flags=(-b 1K -e "${BENCH_MAX:-256M}" -f 4 -n 20 -w 5 -G 20 -d bfloat16)
+  # One thread drives every GPU (-g W); NCCL_TESTS_THREADS=1 gives each GPU its own thread
+  # (-t W -g 1), closer to the one-process-per-GPU runs of measuring.md's reference numbers.
+  ranks=(-g "$W"); [[ ${NCCL_TESTS_THREADS:-} == 1 ]] && ranks=(-t "$W" -g 1)
   for op in ${BENCH_OPS:-all_reduce all_gather reduce_scatter}; do
     bin=.nccl-tests/bin/${op}_perf
     for reg in 0 2; do
-      if [[ -x $bin ]]; then step "$CMP/${op}_nccl_tests_R$reg" 90 "${NT[@]}" "$bin" -g "$W" "${flags[@]}" -R "$reg"
+      if [[ -x $bin ]]; then step "$CMP/${op}_nccl_tests_R$reg" 90 "${NT[@]}" "$bin" "${ranks[@]}" "${flags[@]}" -R "$reg"
       else note "$CMP/${op}_nccl_tests_R$reg: NOT RUN (no $bin)"; fi
     done
     # symcomm-bench's -R is its rounds (the median of interleaved runs), not nccl-tests' registration.
