@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
-#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|fused|memory|single|build|verify] [OUT]
+#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|fused|memory|single|build|verify|compare] [OUT]
 #   tests = GPU tests per world; bench = per world, tune then, for each op, NCCL alone in its
 #   process (`symcomm-bench baseline`) and `--algo all` with the freshly tuned table (so auto is
 #   measured with it) compared with that baseline, and eager costs; all = both;
@@ -17,6 +17,9 @@
 #   benchmark) and scripts/world1_check.py (every op, symmetric memory, graphs, FP4 at world 1);
 #   build = scripts/time_build.sh: the former single nvcc call against setup.py's build, cold
 #   and warm, twice, interleaved (BUILD_ROUNDS).
+#   compare = symcomm auto against NVIDIA's nccl-tests (-R 0 and -R 2) and PyTorch's symmetric
+#   memory, per op and size at one world (WORLD, default every GPU): needs .nccl-tests/ from
+#   scripts/build_nccl_tests.sh, carried; scripts/compare.py writes the tables (DEADLINE, default 520).
 #   Every step has its own timeout and re-packs $OUT/partial.tgz, so what finished comes back
 #   even if the call is cut off.
 #   Narrower runs: TESTS (pytest paths, default tests/gpu), BENCH_OPS (default all_reduce
@@ -75,6 +78,8 @@ run_membership() {
 step() {  # step NAME TIMEOUT CMD...: run unless the deadline is near, then re-pack
   local name=$1 limit=$2; shift 2
   if (( SECONDS + 20 > ${DEADLINE:-1000000} )); then note "$name: SKIPPED (deadline)"; return; fi
+  # At most what is left before the deadline, so the steps after it and the packing still run.
+  (( limit > ${DEADLINE:-1000000} - SECONDS - 10 )) && limit=$(( ${DEADLINE:-1000000} - SECONDS - 10 ))
   timeout "$limit" "$@" >"$OUT/results/$name.txt" 2>"$OUT/logs/$name.err"
   note "$name: exit $? at ${SECONDS}s"
   tar -czf "$OUT/partial.tgz" -C "$OUT" logs results summary.txt 2>/dev/null
@@ -199,6 +204,56 @@ if [[ $MODE == verify ]]; then
   fi
   python3 scripts/verify_report.py "$VDIR" | tee -a "$SUMMARY"
   tar -czf "$OUT/verify.tgz" -C "$OUT" "$VNAME" && rm -rf "${VDIR:?}"
+fi
+# compare: symcomm auto against NVIDIA's nccl-tests, the external yardstick, in the same call at
+# world W (default every GPU), per op (BENCH_OPS) and size (1K to BENCH_MAX by 4): nccl-tests
+# with plain buffers (-R 0) and with symmetric windows (-R 2), one process driving every GPU
+# (-g W, MPI=0), then symcomm-bench --algo all with the same sizes, iterations and datatype, whose
+# symm_mem* paths (PyTorch's symmetric memory), where it has them, are yardsticks too. Raw
+# outputs stay in results/compare_w<W>/ beside compare.md and compare.json (scripts/compare.py:
+# exit 1 on any #wrong). The binaries come from scripts/build_nccl_tests.sh on the CPU machine
+# (carry .nccl-tests); where this image refuses them they are rebuilt here from the sources
+# carried beside them, against the image's own NCCL.
+nccl_tests_libdir() {  # the image's libnccl: the nvidia-nccl-cu13 wheel in torch's venv, which torch and symcomm load
+  # nvidia.nccl is a namespace package (no __init__.py, no __file__): its __path__ says where it is.
+  python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))'
+}
+if [[ $MODE == compare ]]; then
+  DEADLINE=${DEADLINE:-520}
+  W=${WORLD:-$NGPU}
+  CMP=compare_w$W
+  mkdir -p "$OUT/results/$CMP" "$OUT/logs/$CMP"
+  NCCL_LIB=$(nccl_tests_libdir) || note "compare: no nvidia.nccl in $(command -v python3): nccl-tests cannot find libnccl"
+  NT=(env LD_LIBRARY_PATH="$NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  { echo "libnccl for nccl-tests: $NCCL_LIB"; ls -l "$NCCL_LIB"; cat .nccl-tests/BUILD_INFO; } >"$OUT/logs/$CMP/nccl_tests_env.txt" 2>&1
+  chmod +x .nccl-tests/bin/* 2>/dev/null  # in case the copy lost the mode bits
+  # -h parses the options and exits before any CUDA call: it fails only if the loader does.
+  if [[ -x .nccl-tests/bin/all_reduce_perf ]] \
+    && ! timeout 30 "${NT[@]}" .nccl-tests/bin/all_reduce_perf -h >/dev/null 2>"$OUT/logs/$CMP/load_check.err"; then
+    note "compare: the carried nccl-tests do not load here ($(head -1 "$OUT/logs/$CMP/load_check.err")); rebuilding"
+    step "$CMP/rebuild_nccl_tests" 240 env NCCL_INSTALLED=1 NCCL_TESTS_SRC=.nccl-tests/src bash scripts/build_nccl_tests.sh
+  fi
+  [[ -x .nccl-tests/bin/all_reduce_perf ]] || note "compare: no .nccl-tests/bin (run scripts/build_nccl_tests.sh on the CPU machine and carry .nccl-tests)"
+  # bfloat16 on both sides: symcomm-bench's default on GPUs, where nccl-tests' is float.
+  flags=(-b 1K -e "${BENCH_MAX:-256M}" -f 4 -n 20 -w 5 -G 20 -d bfloat16)
+  # One thread drives every GPU (-g W); NCCL_TESTS_THREADS=1 gives each GPU its own thread
+  # (-t W -g 1), closer to the one-process-per-GPU runs of measuring.md's reference numbers.
+  ranks=(-g "$W"); [[ ${NCCL_TESTS_THREADS:-} == 1 ]] && ranks=(-t "$W" -g 1)
+  for op in ${BENCH_OPS:-all_reduce all_gather reduce_scatter}; do
+    bin=.nccl-tests/bin/${op}_perf
+    for reg in 0 2; do
+      if [[ -x $bin ]]; then step "$CMP/${op}_nccl_tests_R$reg" 90 "${NT[@]}" "$bin" "${ranks[@]}" "${flags[@]}" -R "$reg"
+      else note "$CMP/${op}_nccl_tests_R$reg: NOT RUN (no $bin)"; fi
+    done
+    # symcomm-bench's -R is its rounds (the median of interleaved runs), not nccl-tests' registration.
+    step "$CMP/${op}_symcomm" 200 symcomm-bench "$op" -g "$W" "${flags[@]}" -R "$ROUNDS" --algo all \
+      --json "$OUT/results/$CMP/${op}_symcomm.json"
+  done
+  # Outside step: it takes a second, and the deadline must not skip the one table the call is for.
+  timeout 60 python3 scripts/compare.py "$OUT/results/$CMP" --md "$OUT/results/$CMP/compare.md" \
+    --json "$OUT/results/$CMP/compare.json" >"$OUT/logs/$CMP/compare.txt" 2>&1
+  note "compare: exit $? (1: a #wrong above 0; 2: missing or incomparable input)"
+  tee -a "$SUMMARY" <"$OUT/logs/$CMP/compare.txt"
 fi
 if [[ $MODE == release ]]; then  # most important first: later steps are skipped at the deadline
   DEADLINE=${DEADLINE:-420}
