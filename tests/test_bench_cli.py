@@ -271,10 +271,10 @@ def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path, mo
                      "-e", "2K", "-n", "1", "-w", "0", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     na_rows = [l for l in text.splitlines() if not l.startswith("#") and l.split()[5:] == ["N/A"] * 8]
-    assert len(na_rows) == 4  # 2 sizes x blocks "torch" and "auto"
+    assert len(na_rows) == 8  # 2 sizes x blocks "torch", "auto" and torch's symm_mem-oneshot and -twoshot
     assert "# torch refused some calls (N/A above), first: torch at 1024 B out-of-place" in text
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 8 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
+    assert len(rows) == 16 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
 
 
 def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tmp_path, monkeypatch):
@@ -294,7 +294,9 @@ def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tm
     assert "median of 3 rounds" in capsys.readouterr().out
     payload = json.loads(out.read_text())
     times = {(r["algo"], r["inplace"]): r["time_us"] for r in payload["rows"]}
-    assert times == {("torch", False): 5.0, ("torch", True): 6.0, ("auto", False): 7.0, ("auto", True): 8.0}
+    # torch's symmetric-memory columns are refused on the CPU: no sample, no time
+    refused = {(column, inplace): None for column in ("symm_mem-oneshot", "symm_mem-twoshot") for inplace in (False, True)}
+    assert times == {("torch", False): 5.0, ("torch", True): 6.0, ("auto", False): 7.0, ("auto", True): 8.0, **refused}
     assert payload["rounds"] == 3 and len(checked) == 4
     assert next(samples, None) is None  # exactly three passes
 
