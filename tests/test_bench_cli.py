@@ -237,6 +237,8 @@ def test_rmsnorm_columns_run_clean_and_count_an_injected_wrong_element(world_of_
                for i, block in enumerate(blocks) if i not in absent for *_, w_oop, w_ip in block)
     assert "Using algo: auto+nvfp4" in out and "Using algo: unfused" in out and "x is [tokens, 8192]" in out
     assert "# fused-oneshot refused some calls (N/A above), first: fused-oneshot at 16384 B" in out
+    assert ("# symm_mem+torch refused some calls (N/A above), first: symm_mem+torch at 16384 B out-of-place: "
+            "torch's symmetric memory needs CUDA") in out
     monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
     monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
     assert cli.main(args[:-6] + ["-b", "16K", "-e", "16K", "-n", "1", "-w", "0"]) == 1

@@ -42,7 +42,7 @@ from . import check, torch_symm
 from .collectives import AllReduce, all_reduce_call
 from .config import DATATYPES, BenchError
 from .sizes import Layout
-from .spec import Buffers, Case, Cases, Inputs, Setup
+from .spec import Buffers, Case, Cases, Inputs, Refusal, Setup
 
 HIDDEN = 8192  # one of the model sizes (7168 is the other): a hidden flag would go here
 EPS = 1e-6
@@ -51,7 +51,6 @@ SYMM_MEM = "symm_mem+torch"
 # torch's symmetric-memory one-shot all-reduce up to here, two-shot above: torch leaves the
 # choice to its caller, and bench/layer_step.py splits at the same size
 SYMM_MEM_ONE_SHOT_MAX = 512 << 10
-SYMM_MEM_OPS = (*torch_symm.OPS[torch_symm.ONE_SHOT], *torch_symm.OPS[torch_symm.TWO_SHOT])
 # column -> (the norm path it forces, or None for --algo's path; quant mode). Each fused path
 # has a column of its own: once the tuned table prefers the unfused path, the auto columns
 # alone would no longer show what fusing costs or gains (N/A where a path cannot serve).
@@ -114,22 +113,26 @@ class AllReduceRmsnorm(AllReduce):
             exp_y = _expected_y(exp_h, weight, dtype, setup.world)
         ar = "nccl" if "nccl" in comm.algorithms() else "torch"
         baseline_y: list[torch.Tensor] = [y]
-        symm_cache: list[torch_symm.SymmBuffer | None] = []
+        symm_cache: list[torch_symm.SymmBuffer] = []
+        # What torch would refuse (the CPU, half rows) is refused before the rendezvous.
+        symm_column = torch_symm.ONE_SHOT if x.nbytes <= SYMM_MEM_ONE_SHOT_MAX else torch_symm.TWO_SHOT
+        symm_refusal = torch_symm.all_reduce_refusal(symm_column, dtype, x.nbytes, "sum", device)
 
-        def symm() -> torch_symm.SymmBuffer | None:
+        def symm() -> torch_symm.SymmBuffer:
             # Made when the symm_mem+torch column is first asked for (tune never asks): the
             # rendezvous is collective, and every rank asks for the columns in the same order.
             if not symm_cache:
-                usable = tokens and torch_symm.unavailable(device, SYMM_MEM_OPS) is None
-                symm_cache.append(torch_symm.rendezvous_empty(x.shape, dtype, device) if usable else None)
+                symm_cache.append(torch_symm.rendezvous_empty(x.shape, dtype, device))
             return symm_cache[0]
 
-        def case(variant: str, inplace: bool) -> Case | None:
+        def case(variant: str, inplace: bool) -> Case | Refusal | None:
             new_h = residual if inplace else h
             quant = _QUANT.get(variant)
             out = y if quant is None else quantized[quant]
-            if variant == SYMM_MEM and symm() is None:
+            if variant == SYMM_MEM and not tokens:
                 return None
+            if variant == SYMM_MEM and symm_refusal is not None:
+                return Refusal(symm_refusal)
             if variant == BASELINE:
                 def call() -> object:
                     comm.all_reduce(x, out=a, algo=ar)
