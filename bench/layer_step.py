@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import symcomm  # noqa: E402
 from symcomm import fp4  # noqa: E402
-from symcomm.bench import norm_spec  # noqa: E402
+from symcomm.bench import torch_symm  # noqa: E402
 from symcomm.ep import layout  # noqa: E402
 
 import dp_moe_step as dp  # noqa: E402
@@ -207,8 +207,8 @@ class TPLocal(tp.TPBlock):
 
 # ------------------------------------------------------------------ building and timing
 def symm_mem_unavailable(device: torch.device) -> str | None:
-    return norm_spec.symm_mem_unavailable(device, ("one_shot_all_reduce", "two_shot_all_reduce_",
-                                                   "_low_contention_all_gather", "_low_contention_reduce_scatter"))
+    return torch_symm.unavailable(device, ("one_shot_all_reduce", "two_shot_all_reduce_",
+                                           "_low_contention_all_gather", "_low_contention_reduce_scatter"))
 
 
 def open_comm(variant: str, symmetric_bytes: int) -> symcomm.Communicator:

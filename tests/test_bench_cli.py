@@ -127,6 +127,19 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--unknown-flag"], "unrecognized"),
     (["all_reduce", "--device", "cpu", "--algo", "fastest"], "--algo fastest is not available on this communicator"),
     (["all_reduce", "--algo", "no such"], "not a path name"),
+    (["all_reduce", "--algo", "torch,no such"], "not a path name"),
+    (["all_reduce", "--algo", "all,torch"], "'all' stands alone"),
+    (["all_reduce", "--algo", "torch,torch"], "names each column once"),
+    (["all_reduce_rmsnorm", "--algo", "auto,unfused"], "columns are fixed"),
+    (["all_reduce", "--device", "cpu", "--algo", "torch,fastest", "-b", "1K", "-e", "1K"],
+     "(available: auto, all, torch, symm_mem-oneshot, symm_mem-twoshot)"),
+    (["all_gatherv", "--device", "cpu", "--algo", "symm_mem-lowcontention", "-b", "1K", "-e", "1K"],
+     "--algo symm_mem-lowcontention is not available"),
+    # a comparison column alone that cannot run: one line with torch's reason, before the header
+    (["all_reduce", "--device", "cpu", "--algo", "symm_mem-oneshot", "-b", "1K", "-e", "1K"],
+     "on this cpu communicator: symm_mem-oneshot: torch's symmetric memory needs CUDA"),
+    (["reduce_scatter", "--device", "cpu", "--algo", "symm_mem-lowcontention", "-b", "1K", "-e", "1K"],
+     "symm_mem-lowcontention: torch's symmetric memory needs CUDA"),
     (["all_reduce", "--plot", "out.jpg"], "ending in .png"),
     (["all_gatherv_fp4", "--device", "cpu", "-d", "int32"], "quantizes bfloat16, half or float rows"),
     (["all_reduce_rmsnorm", "--device", "cpu", "-d", "float"], "normalises bfloat16 or half rows"),
@@ -159,6 +172,14 @@ def test_algo_missing_on_the_communicator_is_a_usage_error(capsys, monkeypatch):
     assert "not available on this communicator" in _one_error_line(captured.err)
     assert captured.out == ""
     assert not torch.distributed.is_initialized()  # torn down, so the process can init again
+
+
+def test_algo_takes_a_list_of_paths_and_comparison_columns_and_tune_takes_none():
+    args = cli.build_parser().parse_args(["all_reduce", "--algo", "auto,symm_mem-oneshot,symm_mem-twoshot"])
+    assert cli.build_config(args, "cpu").algo == "auto,symm_mem-oneshot,symm_mem-twoshot"
+    assert cli.build_config(cli.build_parser().parse_args(["all_reduce", "--algo", "all"]), "cpu").with_comparisons
+    tuned = cli.build_tune_config(cli.build_tune_parser().parse_args([]), "cpu")
+    assert (tuned.algo, tuned.with_auto, tuned.with_comparisons) == ("all", False, False)
 
 
 def test_flags_map_to_config():
@@ -216,11 +237,46 @@ def test_rmsnorm_columns_run_clean_and_count_an_injected_wrong_element(world_of_
                for i, block in enumerate(blocks) if i not in absent for *_, w_oop, w_ip in block)
     assert "Using algo: auto+nvfp4" in out and "Using algo: unfused" in out and "x is [tokens, 8192]" in out
     assert "# fused-oneshot refused some calls (N/A above), first: fused-oneshot at 16384 B" in out
+    assert ("# symm_mem+torch refused some calls (N/A above), first: symm_mem+torch at 16384 B out-of-place: "
+            "torch's symmetric memory needs CUDA") in out
     monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
     monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
     assert cli.main(args[:-6] + ["-b", "16K", "-e", "16K", "-n", "1", "-w", "0"]) == 1
     wrong = [(w_oop, w_ip) for *_, w_oop, w_ip in table_rows(capsys.readouterr().out)]
     assert wrong == [("1", "1"), ("N/A", "N/A"), ("1", "1")] + [("N/A", "N/A")] * 3 + [("1", "1")] * 3
+
+
+def test_torchs_symmetric_memory_columns_are_na_with_the_reason_on_the_cpu(world_of_one, capsys, tmp_path):
+    """--algo all times PyTorch's symmetric memory beside the paths; on the CPU it cannot run:
+    N/A in both modes, one reason line, null in the JSON, '-' in the summary, exit 0."""
+    out = tmp_path / "ar.json"
+    assert cli.main(["all_reduce", "--device", "cpu", "--algo", "all", "-b", "1K", "-e", "2K", "-n", "1", "-w", "0",
+                     "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert [line for line in text.splitlines() if line.startswith("# Using algo:")] == [
+        "# Using algo: torch", "# Using algo: auto", "# Using algo: symm_mem-oneshot", "# Using algo: symm_mem-twoshot"]
+    rows = table_rows(text)  # 2 sizes of torch, auto, then the two N/A blocks
+    assert all(w_oop == "0" and w_ip == "0" for *_, w_oop, w_ip in rows[:4])
+    assert [line for line in text.splitlines() if line.split()[5:] == ["N/A"] * 8] == [
+        line for line in text.splitlines() if not line.startswith("#")][4:8]
+    for column in ("symm_mem-oneshot", "symm_mem-twoshot"):
+        assert (f"# {column} refused some calls (N/A above), first: {column} at 1024 B out-of-place: "
+                "torch's symmetric memory needs CUDA") in text
+    assert "out-of-place and in-place time the same call" in text  # the header's note on the columns
+    assert "'auto vs symm_mem' = the fastest of symm_mem-oneshot, symm_mem-twoshot's times" in text
+    summary = [line for line in text.splitlines() if line.startswith("│")]
+    assert len(summary) == 2 and all(line.rstrip("│ ").endswith("-") for line in summary)
+    payload = json.loads(out.read_text())["rows"]
+    theirs = [r for r in payload if r["algo"].startswith("symm_mem-")]
+    assert len(theirs) == 8 and all(r["time_us"] is None and r["wrong"] is None for r in theirs)
+
+
+def test_all_gather_lists_the_low_contention_column_and_the_v_ops_none(world_of_one, capsys):
+    assert cli.main(["all_gather", "--device", "cpu", "--algo", "all", "-b", "1K", "-e", "1K", "-n", "1",
+                     "-w", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "# Using algo: symm_mem-lowcontention" in text
+    assert "# symm_mem-lowcontention refused some calls (N/A above)" in text
 
 
 def test_fp4_gather_counts_an_injected_wrong_byte(world_of_one, capsys, monkeypatch):
@@ -271,10 +327,10 @@ def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path, mo
                      "-e", "2K", "-n", "1", "-w", "0", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     na_rows = [l for l in text.splitlines() if not l.startswith("#") and l.split()[5:] == ["N/A"] * 8]
-    assert len(na_rows) == 4  # 2 sizes x blocks "torch" and "auto"
+    assert len(na_rows) == 8  # 2 sizes x blocks "torch", "auto" and torch's symm_mem-oneshot and -twoshot
     assert "# torch refused some calls (N/A above), first: torch at 1024 B out-of-place" in text
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 8 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
+    assert len(rows) == 16 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
 
 
 def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tmp_path, monkeypatch):
@@ -294,7 +350,9 @@ def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tm
     assert "median of 3 rounds" in capsys.readouterr().out
     payload = json.loads(out.read_text())
     times = {(r["algo"], r["inplace"]): r["time_us"] for r in payload["rows"]}
-    assert times == {("torch", False): 5.0, ("torch", True): 6.0, ("auto", False): 7.0, ("auto", True): 8.0}
+    # torch's symmetric-memory columns are refused on the CPU: no sample, no time
+    refused = {(column, inplace): None for column in ("symm_mem-oneshot", "symm_mem-twoshot") for inplace in (False, True)}
+    assert times == {("torch", False): 5.0, ("torch", True): 6.0, ("auto", False): 7.0, ("auto", True): 8.0, **refused}
     assert payload["rounds"] == 3 and len(checked) == 4
     assert next(samples, None) is None  # exactly three passes
 

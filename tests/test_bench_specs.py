@@ -20,7 +20,7 @@ from symcomm.bench.spec import Buffers
 BENCH = Path(ops.__file__).resolve().parent
 ALL_REDUCES = ("all_reduce", "all_reduce_rmsnorm")  # every rank holds the whole message
 TWO_WAY = ("moe",)  # rows go out (dispatch) and come back (combine): twice a one-way share
-SPEC_MODULES = ("spec", "collectives", "fp4_spec", "norm_spec", "moe_spec", "ops")
+SPEC_MODULES = ("spec", "collectives", "torch_symm", "fp4_spec", "norm_spec", "moe_spec", "ops")
 # What runs the specs; a spec module importing one of these would put op knowledge back there.
 CONSUMERS = ("runner", "report", "tune", "baseline", "cli", "plot", "timing", "device")
 

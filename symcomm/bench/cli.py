@@ -80,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default float on cpu, bfloat16 on cuda)")
     p.add_argument("-o", "--op", dest="redop", choices=REDOPS, default="sum", help="reduction (default sum)")
     p.add_argument("--algo", default="auto",
-                   help="auto, a path of this communicator (nccl, nccl-symm, torch, custom-...), "
-                        "or 'all': every path and auto in the same pass")
+                   help="auto, a path of this communicator (nccl, nccl-symm, torch, custom-...), a comparison "
+                        "column (all_reduce: symm_mem-oneshot, symm_mem-twoshot, PyTorch's symmetric memory), "
+                        "a comma-separated list of these, or 'all': every path, auto and the comparisons in "
+                        "the same pass")
     p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
                    help="allocate buffers inside symcomm.use_symmetric_memory (default: on for cuda)")
     p.add_argument("--graph-communicators", action="store_true",
@@ -221,8 +223,7 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
     """``device``: the resolved one; ``fallback``: why --device auto took the cpu, if it did."""
     datatype = args.datatype or ops.spec(args.collective).default_datatype(device)
     fields = _fields(args, device, args.collective, args.redop, datatype, fallback, note)
-    if not ALGO_NAME.match(args.algo):
-        raise BenchError(f"--algo {args.algo!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
+    check_algo(args.algo, args.collective)
     if args.baseline is not None and args.algo != "all":
         raise BenchError("--baseline adds columns to the --algo all summary: pass --algo all")
     if args.plot_path is not None:
@@ -236,6 +237,21 @@ def build_config(args: argparse.Namespace, device: str, command: str = "", *,
                        graph_communicators=args.graph_communicators, options=options)
 
 
+def check_algo(algo: str, op: str) -> None:
+    """--algo: one name, or a comma-separated list of columns for an op whose columns are paths
+    (each is checked against the communicator later, by the runner)."""
+    names = algo.split(",")
+    bad = [n for n in names if not ALGO_NAME.match(n)]
+    if bad:
+        raise BenchError(f"--algo {bad[0]!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
+    if len(names) == 1:
+        return
+    if ops.spec(op).variants:
+        raise BenchError(f"--algo {algo}: {op}'s columns are fixed; --algo names the one path they run")
+    if "all" in names or len(set(names)) < len(names):
+        raise BenchError(f"--algo {algo}: 'all' stands alone, and a list names each column once")
+
+
 def build_tune_config(args: argparse.Namespace, device: str, command: str = "", *,
                       fallback: str | None = None, note: str | None = None) -> TuneConfig:
     fields = _fields(args, device, TUNE_OPS[0], "sum", args.datatype, fallback, note)
@@ -243,7 +259,8 @@ def build_tune_config(args: argparse.Namespace, device: str, command: str = "", 
         check_output("-o/--output", args.output)
     # Graph replay is the default only where graphs exist: on the device actually chosen.
     graph = args.cudagraph if args.cudagraph is not None else (10 if device == "cuda" else 0)
-    return TuneConfig(**fields, graph=graph, algo="all", with_auto=False, symmetric=None,
+    # tune ranks the paths auto can pick: neither auto itself nor the comparison columns.
+    return TuneConfig(**fields, graph=graph, algo="all", with_auto=False, with_comparisons=False, symmetric=None,
                       json_path=None, command=command, output=args.output)
 
 

@@ -5,6 +5,9 @@ for gathers and the whole input for reduce-scatters, rounded down so that every 
 elements. In place aliases input and output as nccl-tests does: the same tensor for all_reduce,
 the rank's slice of the output for gathers, the rank's slice of the input as the output for
 reduce-scatters.
+
+all_reduce, all_gather and reduce_scatter also have comparison columns: PyTorch's own
+symmetric-memory collectives (torch_symm.py), checked against the same references.
 """
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import check
+from . import check, torch_symm
 from .sizes import ROW_BYTES, Even, Layout, Rows, Split
-from .spec import Buffers, Inputs, OpSpec
+from .spec import Buffers, Cases, Inputs, OpSpec, Setup
 
 # (comm, input, output, rows per rank, redop, algo) -> the zero-argument timed call.
 Launch = Callable[[Any, torch.Tensor, torch.Tensor, Sequence[int], str, str], Callable[[], object]]
@@ -27,6 +30,7 @@ class AllReduce(OpSpec):
     name: str
     launch: Launch
     nccl: Optional[str] = None
+    comparisons: tuple[str, ...] = ()  # torch_symm.ALL_REDUCE_COLUMNS, or none
     reduces = True
 
     def layout(self, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
@@ -56,6 +60,14 @@ class AllReduce(OpSpec):
         lo, hi = self.output_span(lay, rank)
         return check.reduction((gen(p)[lo:hi] for p in range(world)), redop, dtype, world)
 
+    def comparison_notes(self) -> list[str]:
+        return list(torch_symm.ALL_REDUCE_NOTES)
+
+    def comparison_cases(self, setup: Setup, lay: Layout, mine: torch.Tensor,
+                         exp: check.Expected | None) -> Cases:
+        out = self.views(lay, setup.bufs, setup.rank, False)[1]
+        return torch_symm.all_reduce_cases(setup, lay.nbytes, lay.count, mine, out, exp)
+
 
 @dataclass(frozen=True)
 class Sharded(OpSpec):
@@ -65,6 +77,7 @@ class Sharded(OpSpec):
     split: Split
     launch: Launch
     nccl: Optional[str] = None
+    comparisons: tuple[str, ...] = ()  # (torch_symm.LOW_CONTENTION,) for the even ops, or none
 
     @abstractmethod
     def sides(self, total: int, mine: int) -> tuple[int, int]:
@@ -86,6 +99,13 @@ class Sharded(OpSpec):
     def run(self, comm: Any, lay: Layout, x: torch.Tensor, out: torch.Tensor, redop: str,
             algo: str) -> Callable[[], object]:
         return self.launch(comm, x, out, lay.rows, redop, algo)
+
+    def comparison_notes(self) -> list[str]:
+        return list(torch_symm.LOW_CONTENTION_NOTES)
+
+    def comparison_cases(self, setup: Setup, lay: Layout, mine: torch.Tensor,
+                         exp: check.Expected | None) -> Cases:
+        return torch_symm.low_contention_cases(setup)
 
 
 class Gather(Sharded):
@@ -162,8 +182,12 @@ def reduce_scatterv_call(comm: Any, x: torch.Tensor, out: torch.Tensor, rows: Se
 
 UNEVEN = Rows(bytes=ROW_BYTES)
 
-ALL_REDUCE = AllReduce("all_reduce", all_reduce_call, nccl="ncclAllReduce")
-ALL_GATHER = Gather("all_gather", Even(), all_gather_call, nccl="ncclAllGather")
+# torch has no uneven symmetric-memory gather or reduce-scatter: the v-ops compare with nothing.
+ALL_REDUCE = AllReduce("all_reduce", all_reduce_call, nccl="ncclAllReduce",
+                       comparisons=torch_symm.ALL_REDUCE_COLUMNS)
+ALL_GATHER = Gather("all_gather", Even(), all_gather_call, nccl="ncclAllGather",
+                    comparisons=(torch_symm.LOW_CONTENTION,))
 ALL_GATHERV = Gather("all_gatherv", UNEVEN, all_gatherv_call)
-REDUCE_SCATTER = ReduceScatter("reduce_scatter", Even(), reduce_scatter_call, nccl="ncclReduceScatter")
+REDUCE_SCATTER = ReduceScatter("reduce_scatter", Even(), reduce_scatter_call, nccl="ncclReduceScatter",
+                               comparisons=(torch_symm.LOW_CONTENTION,))
 REDUCE_SCATTERV = ReduceScatter("reduce_scatterv", UNEVEN, reduce_scatterv_call)

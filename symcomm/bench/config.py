@@ -10,9 +10,10 @@ from typing import Any
 import re
 from dataclasses import dataclass, field
 
-# --algo takes any path name: the set (nccl, nccl-symm, torch, custom-*) depends on the build
-# and the machine, so the runner checks it against the communicator's algorithms(). This only
-# rejects what cannot be a name at all.
+# --algo takes any path name (or a comma-separated list of them and of the op's comparison
+# columns): the set (nccl, nccl-symm, torch, custom-*) depends on the build and the machine, so
+# the runner checks each against the communicator's algorithms(). This only rejects what cannot
+# be a name at all.
 ALGO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # What `tune` measures; the even ops also yield their in-place rows ("all_reduce:inplace", ...).
 # The v-variants are measured with the benchmark's uneven split (sizes.Rows), so that
@@ -73,6 +74,7 @@ class BenchConfig:
     plot_path: str | None = None
     rounds: int = 1          # -R: interleaved passes over the paths; the median time is reported
     with_auto: bool = True   # "--algo all" measures auto too; tune measures concrete paths only
+    with_comparisons: bool = True  # "--algo all" adds the op's comparison columns; tune never does
     command: str = ""        # the command line, for records (tuning files)
     baseline: str | None = None  # --baseline: a `symcomm-bench baseline` file to compare with
     extension: Any = None    # --with: ops.Extension, whose operations and paths the communicator adds

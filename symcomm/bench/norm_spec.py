@@ -5,8 +5,9 @@ rows, one column per way of doing it, in the same run:
   NCCL (torch.distributed on CPU, which has no NCCL), then ``a + residual`` and PyTorch's own
   ``F.rms_norm``;
 - ``symm_mem+torch``: PyTorch's own symmetric memory, where the installed torch has it
-  (``torch.ops.symm_mem.one_shot_all_reduce`` up to 512 KiB, ``two_shot_all_reduce_`` above, on a
-  buffer from ``symm_mem.empty``, then the same add and ``F.rms_norm``); N/A elsewhere (CPU);
+  (``torch.ops.symm_mem.one_shot_all_reduce_out`` up to 512 KiB, ``two_shot_all_reduce_`` above,
+  on a buffer from ``symm_mem.empty``, then the same add and ``F.rms_norm``: torch_symm.py);
+  N/A elsewhere (CPU);
 - ``unfused``: ``comm.all_reduce_rmsnorm(algo="unfused")``: symcomm's all-reduce on the path
   its table picks, then one launch of csrc/rmsnorm.cu (``algo="reference"``, the torch
   reference, on CPU);
@@ -28,22 +29,20 @@ its own way.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from symcomm import rmsnorm
 from symcomm.operations.all_reduce_rmsnorm import FUSED_KERNELS
 
-from . import check
+from . import check, torch_symm
 from .collectives import AllReduce, all_reduce_call
 from .config import DATATYPES, BenchError
 from .sizes import Layout
-from .spec import Buffers, Case, Cases, Inputs, Setup
+from .spec import Buffers, Case, Cases, Inputs, Refusal, Setup
 
 HIDDEN = 8192  # one of the issue's model sizes (7168 is the other): a hidden flag would go here
 EPS = 1e-6
@@ -114,21 +113,26 @@ class AllReduceRmsnorm(AllReduce):
             exp_y = _expected_y(exp_h, weight, dtype, setup.world)
         ar = "nccl" if "nccl" in comm.algorithms() else "torch"
         baseline_y: list[torch.Tensor] = [y]
-        symm_cache: list[tuple[torch.Tensor, str] | None] = []
+        symm_cache: list[torch_symm.SymmBuffer] = []
+        # What torch would refuse (the CPU, half rows) is refused before the rendezvous.
+        symm_column = torch_symm.ONE_SHOT if x.nbytes <= SYMM_MEM_ONE_SHOT_MAX else torch_symm.TWO_SHOT
+        symm_refusal = torch_symm.all_reduce_refusal(symm_column, dtype, x.nbytes, "sum", device)
 
-        def symm() -> tuple[torch.Tensor, str] | None:
+        def symm() -> torch_symm.SymmBuffer:
             # Made when the symm_mem+torch column is first asked for (tune never asks): the
             # rendezvous is collective, and every rank asks for the columns in the same order.
             if not symm_cache:
-                symm_cache.append(_symm_mem_buffer(x) if tokens else None)
+                symm_cache.append(torch_symm.rendezvous_empty(x.shape, dtype, device))
             return symm_cache[0]
 
-        def case(variant: str, inplace: bool) -> Case | None:
+        def case(variant: str, inplace: bool) -> Case | Refusal | None:
             new_h = residual if inplace else h
             quant = _QUANT.get(variant)
             out = y if quant is None else quantized[quant]
-            if variant == SYMM_MEM and symm() is None:
+            if variant == SYMM_MEM and not tokens:
                 return None
+            if variant == SYMM_MEM and symm_refusal is not None:
+                return Refusal(symm_refusal)
             if variant == BASELINE:
                 def call() -> object:
                     comm.all_reduce(x, out=a, algo=ar)
@@ -137,7 +141,7 @@ class AllReduceRmsnorm(AllReduce):
                     return baseline_y[0]
             elif variant == SYMM_MEM:
                 def call() -> object:
-                    torch.add(_symm_mem_all_reduce(*symm()), residual, out=new_h)
+                    torch.add(_symm_mem_all_reduce(symm(), a), residual, out=new_h)
                     baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
                     return baseline_y[0]
             else:
@@ -153,13 +157,13 @@ class AllReduceRmsnorm(AllReduce):
 
             def load(fill: int = 0xFF) -> None:
                 # Poison first: in place, the new residual is the input residual.
-                for t in (new_h, y, baseline_y[0]):
+                for t in (new_h, y, a, baseline_y[0]):  # a: the baselines' all-reduce output
                     check.poison_fill(t)
                 for t in _flat(quantized):
                     t.view(torch.uint8).fill_(fill)
                 x.view(-1).copy_(mine)
                 if variant == SYMM_MEM:
-                    symm()[0].copy_(x)  # as the GEMM before it would have written it
+                    symm().tensor.copy_(x)  # as the GEMM before it would have written it
                 residual.view(-1).copy_(res0)
 
             def count() -> int:
@@ -178,36 +182,11 @@ class AllReduceRmsnorm(AllReduce):
         return case
 
 
-def symm_mem_unavailable(device: torch.device,
-                         ops: tuple[str, ...] = ("one_shot_all_reduce", "two_shot_all_reduce_")) -> str | None:
-    """None if torch.distributed._symmetric_memory's ``ops`` can run here, else why not."""
-    if device.type != "cuda":
-        return "torch's symmetric memory needs CUDA"
-    try:
-        importlib.import_module("torch.distributed._symmetric_memory")  # registers torch.ops.symm_mem
-        for op in ops:
-            getattr(torch.ops.symm_mem, op)
-    except (ImportError, AttributeError, RuntimeError) as exc:
-        return f"this torch lacks it ({type(exc).__name__}: {exc})"
-    return None
-
-
-def _symm_mem_buffer(x: torch.Tensor) -> tuple[torch.Tensor, str] | None:
-    """A symm_mem.empty buffer like x, rendezvoused over the default group (collective), and
-    the group's name; None where torch's symmetric memory is unavailable."""
-    if symm_mem_unavailable(x.device) is not None:
-        return None
-    from torch.distributed import _symmetric_memory as symm_mem
-    name = dist.group.WORLD.group_name
-    buf = symm_mem.empty(*x.shape, dtype=x.dtype, device=x.device)
-    symm_mem.rendezvous(buf, name)
-    return buf, name
-
-
-def _symm_mem_all_reduce(buf: torch.Tensor, name: str) -> torch.Tensor:
-    if buf.nbytes <= SYMM_MEM_ONE_SHOT_MAX:
-        return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", name)
-    return torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", name)  # in place: load() refills it
+def _symm_mem_all_reduce(buf: torch_symm.SymmBuffer, out: torch.Tensor) -> torch.Tensor:
+    """torch's one-shot into ``out`` up to SYMM_MEM_ONE_SHOT_MAX, its two-shot above."""
+    if buf.tensor.nbytes <= SYMM_MEM_ONE_SHOT_MAX:
+        return torch_symm.one_shot_all_reduce(buf, out)
+    return torch_symm.two_shot_all_reduce_(buf)  # in place: load() refills it
 
 
 def _flat(out: object) -> list[torch.Tensor]:

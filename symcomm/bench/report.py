@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Sequence
@@ -255,17 +256,30 @@ def pick_baseline(algos: Sequence[str]) -> str:
     return algos[0]
 
 
-def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None):
+def compared_label(comparisons: Sequence[str]) -> str:
+    """The summary's name for the comparison columns together: their common stem
+    ("symm_mem-oneshot", "symm_mem-twoshot" -> "symm_mem"), or the one column's name."""
+    stem = os.path.commonprefix(list(comparisons)).rstrip("-_+")
+    return stem if len(comparisons) > 1 and stem else "/".join(comparisons)
+
+
+def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None,
+                  comparisons: Sequence[str] = ()):
     """rich Table: out-of-place time per path, the winner among the concrete paths, each path's
     speed-up over the baseline path (plain nccl on GPU, torch on CPU) and, where auto ran, how
     close auto came to the winner (best time / auto time: 1.00x means auto picked the best).
+    ``comparisons``: columns of ``algos`` that time another library (PyTorch's symmetric
+    memory): never the winner, since auto cannot pick them, but auto's speed-up over the fastest
+    of them gets a column (their best time / auto time: above 1.00x, auto is faster).
     With ``clean``: its time per size and the speed-up over it of CLEAN_COMPARED's paths."""
     from rich.table import Table
 
     baseline = pick_baseline(algos)
+    theirs = [a for a in algos if a in comparisons]
     # auto's columns (auto+fp8 too: a quantized output is another result, not a rival) are judged, not judges
-    contenders = [a for a in algos if a.split("+")[0] != "auto"] or list(algos)
+    contenders = [a for a in algos if a.split("+")[0] != "auto" and a not in theirs] or list(algos)
     judge_auto = "auto" in algos and len(algos) > 1
+    judge_theirs = "auto" in algos and bool(theirs)
     table = Table()
     table.add_column("size (B)", justify="right")
     for algo in algos:
@@ -276,6 +290,8 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
         table.add_column(f"{algo} vs {baseline}", justify="right")
     if judge_auto:
         table.add_column("auto vs best", justify="right")
+    if judge_theirs:
+        table.add_column(f"auto vs {compared_label(theirs)}", justify="right")
     against_clean = clean_compared(algos) if clean is not None else []
     if clean is not None:
         table.add_column("nccl clean", justify="right")
@@ -297,9 +313,12 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
         for algo in others:
             t = times.get(algo)
             cells.append(f"{base / t:.2f}x" if base and t else "-")
+        auto = times.get("auto")
         if judge_auto:
-            auto = times.get("auto")
             cells.append(f"{present[winner] / auto:.2f}x" if present and auto else "-")
+        if judge_theirs:
+            best = min((times[a] for a in theirs if a in times), default=None)
+            cells.append(f"{best / auto:.2f}x" if best and auto else "-")
         if clean is not None:
             ref = clean.times.get(nbytes)
             cells.append(f"{ref:.2f}" if ref is not None else "-")
@@ -311,21 +330,27 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
 
 
 def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | None = None,
-                  clean: Clean | None = None) -> None:
+                  clean: Clean | None = None, comparisons: Sequence[str] = ()) -> None:
     from rich.console import Console
 
     out = out or sys.stdout
     # Piped output gets a fixed width so the table is never folded at rich's 80-column default;
     # the clean columns get room of their own rather than squeezing the numbers into ellipses.
-    table = summary_table(rows, algos, clean)
-    # 15 characters a column keep a header like "symm_mem+torch" whole in the norm op's wide table.
-    width = max(160, 15 * len(table.columns))
+    table = summary_table(rows, algos, clean, comparisons)
+    # 19 characters a column keep a header like "symm_mem-oneshot" (16, and the borders) whole in a wide table.
+    width = max(160, 19 * len(table.columns))
     width += 0 if clean is None else CLEAN_WIDTH * (1 + len(clean_compared(algos)))
     console = Console(file=out, width=None if out.isatty() else width, highlight=False)
     baseline = pick_baseline(algos)
     note = "; 'auto vs best' = winner's time / auto's time" if "auto" in algos and len(algos) > 1 else ""
     console.print(f"# Summary: out-of-place time (us) per path; '<path> vs {baseline}' = "
                   f"{baseline} time / path time{note}", markup=False)
+    theirs = [a for a in algos if a in comparisons]
+    if theirs and "auto" in algos:
+        best = f"the fastest of {', '.join(theirs)}'s times" if len(theirs) > 1 else f"{theirs[0]}'s time"
+        console.print(f"# 'auto vs {compared_label(theirs)}' = {best} / auto's time (another library's "
+                      f"collective, for comparison: never the winner, which auto can pick)",
+                      markup=False, soft_wrap=True)
     if clean is not None:
         # soft_wrap: a folded comment line would leave its tail without the "#".
         console.print(f"# 'nccl clean' = NCCL alone in its process, its faster buffer mode "
@@ -346,9 +371,10 @@ class Emitter:
             self.out.write("".join(line + "\n" for line in lines))
             self.out.flush()
 
-    def summary(self, rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None) -> None:
+    def summary(self, rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None,
+                comparisons: Sequence[str] = ()) -> None:
         if self.lead:
-            print_summary(rows, algos, self.out, clean)
+            print_summary(rows, algos, self.out, clean, comparisons)
             self.out.flush()
 
 

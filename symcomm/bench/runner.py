@@ -26,7 +26,7 @@ from symcomm import about
 
 from . import ops, plot, report
 from .config import BenchConfig, BenchError
-from .spec import Buffers, Case, OpSpec, Setup
+from .spec import Buffers, Case, OpSpec, Refusal, Setup
 from .timing import Timer
 
 _MIB = 1 << 20
@@ -84,10 +84,10 @@ class Runner:
         self._round_up_sizes()
         self.path, self.algos = self._columns()
         self.bufs = self._buffers()
+        graph_replays = cfg.graph if self.device.type == "cuda" else 0
         self.setup = Setup(comm, self.bufs, self.rank, self.world, self.device, self.dtype, cfg.redop,
-                           cfg.seed, cfg.check, self.path)
-        self.timer = Timer(self.device, cfg.iters, cfg.warmup,
-                           cfg.graph if self.device.type == "cuda" else 0,
+                           cfg.seed, cfg.check, self.path, graphs=graph_replays > 0)
+        self.timer = Timer(self.device, cfg.iters, cfg.warmup, graph_replays,
                            getattr(comm, "graph_capture", nullcontext))
 
     def spec_of(self, op: str) -> OpSpec:
@@ -108,7 +108,8 @@ class Runner:
 
     def _columns(self) -> tuple[str, list[str]]:
         """(path, columns): a spec's variants are the columns, each running --algo's path
-        ("all": auto); otherwise every column is a path of its own."""
+        ("all": auto); otherwise every column is a path of its own or a comparison column
+        (--algo all: every path, auto and the comparisons; else the comma-separated names)."""
         # A spec with variants runs its op on --algo's collective path; any other spec's
         # columns are the paths of its own operation.
         available = list(self.comm.algorithms() if self.spec.variants else self.comm.algorithms(self.cfg.op))
@@ -116,14 +117,17 @@ class Runner:
         self.notes.append(native[:1].upper() + native[1:])
         self.notes.append(f"Paths on this communicator: {', '.join(available) or 'none'}; "
                           f"auto follows the {self.comm.capabilities().get('tuning_table')} table")
-        path = "auto" if self.cfg.algo == "all" else self._check_algo(self.cfg.algo, available)
         if self.spec.variants:
+            path = "auto" if self.cfg.algo == "all" else self._check_algo(self.cfg.algo, available)
             return path, list(self.spec.variants)
+        theirs = list(self.spec.comparisons)
         if self.cfg.algo == "all":
             # On GPUs the torch path is a last resort, not a contender: keep it out of "all".
             paths = [a for a in available if not (a == "torch" and self.device.type == "cuda")]
-            return path, paths + (["auto"] if self.cfg.with_auto else [])
-        return path, [path]
+            return "auto", (paths + (["auto"] if self.cfg.with_auto else [])
+                            + (theirs if self.cfg.with_comparisons else []))
+        columns = [a if a in theirs else self._check_algo(a, available) for a in self.cfg.algo.split(",")]
+        return next((a for a in columns if a not in theirs), "auto"), columns
 
     def probe(self) -> None:
         """One call of every column at the first size, before the header: a call symcomm
@@ -136,6 +140,9 @@ class Runner:
         for algo in self.algos:
             case = cases(algo, False)
             if case is None:
+                continue
+            if isinstance(case, Refusal):
+                refusals.append(f"{algo}: {case.reason}")
                 continue
             case.load()
             try:
@@ -156,7 +163,7 @@ class Runner:
             if why:
                 raise BenchError(f"--algo {algo} is not available on this communicator: {why}")
             raise BenchError(f"--algo {algo} is not available on this communicator "
-                             f"(available: {', '.join(['auto', 'all', *available])})")
+                             f"(available: {', '.join(['auto', 'all', *available, *self.spec.comparisons])})")
         return algo
 
     def _buffers(self) -> Buffers:
@@ -217,6 +224,8 @@ class Runner:
             notes.append(f"Check: seeded random data (seed {cfg.seed}) against a float64 "
                          f"reference; #wrong summed over ranks")
         notes += self.spec.notes(self.world, self.dtype.itemsize, self.path)
+        if set(self.algos) & set(self.spec.comparisons):
+            notes += self.spec.comparison_notes()
         devices = self._gather_devices(_device_info(self.rank, self.device))
         return report.RunInfo(
             op=cfg.op, world=self.world, **self.spec.labels(cfg.type_name, cfg.redop)._asdict(),
@@ -272,6 +281,9 @@ class Runner:
                     if case is None:  # the variant has no such column
                         stats[i, 2 * j] = math.nan
                         continue
+                    if isinstance(case, Refusal):  # decided by the spec, on every rank alike
+                        self._refuse(stats, i, j, algo, where, case.reason, len(algos))
+                        continue
                     case.load()
                     try:
                         samples[i][j].append(self.timer.measure(case.call))
@@ -280,10 +292,7 @@ class Runner:
                     except symcomm.ArgumentError as exc:
                         # symcomm refuses a call before any communication, on every rank alike,
                         # so the sweep can go on without this path at this size.
-                        if len(algos) == 1:
-                            raise BenchError(f"{where}: {exc}") from exc
-                        stats[i, 2 * j] = math.nan
-                        self.refused.setdefault(algo, f"{where}: {exc}")
+                        self._refuse(stats, i, j, algo, where, str(exc), len(algos), exc)
                     except Exception as exc:
                         raise RuntimeError(f"{where}: {type(exc).__name__}: {exc}") from exc
                     if last and not math.isnan(stats[i, 2 * j]):
@@ -300,6 +309,15 @@ class Runner:
                                        self._timing(t_oop, w_oop, cfg.check),
                                        self._timing(t_ip, w_ip, cfg.check)))
         return rows
+
+    def _refuse(self, stats: torch.Tensor, i: int, j: int, algo: str, where: str, reason: str,
+                columns: int, cause: Exception | None = None) -> None:
+        """N/A for column ``i``'s side ``j`` at this size, and its reason for the line under the
+        block; with no other column to show, the run stops with the reason instead."""
+        if columns == 1:
+            raise BenchError(f"{where}: {reason}") from cause
+        stats[i, 2 * j] = math.nan
+        self.refused.setdefault(algo, f"{where}: {reason}")
 
     def _timing(self, time_sum: float, wrong_sum: float, checked: bool) -> report.Timing:
         if math.isnan(time_sum):
@@ -412,7 +430,7 @@ def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
         emit([*report.footer_lines(rows, info), *report.conclusion_lines(info)])
     else:
         report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
-        emit.summary(rows, runner.algos, clean)
+        emit.summary(rows, runner.algos, clean, [a for a in runner.algos if a in runner.spec.comparisons])
 
     if emit.lead and cfg.json_path:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -37,6 +37,14 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A column that cannot run at one size: N/A in the table, ``reason`` under its block.
+    Decided from what every rank knows alike (device, dtype, size, world, timing mode) and
+    before any communication, so every rank skips the column together."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class Setup:
     """This rank's side of a sweep, as a spec needs it to build one size's columns."""
     comm: Any
@@ -49,6 +57,7 @@ class Setup:
     seed: int
     check: bool
     path: str  # the path each column of a spec with variants runs (--algo; "all" means auto)
+    graphs: bool = False  # calls are captured into CUDA graphs (-G > 0 on cuda), not run eagerly
 
 
 class Labels(NamedTuple):
@@ -58,8 +67,9 @@ class Labels(NamedTuple):
     root: int
 
 
-# (column, in place?) -> the case, or None where that column has no such side.
-Cases = Callable[[str, bool], Optional[Case]]
+# (column, in place?) -> the case, a Refusal where the column cannot run at this size, or None
+# where that column has no such side.
+Cases = Callable[[str, bool], Optional[Union[Case, Refusal]]]
 # rank -> that rank's input, in the run's dtype; any rank can rebuild any other's.
 Inputs = Callable[[int], torch.Tensor]
 
@@ -79,6 +89,10 @@ class OpSpec(ABC):
     nccl: Optional[str] = None
     # The shape flags (--hidden, --topk, ...) this op takes; configure() applies them.
     shape_flags: tuple[str, ...] = ()
+    # Columns beside the paths that time another library's own version of this op (PyTorch's
+    # symmetric memory): --algo all adds them and --algo may name them; tune never measures
+    # them, since auto cannot pick them. comparison_cases() builds them.
+    comparisons: tuple[str, ...] = ()
 
     def configure(self, options: dict[str, int]) -> "OpSpec":
         """This op with the run's shape flags applied (``options``: flag name -> value)."""
@@ -103,6 +117,10 @@ class OpSpec(ABC):
 
     def notes(self, world: int, itemsize: int, path: str) -> list[str]:
         """Header lines this op adds to the preamble."""
+        return []
+
+    def comparison_notes(self) -> list[str]:
+        """Header lines on the comparison columns, printed when the run measures one."""
         return []
 
     def buffers(self, max_out_elems: int) -> dict[str, tuple[int, torch.dtype]]:
@@ -156,17 +174,27 @@ class OpSpec(ABC):
 
     def cases(self, setup: Setup, lay: Layout, gen: Inputs) -> Cases:
         """One column per path, out of place and in place, checked against a float64
-        reference computed from every rank's regenerated input."""
+        reference computed from every rank's regenerated input; the comparison columns are
+        checked against the same reference."""
         mine = gen(setup.rank)
         exp = self.expected(lay, setup.redop, setup.dtype, setup.rank, setup.world, gen) if setup.check else None
+        theirs = self.comparison_cases(setup, lay, mine, exp) if self.comparisons else None
 
-        def case(algo: str, inplace: bool) -> Case:
+        def case(algo: str, inplace: bool) -> Case | Refusal | None:
+            if theirs is not None and algo in self.comparisons:
+                return theirs(algo, inplace)
             x, out = self.views(lay, setup.bufs, setup.rank, inplace)
             return Case(call=self.run(setup.comm, lay, x, out, setup.redop, algo),
                         load=lambda: load(x, out, mine),
                         count=None if exp is None else (lambda: check.count_wrong(out, exp)),
                         corrupt=lambda: check.corrupt(out))
         return case
+
+    def comparison_cases(self, setup: Setup, lay: Layout, mine: torch.Tensor,
+                         exp: check.Expected | None) -> Cases:
+        """The comparison columns at one size: ``mine`` is this rank's input, ``exp`` its
+        expected output (None when the check is off), the same as the paths' columns get."""
+        raise NotImplementedError(f"{self.name} names comparison columns but builds none")
 
 
 def load(x: torch.Tensor, out: torch.Tensor, mine: torch.Tensor) -> None:
