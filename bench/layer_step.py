@@ -147,21 +147,38 @@ class EPTorch(ep.EPMoELayer):
 
 
 class EPLocal(ep.EPMoELayer):
-    """No collective: every entry of this rank's own tokens goes to a local expert (its id modulo
-    the local count), so the experts see as many rows as in the real step."""
+    """No collective, and the same expert work as the real step. This rank's own tokens stand in
+    for every rank's (``world`` copies, as DPLocal does): the entries whose expert this rank holds
+    are the rows it would receive when every rank holds the same tokens (as here: the inputs are
+    seeded by the token count alone), so the grouped GEMMs read the same experts' weights. The rows
+    go, grouped by local expert, into the dispatch's own receive buffer (``self.bufs.x``, capacity
+    rows for ``max_tokens``), and ep.expert_mlp runs over that whole buffer as the real step's
+    local_experts does: its SiLU-and-multiply is capacity-wide at every token count, and that is
+    compute, not communication. The combine's stand-in gathers each token's k entries and sums
+    them weighted (entries held elsewhere count zero). Before 2026-11-28 this variant ran the
+    GEMMs on the ids modulo the local count over exactly n*k rows, so step - local also counted
+    the capacity-wide elementwise work and a different set of experts (bench/analysis_2026-11-28_model_steps.md)."""
 
     def moe(self, hidden, real=None):
-        cfg = self.cfg
+        cfg, world = self.cfg, self.comm.world_size
         x = rms_norm(hidden, self.w.norm, cfg.eps)
         ids, weights = self.route(x, real)
         n, k, local = ids.shape[0], cfg.top_k, len(self.experts)
-        key = (ids.long() % local).reshape(-1)
-        order = torch.argsort(key, stable=True)
+        mine = ids.long() - self.experts.start
+        held = (mine >= 0) & (mine < local)  # padding rows (id -1) and other ranks' experts: False
+        key = torch.where(held, mine, local).reshape(-1).repeat(world)  # the world copies' entries
+        order = torch.argsort(key, stable=True)  # held entries first, by local expert
         ends = torch.searchsorted(key[order], torch.arange(1, local + 1, device=x.device), out_int32=True)
-        out = ep.expert_mlp(self.w, x[order // k], ends)
-        per_entry = torch.empty_like(out)
-        per_entry[order] = out
-        return (per_entry.view(n, k, -1).float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+        rows = self.bufs.x  # [capacity, H]: held entries never exceed it (layout.capacity's bound)
+        used = min(order.numel(), rows.shape[0])
+        rows[:used].copy_(x.index_select(0, (order[:used] % (n * k)) // k))
+        out = ep.expert_mlp(self.w, rows, ends)
+        # Where copy 0's entries landed (sorted position), for the combine's stand-in.
+        where = torch.empty_like(order)
+        where[order] = torch.arange(order.numel(), device=x.device)
+        first = where[:n * k].clamp_max(rows.shape[0] - 1)
+        per_entry = torch.where(held.reshape(-1, 1), out.index_select(0, first), 0)  # unwritten rows never multiplied
+        return torch.bmm(weights.to(x.dtype).unsqueeze(1), per_entry.view(n, k, -1)).squeeze(1)
 
 
 # ------------------------------------------------------------------ TP block, collectives swapped

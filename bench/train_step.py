@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--nccl-max-ctas", type=int, default=None,
+                        help="symcomm's plain NCCL communicator's maxCTAs (default: symcomm's, 16); "
+                             "the FSDP rows' large gathers and reduce-scatters run there")
     args = parser.parse_args(argv)
     device = init_distributed(args.cpu)
     small = device.type == "cpu"
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.float32 if small else torch.bfloat16
     # FSDP keeps its weight shards in the pool and, eagerly, their gradients: room for both, twice over.
     shards = 2 * hidden * ffn // dist.get_world_size() * torch.empty((), dtype=dtype).element_size()
-    comm = symcomm.Communicator(symmetric_capacity=max(256 << 20, 4 * shards))
+    extra = {} if args.nccl_max_ctas is None else {"nccl_max_ctas": args.nccl_max_ctas}
+    comm = symcomm.Communicator(symmetric_capacity=max(256 << 20, 4 * shards), **extra)
     rows = []
     try:
         if comm.rank == 0:
