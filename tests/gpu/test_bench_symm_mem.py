@@ -25,7 +25,7 @@ def _runner(comm, datatype: str, graph: int, sizes: list[int]) -> runner.Runner:
 
 
 def _measure(run: runner.Runner) -> dict[tuple[str, int], report.SizeRow]:
-    progress = report.Progress(0, False)
+    progress = report.Progress(0, None)
     return {(row.algo, row.nbytes): row for n in run.cfg.sizes for row in run.measure_size("all_reduce", n, progress)}
 
 
