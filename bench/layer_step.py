@@ -155,9 +155,8 @@ class EPLocal(ep.EPMoELayer):
     rows for ``max_tokens``), and ep.expert_mlp runs over that whole buffer as the real step's
     local_experts does: its SiLU-and-multiply is capacity-wide at every token count, and that is
     compute, not communication. The combine's stand-in gathers each token's k entries and sums
-    them weighted (entries held elsewhere count zero). Before 2026-11-28 this variant ran the
-    GEMMs on the ids modulo the local count over exactly n*k rows, so step - local also counted
-    the capacity-wide elementwise work and a different set of experts (bench/analysis_2026-11-28_model_steps.md)."""
+    them weighted (entries held elsewhere count zero); bench/analysis_2026-11-28_model_steps.md
+    says what a narrower stand-in got wrong."""
 
     def moe(self, hidden, real=None):
         cfg, world = self.cfg, self.comm.world_size
