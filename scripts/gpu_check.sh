@@ -75,11 +75,17 @@ run_membership() {
   sed 's/^/membership: /' "$OUT/results/membership.txt" | tee -a "$SUMMARY"
 }
 
+within_deadline() {  # within_deadline LIMIT: the LIMIT a step may take, cut to what is left before
+  # DEADLINE less 10 s for the packing; fails (prints nothing) when under 30 s are left.
+  local left=$(( ${DEADLINE:-1000000} - SECONDS - 10 ))
+  ((left < 20)) && return 1
+  echo $(( $1 < left ? $1 : left ))
+}
+
 step() {  # step NAME TIMEOUT CMD...: run unless the deadline is near, then re-pack
-  local name=$1 limit=$2; shift 2
-  if (( SECONDS + 20 > ${DEADLINE:-1000000} )); then note "$name: SKIPPED (deadline)"; return; fi
-  # At most what is left before the deadline, so the steps after it and the packing still run.
-  (( limit > ${DEADLINE:-1000000} - SECONDS - 10 )) && limit=$(( ${DEADLINE:-1000000} - SECONDS - 10 ))
+  local name=$1 limit
+  limit=$(within_deadline "$2") || { note "$name: SKIPPED (deadline)"; return; }
+  shift 2
   timeout "$limit" "$@" >"$OUT/results/$name.txt" 2>"$OUT/logs/$name.err"
   note "$name: exit $? at ${SECONDS}s"
   tar -czf "$OUT/partial.tgz" -C "$OUT" logs results summary.txt 2>/dev/null
@@ -164,12 +170,10 @@ if [[ $MODE == verify ]]; then
     vrecord tests_gpu "$outcome" "$detail" $((SECONDS - start)) "$cmd"
   }
   vrun() {  # vrun NAME LIMIT CMD...: passes on exit 0 and, where the output has nccl-tests' check lines, #wrong 0
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit
     wanted "$name" || return 0
-    # DEADLINE (seconds of this script): a step gets at most what is left, none if under 30 s.
-    local left=$(( ${DEADLINE:-1000000} - SECONDS ))
-    if ((left < 30)); then echo "$name: not run (deadline)"; return 0; fi
-    ((limit > left)) && limit=$left
+    limit=$(within_deadline "$2") || { echo "$name: not run (deadline)"; return 0; }
+    shift 2
     local start=$SECONDS log="$VDIR/logs/$name.log"
     timeout "$limit" "$@" >"$log" 2>&1
     local rc=$? outcome=PASS detail
