@@ -132,37 +132,84 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
     const uint4 v = without_sentinel(in[i]);
     for (int p = 0; p < world; ++p) {
       if (p == rank) continue;
-      reinterpret_cast<uint4*>(recv.ptr[p])[(buf * world + rank) * slot_vecs + i] = v;
+      flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = v;
     }
   }
-  const uint4* mine = reinterpret_cast<const uint4*>(recv.ptr[rank]);
   for (size_t i = first; i < nvec; i += stride) {
-    // First look at every slot at once (independent loads in flight together), then wait
-    // only for the slots whose data has not landed yet.
+    uint4 v[W];
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[i]), v)) return;
+    out[i] = sum_in_rank_order<T, W>(v);
+  }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
+}
+
+// The flag-free all-gather and reduce-scatter are the all-reduce's protocol with other
+// payloads: the same receive buffers, slot layout, turn (flagfree_turn) and clear, so calls of
+// all three (and fused_norm_ar.cu's flag_free_norm) may follow each other in any order. Each
+// records as `prev` the vectors it wrote per sender slot, which is exactly what the clear two
+// calls later resets, whichever kernel runs then. nvec here is one rank's chunk in vectors
+// (at most slot_vecs): the gather's input, the scatter's output.
+//
+// All-gather. A copy, so the sentinel rule costs exactness in one case only: a word of
+// 0xFFFFFFFF arrives as kNotSentinel. The host serves only fp32/fp16/bf16 here, where that
+// word is a NaN (both halves, for 16-bit types) and stays one; this rank's own chunk goes
+// through the same swap so that every rank's output holds the same bits.
+template <int W>
+__global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv, const uint4* in, uint4* out,
+                                                             size_t nvec, size_t slot_vecs) {
+  const int rank = s.rank;
+  __shared__ uint32_t buf, prev;
+  __shared__ bool stopped;
+  flagfree_turn(s, nvec, &buf, &prev, &stopped);
+  if (stopped) return;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (size_t i = first; i < nvec; i += stride) {
+    const uint4 v = without_sentinel(in[i]);
+#pragma unroll
+    for (int p = 0; p < W; ++p)
+      if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = v;
+  }
+  // In place (in == out + rank * nvec, the only overlap the host lets through), the thread
+  // that stores out[rank * nvec + i] is the one that loaded in[i], after loading it.
+  for (size_t i = first; i < nvec; i += stride) {
+    uint4 v[W];
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[i]), v)) return;
+#pragma unroll
+    for (int r = 0; r < W; ++r) out[size_t(r) * nvec + i] = v[r];
+  }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
+}
+
+// Reduce-scatter (sum): rank r sends its input's chunk j to rank j's slot r, and rank j sums
+// its W slots as flag_free sums vector rank*nvec + i: same terms, same order, same rounding,
+// so the output is bit for bit that all-reduce's chunk. In place (out == in + rank * nvec),
+// out[i] is written by the one thread that read in[rank * nvec + i], after reading it, and no
+// thread reads another's chunk-`rank` vector.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) flag_free_scatter(Sync s, Peers recv, const uint4* in, uint4* out,
+                                                              size_t nvec, size_t slot_vecs) {
+  const int rank = s.rank;
+  __shared__ uint32_t buf, prev;
+  __shared__ bool stopped;
+  flagfree_turn(s, nvec, &buf, &prev, &stopped);
+  if (stopped) return;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (size_t i = first; i < nvec; i += stride) {
+    // Every chunk's load before any store: W-1 independent loads in flight per thread.
     uint4 v[W];
 #pragma unroll
-    for (int r = 0; r < W; ++r) v[r] = r == rank ? without_sentinel(in[i])  // the bits the peers received
-                                                 : load_volatile(mine + (buf * world + r) * slot_vecs + i);
+    for (int p = 0; p < W; ++p)
+      if (p != rank) v[p] = in[size_t(p) * nvec + i];
 #pragma unroll
-    for (int r = 0; r < W; ++r) {
-      if (r != rank && has_sentinel(v[r])) {
-        const uint4* p = mine + (buf * world + r) * slot_vecs + i;
-        const uint64_t t0 = now_ns();
-        do {
-          if (has_given_up(s)) return;
-          if (now_ns() - t0 > s.timeout_ns) {  // a peer never sent: give up, don't hang
-            give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kFlagFreePhase, r));
-            return;
-          }
-          v[r] = load_volatile(p);
-        } while (has_sentinel(v[r]));
-      }
-    }
-    float acc[Lanes<T>::kN];
-    Lanes<T>::load(v[0], acc);
-#pragma unroll
-    for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
-    out[i] = Lanes<T>::pack(acc);
+    for (int p = 0; p < W; ++p)
+      if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = without_sentinel(v[p]);
+  }
+  for (size_t i = first; i < nvec; i += stride) {
+    uint4 v[W];
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[size_t(rank) * nvec + i]), v)) return;
+    out[i] = sum_in_rank_order<T, W>(v);
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
@@ -701,6 +748,47 @@ int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dty
     return for_world(c->world, [&](auto w) {
       return launch_world<typename decltype(t)::type, decltype(w)::value>(c, algo, src, slot, in_offset, dst, nvec,
                                                                           stream);
+    });
+  });
+}
+
+// Both flag-free collectives check what symcomm_ar_run checks of the flag-free all-reduce:
+// whole vectors, at most one receive slot per peer (nbytes is one rank's chunk), and a dtype
+// whose 0xFFFFFFFF word is a NaN, so that no real value collides with the sentinel. A size of
+// 0 launches nothing on any rank (every rank passes the same nbytes), so no turn is taken.
+static cudaError_t flagfree_args(const Context* c, symcomm_dtype_t dtype, const void* in, const void* out, uint64_t nbytes) {
+  if (nbytes % 16 || nbytes > c->flagfree_bytes || (reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15)
+    return cudaErrorInvalidValue;
+  return dtype == SYMCOMM_FLOAT32 || dtype == SYMCOMM_FLOAT16 || dtype == SYMCOMM_BFLOAT16 ? cudaSuccess
+                                                                                           : cudaErrorInvalidValue;
+}
+
+int symcomm_ar_flagfree_all_gather(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out, uint64_t nbytes,
+                                   cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess || (err = flagfree_args(c, dtype, in, out, nbytes)) != cudaSuccess) return err;
+  if (nbytes == 0) return cudaSuccess;
+  const Sync s = make_sync(c);
+  return for_world(c->world, [&](auto w) {
+    return launch(c->overlap, flag_free_gather<decltype(w)::value>, c->flagfree_blocks, kThreads, stream, s,
+                  c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), size_t(nbytes / 16),
+                  c->flagfree_bytes / 16);
+  });
+}
+
+int symcomm_ar_flagfree_reduce_scatter(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
+                                       uint64_t nbytes, cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess || (err = flagfree_args(c, dtype, in, out, nbytes)) != cudaSuccess) return err;
+  if (nbytes == 0) return cudaSuccess;
+  const Sync s = make_sync(c);
+  return for_dtype(dtype, [&](auto t) {
+    return for_world(c->world, [&](auto w) {
+      return launch(c->overlap, flag_free_scatter<typename decltype(t)::type, decltype(w)::value>, c->flagfree_blocks,
+                    kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out),
+                    size_t(nbytes / 16), c->flagfree_bytes / 16);
     });
   });
 }

@@ -349,6 +349,46 @@ __device__ __forceinline__ void flagfree_clear(const Sync& s, const Peers& recv,
   }
 }
 
+// Where rank `from`'s vectors for rank `to` land in receive buffer `buf`: the layout every
+// flag-free kernel shares ([3 buffers][W sender slots][slot_vecs]), so that flagfree_clear,
+// which knows nothing of the op, resets exactly what any of them wrote.
+template <int W>
+__device__ __forceinline__ uint4* flagfree_slot(const Peers& recv, int to, uint32_t buf, int from, size_t slot_vecs) {
+  return reinterpret_cast<uint4*>(recv.ptr[to]) + (size_t(buf) * W + from) * slot_vecs;
+}
+
+// The receiving half of every flag-free kernel: vector i of each world slot of receive buffer
+// `buf` into v[0..W-1], in rank order; v[rank] is `own` (this rank's own contribution, as
+// without_sentinel sent it to the peers, so every rank combines the same bits). All W-1 peer
+// slots are loaded at once (independent loads in flight together), then only the slots whose
+// data has not landed are polled. Volatile loads, no acquire: the data is its own flag, and a
+// vector is consumed only once none of its words is the sentinel, so a reader never combines a
+// word before the peer's store of that word arrived. Returns false when this rank gave up (the
+// bounded wait expired, or another thread of the context gave up): the caller returns at once,
+// without its clear, as after any give-up.
+template <int W>
+__device__ __forceinline__ bool flagfree_receive(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
+                                                 size_t i, uint4 own, uint4 (&v)[W]) {
+#pragma unroll
+  for (int r = 0; r < W; ++r) v[r] = r == s.rank ? own : load_volatile(flagfree_slot<W>(recv, s.rank, buf, r, slot_vecs) + i);
+#pragma unroll
+  for (int r = 0; r < W; ++r) {
+    if (r != s.rank && has_sentinel(v[r])) {
+      const uint4* p = flagfree_slot<W>(recv, s.rank, buf, r, slot_vecs) + i;
+      const uint64_t t0 = now_ns();
+      do {
+        if (has_given_up(s)) return false;
+        if (now_ns() - t0 > s.timeout_ns) {  // a peer never sent: give up, don't hang
+          give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kFlagFreePhase, r));
+          return false;
+        }
+        v[r] = load_volatile(p);
+      } while (has_sentinel(v[r]));
+    }
+  }
+  return true;
+}
+
 // 16 bytes of T as fp32 lanes, and back.
 template <typename T>
 struct Lanes;
@@ -405,21 +445,28 @@ struct Lanes<__nv_bfloat16> : HalfLanes<__nv_bfloat162, bf2_to_f2, f2_to_bf2> {}
 template <>
 struct Lanes<__half> : HalfLanes<__half2, h2_to_f2, f2_to_h2> {};
 
-// Sum of the world's vectors at index i, in rank order. The first term seeds the sum (not 0.0f),
-// so a lone -0.0 survives as NCCL would keep it. All W loads are issued before the first add:
-// with a loop over a run-time world size each add waited for its NVLink load before the next
-// load issued, which serialised W round trips per vector (measured: two-shot at 4 MiB, world 4,
-// ran at a third of NVLink bandwidth).
+// The one rounding rule of every summing kernel: fp32 lanes, ranks added in order 0..W-1, one
+// rounding to T at the end. The first term seeds the sum (not 0.0f), so a lone -0.0 survives
+// as NCCL would keep it.
 template <typename T, int W>
-__device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
-  uint4 v[W];
-#pragma unroll
-  for (int r = 0; r < W; ++r) v[r] = src[r][i];
+__device__ __forceinline__ uint4 sum_in_rank_order(const uint4 (&v)[W]) {
   float acc[Lanes<T>::kN];
   Lanes<T>::load(v[0], acc);
 #pragma unroll
   for (int r = 1; r < W; ++r) Lanes<T>::add(v[r], acc);
   return Lanes<T>::pack(acc);
+}
+
+// Sum of the world's vectors at index i. All W loads are issued before the first add: with a
+// loop over a run-time world size each add waited for its NVLink load before the next load
+// issued, which serialised W round trips per vector (measured: two-shot at 4 MiB, world 4, ran
+// at a third of NVLink bandwidth).
+template <typename T, int W>
+__device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
+  uint4 v[W];
+#pragma unroll
+  for (int r = 0; r < W; ++r) v[r] = src[r][i];
+  return sum_in_rank_order<T, W>(v);
 }
 
 inline int blocks_for(const Context* c, size_t work) {

@@ -40,6 +40,10 @@ PLAIN_FIRST = ("nccl", "nccl-symm", "torch")
 # (odd size, over capacity) hands it to the next, and NCCL comes last.
 FLAGFREE_FIRST = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
 ONESHOT_FIRST = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
+# custom-flagfree also serves all_gather and reduce_scatter (one rank's chunk up to its receive
+# slot), but no all_gather or reduce_scatter row names it: it has not been measured on NVLink
+# yet, and a row must come from a measurement (bench/results/). Until then it runs only when
+# forced with algo="custom-flagfree".
 TWOSHOT_FIRST = ("custom-twoshot", "custom-oneshot")
 INF = float("inf")
 PLAIN_ROW = ([INF], [PLAIN_FIRST])  # a key with no rules: plain NCCL first

@@ -1,5 +1,7 @@
 """symcomm's own all-reduce kernels (csrc/custom_ar.cu) as three paths: ``custom-flagfree``,
-``custom-oneshot`` and ``custom-twoshot``; one-shot also serves reduce-scatter(v).
+``custom-oneshot`` and ``custom-twoshot``; one-shot also serves reduce-scatter(v), flag-free
+also all_gather and reduce_scatter of chunks up to its receive slot (the same push-and-poll
+protocol over the same buffers, csrc/custom_ar.cu's flag_free_gather / flag_free_scatter).
 
 They share the communicator's PeerContext (symcomm/backends/peer_path.py), so dispatch treats each
 kernel as a path of its own. docs/architecture.md has the rules; csrc/custom_ar.cu explains the
@@ -15,6 +17,10 @@ from .peer_path import PeerPath
 
 ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}  # symcomm_ar_algo_t
 DTYPE_CODES = _native.DTYPE_CODES
+# The collectives custom-flagfree serves besides all_reduce, with their capture codes. Not the
+# v-variants: the kernels move one equal chunk per rank.
+FLAGFREE_OPS = {"all_gather": CAPTURE_CODES["custom-flagfree:all_gather"],
+                "reduce_scatter": CAPTURE_CODES["custom-flagfree:reduce_scatter"]}
 
 
 class AllReduceKernelPath(PeerPath):
@@ -31,8 +37,11 @@ class AllReduceKernelPath(PeerPath):
     def why_not(self, call: Call) -> str | None:
         if call.op in SCATTERING_OPS and self.name == ONESHOT:
             return self._why_not_scatter(call)
+        if call.op in FLAGFREE_OPS and self.name == FLAGFREE:
+            return self._why_not_flagfree(call)
         if call.op != "all_reduce":
             return ("custom-oneshot serves reduce_scatter(v) and all_reduce only" if self.name == ONESHOT
+                    else "custom-flagfree serves all_reduce, all_gather and reduce_scatter only" if self.name == FLAGFREE
                     else "custom kernels serve all_reduce only")
         if call.redop != "sum":
             return f"custom kernels only sum (op={call.redop!r})"
@@ -43,6 +52,27 @@ class AllReduceKernelPath(PeerPath):
             return f"{nbytes} bytes is not a multiple of 16 (the kernels move 16-byte vectors)"
         if nbytes > self.capacity:
             return f"{nbytes} bytes exceeds {self.name}'s capacity of {self.capacity} bytes"
+        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
+            return "input or output is not 16-byte aligned"
+        return None
+
+    def _why_not_flagfree(self, call: Call) -> str | None:
+        """all_gather / reduce_scatter on the flag-free kernel. The receive buffers start filled
+        with 0xFFFFFFFF words and a word is "arrived" once it differs, so only dtypes in which
+        that word is a NaN can go through: there a writer swaps it for another NaN. Any other
+        dtype (int32's -1, a float64 whose low word is all ones) would lose a real value."""
+        op = call.op
+        if op == "reduce_scatter" and call.redop != "sum":
+            return f"custom kernels only sum (op={call.redop!r})"
+        if call.dtype not in DTYPE_CODES:
+            return (f"dtype {call.dtype} is unsupported by the flag-free {op} (float32, float16, bfloat16: "
+                    f"the dtypes in which the receive buffers' 0xFFFFFFFF sentinel word is a NaN, not a value)")
+        # One rank's chunk: what each peer's receive slot must hold.
+        chunk = call.inputs[0].nbytes if op == "all_gather" else call.outputs[0].nbytes
+        if chunk % 16:
+            return f"one rank's chunk of {chunk} bytes is not whole 16-byte vectors"
+        if chunk > self.capacity:
+            return f"one rank's chunk of {chunk} bytes exceeds {self.name}'s receive slot of {self.capacity} bytes"
         if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
             return "input or output is not 16-byte aligned"
         return None
@@ -64,6 +94,9 @@ class AllReduceKernelPath(PeerPath):
         return None
 
     def run(self, call: Call) -> None:
+        if call.op in FLAGFREE_OPS and self.name == FLAGFREE:
+            self._run_flagfree(call)
+            return
         if call.op in SCATTERING_OPS:
             self._run_scatter(call)
             return
@@ -106,3 +139,17 @@ class AllReduceKernelPath(PeerPath):
             0 if region else 1, context.launch_stream(session))
         if code:
             context.check("custom reduce_scatterv launch", code)
+
+    def _run_flagfree(self, call: Call) -> None:
+        """all_gather / reduce_scatter by push: each rank writes its chunks into the peers'
+        receive buffers, so no peer reads this rank's tensors and the input needs no slot or
+        staging, in a graph or not (recorded as read directly)."""
+        context, op = self._context, call.op
+        _, _, _, session = context.input_of(call.in_ptrs[0], call.nbytes, FLAGFREE_OPS[op], peers_read=False)
+        chunk = call.inputs[0].nbytes if op == "all_gather" else call.outputs[0].nbytes
+        fn = (context.lib.symcomm_ar_flagfree_all_gather if op == "all_gather"
+              else context.lib.symcomm_ar_flagfree_reduce_scatter)
+        code = fn(context.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], call.out_ptrs[0], chunk,
+                  context.launch_stream(session))
+        if code:
+            context.check(f"custom-flagfree {op} launch", code)

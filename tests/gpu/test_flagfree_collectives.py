@@ -1,0 +1,125 @@
+"""custom-flagfree's all_gather and reduce_scatter on real ranks (run it at world 2, the size the
+open issue measures): bitwise against NCCL for the gather, bitwise against the flag-free
+all-reduce's chunk for the scatter, graph replay equal to eager, and auto never picking them.
+
+Run: torchrun --nproc-per-node=2 -m pytest tests/gpu/test_flagfree_collectives.py
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import symcomm
+from symcomm import base
+from symcomm.peer import context as peer_context
+from _data import DTYPES, all_inputs, assert_reduced, rank_input
+
+SLOT = peer_context.DEFAULT_FLAGFREE_BYTES
+# One rank's chunk in bytes: one vector, an odd vector count, not a power of two, the whole slot.
+CHUNKS = (16, 1008, 65_552, SLOT)
+
+
+@pytest.fixture(scope="module")
+def fast_comm(dist_env):
+    """No check mode and no pool, as test_custom_ar.py's ``fast``: for the loops."""
+    c = symcomm.Communicator(symmetric=False, check=False)
+    yield c
+    c.close()
+
+
+def _numel(nbytes: int, dtype: torch.dtype) -> int:
+    return nbytes // (torch.finfo(dtype).bits // 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_all_gather_is_bitwise_nccl(fast_comm, chunk, dtype):
+    c = fast_comm
+    x = rank_input(_numel(chunk, dtype), dtype, c.rank, seed=chunk % 1000 + 5)
+    want = c.all_gather(x, algo="nccl")
+    got = c.all_gather(x, algo=base.FLAGFREE)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    out = torch.empty_like(want)
+    out[c.rank * x.numel():(c.rank + 1) * x.numel()] = x
+    c.all_gather(out[c.rank * x.numel():(c.rank + 1) * x.numel()], out=out, algo=base.FLAGFREE)  # in place
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_reduce_scatter_is_the_flagfree_all_reduce_chunk(fast_comm, chunk, dtype):
+    c = fast_comm
+    w, rank = c.world_size, c.rank
+    n = _numel(chunk, dtype)
+    inputs = all_inputs(w * n, dtype, w, seed=chunk % 1000 + 11)
+    x = inputs[rank]
+    reduced = c.all_reduce(x, algo=base.FLAGFREE)
+    got = c.reduce_scatter(x, algo=base.FLAGFREE)
+    mine = reduced[rank * n:(rank + 1) * n]
+    assert torch.equal(got.view(torch.uint8), mine.view(torch.uint8))
+    assert_reduced(got, [t[rank * n:(rank + 1) * n] for t in inputs], f"reduce_scatter {dtype} {chunk} B")
+    torch.testing.assert_close(got, c.reduce_scatter(x, algo="nccl"))
+    y = x.clone()
+    c.reduce_scatter(y, out=y[rank * n:(rank + 1) * n], algo=base.FLAGFREE)  # in place
+    assert torch.equal(y[rank * n:(rank + 1) * n].view(torch.uint8), mine.view(torch.uint8))
+
+
+def test_empty(fast_comm):
+    c = fast_comm
+    x = torch.empty(0, dtype=torch.bfloat16, device="cuda")
+    assert c.all_gather(x, algo=base.FLAGFREE).numel() == 0
+    assert c.reduce_scatter(x, algo=base.FLAGFREE).numel() == 0
+
+
+def test_interleaved_with_the_all_reduce(fast_comm):
+    """The three flag-free kernels share receive buffers: 300 calls of changing kernel and size,
+    no synchronisation between them."""
+    c = fast_comm
+    w, rank = c.world_size, c.rank
+    results = []
+    for i in range(300):
+        n = _numel(CHUNKS[i % len(CHUNKS)], torch.bfloat16)
+        x = rank_input(w * n, torch.bfloat16, rank, seed=i % 7)
+        kind = i % 3
+        got = (c.all_reduce(x, algo=base.FLAGFREE) if kind == 0 else c.all_gather(x[:n], algo=base.FLAGFREE)
+               if kind == 1 else c.reduce_scatter(x, algo=base.FLAGFREE))
+        results.append((kind, x, n, got))
+    for kind, x, n, got in results:
+        want = (c.all_reduce(x, algo="nccl") if kind == 0 else c.all_gather(x[:n], algo="nccl") if kind == 1
+                else c.reduce_scatter(x, algo="nccl"))
+        if kind == 1:
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        else:
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("op", ("all_gather", "reduce_scatter"))
+def test_graph_replay_equals_eager(fast_comm, op):
+    c = fast_comm
+    w, n = c.world_size, _numel(65_552, torch.bfloat16)
+    x = rank_input(w * n if op == "reduce_scatter" else n, torch.bfloat16, c.rank, seed=23)
+    run = getattr(c, op)
+    eager = run(x, algo=base.FLAGFREE)
+    out = torch.empty_like(eager)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(x, out=out, algo=base.FLAGFREE)  # warm-up before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with c.graph_capture(), torch.cuda.graph(graph):
+        run(x, out=out, algo=base.FLAGFREE)
+    for _ in range(4):  # more than three replays: the receive buffers rotate
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+
+
+@pytest.mark.parametrize("op", ("all_gather", "reduce_scatter"))
+def test_auto_does_not_pick_them_yet(fast_comm, op):
+    c = fast_comm
+    for nbytes in (1 << 10, 64 << 10, 1 << 20):
+        n = _numel(nbytes // c.world_size, torch.bfloat16)
+        x = torch.ones(c.world_size * n if op == "reduce_scatter" else n, dtype=torch.bfloat16, device="cuda")
+        assert c.select(op, x).algo != base.FLAGFREE

@@ -1,0 +1,188 @@
+"""The flag-free all-gather and reduce-scatter (csrc/custom_ar.cu, flag_free_gather and
+flag_free_scatter) with W simulated ranks on ONE GPU (tests/gpu_sim/_sim.py).
+
+What this proves: their slot indexing, the sentinel swap, and that they share the flag-free
+all-reduce's receive buffers, turn and clear without corrupting one another when calls of the
+three kernels and of different sizes follow each other without a host synchronisation. Not
+NVLink behaviour or timing.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _sim import DTYPES, FLAGFREE_BYTES, SimWorld, _bits, check_outputs, make_inputs
+from symcomm import _native
+from symcomm.base import FLAGFREE
+
+WORLDS = (2, 4, 8)
+# One rank's chunk in bytes: empty, one vector, an odd vector count, two pages and a vector,
+# the whole receive slot.
+CHUNKS = (0, 16, 1008, 4096 * 2 + 16, FLAGFREE_BYTES)
+GATHER, SCATTER = "symcomm_ar_flagfree_all_gather", "symcomm_ar_flagfree_reduce_scatter"
+SENTINEL, NOT_SENTINEL = -1, 0x7FFF7FFF  # csrc/peer.cuh's kSentinel / kNotSentinel as int32 words
+
+
+def launch(sim: SimWorld, fn: str, dtype: torch.dtype, inputs, outputs, chunk_bytes: int) -> None:
+    """One collective on every simulated rank, each on its own stream, ordered after the
+    current stream and before what follows on it (as SimWorld.launch does for all-reduce)."""
+    here = torch.cuda.current_stream()
+    for r in range(sim.world):
+        stream = sim.streams[r]
+        stream.wait_stream(here)
+        code = getattr(sim.lib, fn)(sim.ctxs[r], _native.DTYPE_CODES[dtype], inputs[r].data_ptr(),
+                                    outputs[r].data_ptr(), chunk_bytes, stream.cuda_stream)
+        _native.check(sim.lib, f"{fn}(rank {r})", code)
+    for r in range(sim.world):
+        here.wait_stream(sim.streams[r])
+
+
+def all_reduce(sim: SimWorld, dtype: torch.dtype, inputs) -> list[torch.Tensor]:
+    outputs = [torch.full_like(t, 7.0) for t in inputs]
+    sim.launch(FLAGFREE, dtype, inputs, outputs)
+    return outputs
+
+
+def words(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32)
+
+
+def sent(x: torch.Tensor) -> torch.Tensor:
+    """The words a flag-free writer sends for x: the sentinel swapped for another NaN."""
+    w = words(x).clone()
+    w[w == SENTINEL] = NOT_SENTINEL
+    return w
+
+
+def check_gather(outputs, inputs, what: str) -> None:
+    want = torch.cat([sent(x) for x in inputs])
+    for r, out in enumerate(outputs):
+        differ = (words(out) != want).nonzero().flatten()
+        assert differ.numel() == 0, f"{what}: rank {r} differs at words {differ[:8].tolist()}"
+
+
+def check_scatter(outputs, inputs, reduced, what: str) -> None:
+    """Rank j's output is, bit for bit, chunk j of the flag-free all-reduce of the same inputs;
+    and (check_outputs) that all-reduce is the rank-order fp32 sum."""
+    world, n = len(inputs), outputs[0].numel()
+    check_outputs(reduced, inputs, f"{what} (the all-reduce it is compared with)")
+    for j, out in enumerate(outputs):
+        want = _bits(reduced[0][j * n:(j + 1) * n])
+        differ = (_bits(out) != want).nonzero().flatten()
+        assert differ.numel() == 0, f"{what}: rank {j} differs from the all-reduce's chunk at {differ[:8].tolist()}"
+    assert world * n == inputs[0].numel()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_gather_is_the_rank_order_concatenation(world, dtype):
+    gen = torch.Generator().manual_seed(world * 10 + DTYPES.index(dtype))
+    with SimWorld(world) as sim:
+        for chunk in CHUNKS:
+            x = make_inputs(world, chunk, dtype, gen) if chunk else [
+                torch.empty(0, dtype=dtype, device="cuda") for _ in range(world)]
+            y = [torch.full((world * t.numel(),), 7.0, dtype=dtype, device="cuda") for t in x]
+            launch(sim, GATHER, dtype, x, y, chunk)
+            torch.cuda.synchronize()
+            if chunk == 0:
+                assert all(t.numel() == 0 for t in y)
+                continue
+            check_gather(y, x, f"all_gather {dtype} world {world} chunk {chunk} B")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce_scatter_is_the_all_reduce_chunk(world, dtype):
+    gen = torch.Generator().manual_seed(world * 20 + DTYPES.index(dtype))
+    with SimWorld(world) as sim:
+        for chunk in CHUNKS:
+            x = make_inputs(world, world * chunk, dtype, gen) if chunk else [
+                torch.empty(0, dtype=dtype, device="cuda") for _ in range(world)]
+            y = [torch.full((t.numel() // world,), 7.0, dtype=dtype, device="cuda") for t in x]
+            launch(sim, SCATTER, dtype, x, y, chunk)
+            torch.cuda.synchronize()
+            if chunk == 0:
+                continue
+            reduced = all_reduce(sim, dtype, x)
+            torch.cuda.synchronize()
+            check_scatter(y, x, reduced, f"reduce_scatter {dtype} world {world} chunk {chunk} B")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_in_place(world):
+    """all_gather with x this rank's slice of out; reduce_scatter with out this rank's slice of x:
+    the only overlaps the host lets through."""
+    gen = torch.Generator().manual_seed(world + 500)
+    dtype, chunk = torch.bfloat16, 4096 * 2 + 16
+    with SimWorld(world) as sim:
+        x = make_inputs(world, chunk, dtype, gen)
+        n = x[0].numel()
+        y = [torch.full((world * n,), 7.0, dtype=dtype, device="cuda") for _ in x]
+        for r in range(world):
+            y[r][r * n:(r + 1) * n] = x[r]
+        launch(sim, GATHER, dtype, [y[r][r * n:(r + 1) * n] for r in range(world)], y, chunk)
+        torch.cuda.synchronize()
+        check_gather(y, x, f"in-place all_gather world {world}")
+
+        whole = make_inputs(world, world * chunk, dtype, gen)
+        reduced = all_reduce(sim, dtype, whole)
+        torch.cuda.synchronize()
+        kept = [t.clone() for t in whole]
+        outs = [whole[r][r * n:(r + 1) * n] for r in range(world)]
+        launch(sim, SCATTER, dtype, whole, outs, chunk)
+        torch.cuda.synchronize()
+        check_scatter(outs, kept, reduced, f"in-place reduce_scatter world {world}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_many_calls_in_a_row_alternating_with_the_all_reduce(world):
+    """150 calls of the three flag-free kernels, back to back, synchronised once: ranks drift
+    apart by whole calls while each kernel clears, two calls later, what a different kernel of
+    a different size left in a receive buffer (every kernel records its own per-slot size)."""
+    gen = torch.Generator().manual_seed(world + 900)
+    chunks = (16, 1008, 4096 * 2 + 16, 65_552, FLAGFREE_BYTES)  # 5 sizes against 3 kernels: all pairs meet
+    calls = []
+    with SimWorld(world) as sim:
+        for i in range(150):
+            kind, dtype, chunk = ("ar", "ag", "rs")[i % 3], DTYPES[(i // 3) % 3], chunks[i % len(chunks)]
+            if kind == "ar":
+                x = make_inputs(world, chunk, dtype, gen)
+                y = [torch.full_like(t, 7.0) for t in x]
+                sim.launch(FLAGFREE, dtype, x, y)
+            elif kind == "ag":
+                x = make_inputs(world, chunk, dtype, gen)
+                y = [torch.full((world * t.numel(),), 7.0, dtype=dtype, device="cuda") for t in x]
+                launch(sim, GATHER, dtype, x, y, chunk)
+            else:
+                x = make_inputs(world, world * chunk, dtype, gen)
+                y = [torch.full((t.numel() // world,), 7.0, dtype=dtype, device="cuda") for t in x]
+                launch(sim, SCATTER, dtype, x, y, chunk)
+            calls.append((kind, dtype, chunk, x, y))
+        torch.cuda.synchronize()
+        for i, (kind, dtype, chunk, x, y) in enumerate(calls):
+            what = f"world {world} call {i} {kind} {dtype} chunk {chunk} B"
+            if kind == "ar":
+                check_outputs(y, x, what)
+            elif kind == "ag":
+                check_gather(y, x, what)
+            else:
+                reduced = all_reduce(sim, dtype, x)
+                torch.cuda.synchronize()
+                check_scatter(y, x, reduced, what)
+
+
+def test_entry_points_refuse_what_why_not_refuses():
+    """Sizes not whole vectors, chunks over the receive slot, integer dtypes: refused before
+    anything is enqueued."""
+    with SimWorld(2) as sim:
+        x = torch.zeros(2 * FLAGFREE_BYTES, dtype=torch.uint8, device="cuda")
+        y = torch.zeros(4 * FLAGFREE_BYTES, dtype=torch.uint8, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        bf16 = _native.DTYPE_CODES[torch.bfloat16]
+        for fn in (GATHER, SCATTER):
+            f = getattr(sim.lib, fn)
+            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), 1000, stream) != 0
+            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), FLAGFREE_BYTES + 16, stream) != 0
+            assert f(sim.ctxs[0], bf16, x.data_ptr() + 8, y.data_ptr(), 16, stream) != 0
+            assert f(sim.ctxs[0], 999, x.data_ptr(), y.data_ptr(), 16, stream) != 0
+            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), 0, stream) == 0
