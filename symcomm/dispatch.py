@@ -27,7 +27,7 @@ import torch
 from typing import TYPE_CHECKING
 
 from . import settings
-from .base import OPS, Call
+from .base import FLAGFREE, OPS, Call
 from .base import Path as CommPath
 from .errors import ArgumentError
 
@@ -41,9 +41,8 @@ PLAIN_FIRST = ("nccl", "nccl-symm", "torch")
 FLAGFREE_FIRST = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
 ONESHOT_FIRST = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
 # custom-flagfree also serves all_gather and reduce_scatter (one rank's chunk up to its receive
-# slot), but no all_gather or reduce_scatter row names it: it has not been measured on NVLink
-# yet, and a row must come from a measurement (bench/results/). Until then it runs only when
-# forced with algo="custom-flagfree".
+# slot). World 2 rows name it to 1 MiB, where it was measured (2x H200); world 4 has no such
+# measurement yet, so no row there names it.
 TWOSHOT_FIRST = ("custom-twoshot", "custom-oneshot")
 INF = float("inf")
 PLAIN_ROW = ([INF], [PLAIN_FIRST])  # a key with no rules: plain NCCL first
@@ -58,11 +57,17 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
         # Custom kernels: extrapolated from world 4 until `symcomm-bench tune -g 2` replaces them.
         "all_reduce": [(32 * _KiB, FLAGFREE_FIRST + SYMM_FIRST), (512 * _KiB, FLAGFREE_FIRST + PLAIN_FIRST), (1 * _MiB, TWOSHOT_FIRST + PLAIN_FIRST),
                        (4 * _MiB, TWOSHOT_FIRST + SYMM_FIRST), (8 * _MiB, TWOSHOT_FIRST + PLAIN_FIRST), (INF, PLAIN_FIRST)],
-        "all_gather": [(128 * _KiB, SYMM_FIRST), (512 * _KiB, PLAIN_FIRST), (16 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
+        # Flag-free to 1 MiB (bench/results/2026-11-28_nvidia-h200-x4_w2_baseline): 0.64-0.77x
+        # nccl-tests' faster mode for all_gather, 0.58-1.01x for reduce_scatter, 2x faster than
+        # symcomm's NCCL paths.
+        # Behind it, where it declines (odd sizes, all_gatherv), the 2026-11-22 NCCL order.
+        "all_gather": [(128 * _KiB, (FLAGFREE,) + SYMM_FIRST), (512 * _KiB, (FLAGFREE,) + PLAIN_FIRST),
+                       (1 * _MiB, (FLAGFREE,) + SYMM_FIRST), (16 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
         # In place, the symmetric kernel keeps winning up to 128 MiB (220 vs 225 us), unlike
         # out of place (304 vs 234 us).
-        "all_gather:inplace": [(128 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
-        "reduce_scatter": [(64 * _KiB, SYMM_FIRST), (1 * _MiB, PLAIN_FIRST), (4 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
+        "all_gather:inplace": [(1 * _MiB, (FLAGFREE,) + SYMM_FIRST), (128 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
+        "reduce_scatter": [(64 * _KiB, (FLAGFREE,) + SYMM_FIRST), (1 * _MiB, (FLAGFREE,) + PLAIN_FIRST),
+                           (4 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
     },
     4: {
         # Custom kernels (2026-11-22 sweep, bf16, graph replay): flag-free fastest to 512 KiB

@@ -27,9 +27,12 @@ HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 # range where the kernels can beat NCCL (docs/measuring.md: NCCL reaches its bandwidth from
 # about 16 MiB).
 DEFAULT_STAGING_BYTES = 16 << 20
-# Per rank and per receive buffer (three of them) for the flag-free kernel, which only wins
-# for small messages where latency, not bandwidth, decides.
-DEFAULT_FLAGFREE_BYTES = 512 << 10
+# Per rank and per receive buffer (three of them, so 3 x world x this in all) for the flag-free
+# kernels: the all-reduce's whole message, and one rank's chunk of all_gather/reduce_scatter.
+# At 512 KiB the slot, not the kernels, ended them: on 2x H200 they still beat NCCL 0.64x at
+# their last size (1 MiB in all, bench/results/2026-11-28_nvidia-h200-x4_w2_baseline). 2 MiB lets the
+# tune measure them to 4 MiB at world 2, for 12 MiB at world 2 and 48 MiB at world 8.
+DEFAULT_FLAGFREE_BYTES = 2 << 20
 # Device-side pointer tables for buffers recorded during graph capture (64 bytes each).
 DEFAULT_GRAPH_SLOTS = 4096
 # symcomm.h's SYMCOMM_AR_ABORT_* kinds and phases, for the alarm's message.
