@@ -22,6 +22,7 @@ class FakeState:
     """What the kernel paths read of the shared peer context, with no CUDA behind it."""
 
     def __init__(self, granules=None, can_register=True, graph_slots=8):
+        self.world_size = 2
         self.flagfree_bytes = peer_context.DEFAULT_FLAGFREE_BYTES
         self.staging_bytes = peer_context.DEFAULT_STAGING_BYTES
         self.granules = granules
@@ -195,6 +196,22 @@ def test_builtin_table_names_the_flagfree_collectives_only_where_measured(world,
                 assert order[0] == FLAGFREE, (key, nbytes, order)
             else:
                 assert FLAGFREE not in order, (key, nbytes, order)
+
+
+def test_equal_sizes_need_whole_vector_chunks_not_rows():
+    """custom-oneshot's reduce_scatter and custom-push's gather address each rank's part by
+    byte offset: with equal sizes a 1-D tensor (rows of one element) is served when one rank's
+    chunk is whole 16-byte vectors; with unequal sizes every row must be."""
+    from symcomm.backends.peer_path import offset_unit
+    oneshot = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(FakeState()))
+    assert oneshot.why_not(_collective("reduce_scatter", chunk_numel=8)) is None  # 16-byte chunks of 2-byte rows
+    assert "one rank's chunk of 8 bytes" in oneshot.why_not(_collective("reduce_scatter", chunk_numel=4))
+    x = torch.empty(8, dtype=torch.bfloat16)
+    uneven = Call("reduce_scatterv", [x], [x[:3]], [1 << 30], [2 << 30], [3, 5], "sum", x.nbytes)
+    assert "a row of 2 bytes" in oneshot.why_not(uneven)
+    even = Call("all_gatherv", [x[:4]], [x], [1 << 30], [2 << 30], [4, 4], None, x.nbytes)
+    assert offset_unit(even, x, 2) == 8 and offset_unit(uneven, x, 2) == 2
+    assert offset_unit(_collective("all_gather", chunk_numel=0), torch.empty(0), 2) == 0
 
 
 @pytest.mark.parametrize("world,ok", [(1, False), (2, True), (3, False), (4, True), (6, True), (8, True), (16, False)])

@@ -13,7 +13,7 @@ from .. import _native
 from ..base import FLAGFREE, ONESHOT, SCATTERING_OPS, TWOSHOT, Call
 from ..peer.capture import CAPTURE_CODES, IN_REGION, SCATTER_CODE, STAGED
 from ..peer.context import PeerContext
-from .peer_path import PeerPath
+from .peer_path import PeerPath, offset_unit
 
 ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}  # symcomm_ar_algo_t
 DTYPE_CODES = _native.DTYPE_CODES
@@ -82,10 +82,10 @@ class AllReduceKernelPath(PeerPath):
             return f"custom kernels only sum (op={call.redop!r})"
         if call.dtype not in DTYPE_CODES:
             return f"dtype {call.dtype} is unsupported (float32, float16, bfloat16)"
-        x = call.inputs[0]
-        row_bytes = x.nbytes // x.shape[0] if x.shape[0] else 0
-        if row_bytes % 16:
-            return f"a row of {row_bytes} bytes is not whole 16-byte vectors"
+        unit = offset_unit(call, call.inputs[0], self._context.world_size)
+        if unit % 16:
+            what = "one rank's chunk" if call.even else "a row"
+            return f"{what} of {unit} bytes is not whole 16-byte vectors"
         if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
             return "input or output is not 16-byte aligned"
         if call.nbytes > self.capacity and self._context.region_of(call.in_ptrs[0]) is None:

@@ -19,7 +19,7 @@ from ..base import PUSH, Call
 from ..peer.capture import CAPTURE_CODES
 from ..peer.context import aligned
 from ..peer.setup import SharedContext
-from .peer_path import PeerPath
+from .peer_path import PeerPath, offset_unit
 
 _c = ctypes
 MAX_TENSORS = 8  # symcomm.h's SYMCOMM_AR_MAX_PIECES
@@ -44,11 +44,12 @@ class PushPath(PeerPath):
                 problem = context.region_problem or "allocate it inside use_symmetric_memory"
                 return (f"output {i} is not in a mapped symmetric pool region (the push writes every peer's "
                         f"output in place): {problem}")
-            row_bytes = out.nbytes // out.shape[0] if out.shape[0] else 0
+            unit = offset_unit(call, out, context.world_size)
             # Only what is equal on every rank decides: a misaligned input (rank-local) is
             # copied in run() rather than sending this rank down another path than its peers.
-            if row_bytes % 16 or ptr & 15:
-                return f"out {i}: rows of {row_bytes} bytes or its address are not whole 16-byte vectors"
+            if unit % 16 or ptr & 15:
+                what = "one rank's chunk" if call.even else "a row"
+                return f"out {i}: {what} of {unit} bytes, or its address, is not whole 16-byte vectors"
         return None
 
     def run(self, call: Call) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import warnings
 
-from ..base import Path, Setup
+import torch
+
+from ..base import Call, Path, Setup
 from ..peer.capture import CaptureSession
 from ..peer.context import PeerContext
 from ..peer.setup import SHARED_KEY, SharedContext, register_captured
@@ -105,3 +107,15 @@ class PeerPath(Path):
         if self._shared is not None:
             self._shared.abandoned = True
         self._context = None
+
+
+def offset_unit(call: Call, tensor: torch.Tensor, world: int) -> int:
+    """Bytes that every rank's offset and length in ``tensor`` (the whole gathered output, or
+    the whole input of a reduce-scatter) are whole multiples of: one rank's chunk when every
+    rank has the same size, else one row. The peer kernels move 16-byte vectors, so this is
+    what must be a multiple of 16; with equal sizes the rows themselves need not be (a 1-D
+    tensor's rows are single elements)."""
+    if tensor.dim() == 0 or tensor.shape[0] == 0:
+        return 0
+    return tensor.nbytes // world if call.even else tensor.nbytes // tensor.shape[0]
+

@@ -1,0 +1,91 @@
+"""custom-push's all_gather and custom-oneshot's reduce_scatter on 1-D symmetric tensors (rows of
+one element): with equal sizes each rank's part is addressed by byte offset, so one rank's chunk
+being whole 16-byte vectors is enough (symcomm/backends/peer_path.py, offset_unit). Gathers are
+checked bitwise against NCCL, scatters against the float64 reference and NCCL, out of place, in
+place and replayed from a graph.
+
+Run: torchrun --nproc-per-node=2 -m pytest tests/gpu/test_peer_chunks.py
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import symcomm
+from symcomm import base
+from _data import DTYPES, all_inputs, assert_reduced
+
+# One rank's chunk in bytes: one vector, an odd vector count, 64 KiB + 16, 4 MiB + 16 (beyond
+# the flag-free slot, where these paths would take over).
+CHUNKS = (16, 1008, 65_552, (4 << 20) + 16)
+
+
+def _numel(nbytes: int, dtype: torch.dtype) -> int:
+    return nbytes // (torch.finfo(dtype).bits // 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_push_all_gather_1d_is_bitwise_nccl(comm, chunk, dtype):
+    w, rank, n = comm.world_size, comm.rank, _numel(chunk, dtype)
+    x = all_inputs(n, dtype, w, seed=chunk % 997 + 3)[rank]
+    want = comm.all_gather(x, algo="nccl")
+    with symcomm.use_symmetric_memory(comm):
+        out = torch.full((w * n,), float("nan"), dtype=dtype, device="cuda")
+    assert comm.select("all_gather", x, out=out, algo=base.PUSH).algo == base.PUSH
+    comm.all_gather(x, out=out, algo=base.PUSH)
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+    out.fill_(float("nan"))
+    out[rank * n:(rank + 1) * n] = x
+    comm.all_gather(out[rank * n:(rank + 1) * n], out=out, algo=base.PUSH)  # in place
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_oneshot_reduce_scatter_1d_matches_the_reference(comm, chunk, dtype):
+    w, rank, n = comm.world_size, comm.rank, _numel(chunk, dtype)
+    inputs = all_inputs(w * n, dtype, w, seed=chunk % 997 + 7)
+    with symcomm.use_symmetric_memory(comm):
+        x = inputs[rank].clone()
+    got = comm.reduce_scatter(x, algo=base.ONESHOT)
+    assert_reduced(got, [t[rank * n:(rank + 1) * n] for t in inputs], f"reduce_scatter {dtype} {chunk} B")
+    torch.testing.assert_close(got, comm.reduce_scatter(x, algo="nccl"))
+    mine = x[rank * n:(rank + 1) * n]
+    comm.reduce_scatter(x, out=mine, algo=base.ONESHOT)  # in place: this rank's part of x
+    assert torch.equal(mine.view(torch.uint8), got.view(torch.uint8))
+
+
+def test_chunks_not_whole_vectors_are_refused(comm):
+    w = comm.world_size
+    with symcomm.use_symmetric_memory(comm):
+        x = torch.ones(w * 4, dtype=torch.bfloat16, device="cuda")  # 8-byte chunks
+        out = torch.empty(w * 4, dtype=torch.bfloat16, device="cuda")
+    assert "one rank's chunk of 8 bytes" in comm.select("reduce_scatter", x, algo="auto").rejected[base.ONESHOT]
+    assert "one rank's chunk of 8 bytes" in comm.select("all_gather", x[:4], out=out).rejected[base.PUSH]
+
+
+@pytest.mark.parametrize("op", ("all_gather", "reduce_scatter"))
+def test_graph_replay_equals_eager(comm, op):
+    w, rank, n = comm.world_size, comm.rank, _numel(65_552, torch.bfloat16)
+    algo = base.PUSH if op == "all_gather" else base.ONESHOT
+    with symcomm.use_symmetric_memory(comm):
+        x = all_inputs(w * n, torch.bfloat16, w, seed=41)[rank].clone()
+        out = torch.empty(w * n if op == "all_gather" else n, dtype=torch.bfloat16, device="cuda")
+    src = x[:n] if op == "all_gather" else x
+    run = getattr(comm, op)
+    run(src, out=out, algo=algo)
+    eager = out.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(src, out=out, algo=algo)  # warm-up before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with comm.graph_capture(), torch.cuda.graph(graph):
+        run(src, out=out, algo=algo)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
