@@ -37,9 +37,6 @@ from typing import Iterable, Optional, Sequence
 SCHEMA = "symcomm-compare/1"
 MODES = ("R0", "R2")  # nccl-tests' -R: 0 plain buffers, 2 symmetric windows
 SYMM_MEM_PREFIX = "symm_mem"  # PyTorch's own symmetric-memory paths in symcomm-bench
-# symcomm-bench's peer copy of the bytes on the wire (symcomm/bench/link.py): how close to the
-# link auto comes, neither a yardstick nor one of symcomm's paths.
-LINK = "link-copy"
 WRONG_LABELS = {"R0": "nccl-tests R0", "R2": "nccl-tests R2", "symcomm": "symcomm-bench"}
 
 
@@ -137,7 +134,6 @@ class SymcommRun:
     nccl: Optional[str] = None
     torch: Optional[str] = None
     date: Optional[str] = None
-    bus_factor: Optional[float] = None  # bytes on the wire per GPU = bytes x this
 
     @property
     def paths(self) -> list[str]:
@@ -157,7 +153,7 @@ def load_symcomm(payload: dict) -> SymcommRun:
         if not row["inplace"]:
             times.setdefault(row["bytes"], {})[row["algo"]] = row["time_us"]
     return SymcommRun(payload["op"], payload["dtype"], payload["world_size"], times, wrong,
-                      payload.get("nccl"), payload.get("torch"), payload.get("date"), payload.get("bus_factor"))
+                      payload.get("nccl"), payload.get("torch"), payload.get("date"))
 
 
 def is_symm_mem(path: str) -> bool:
@@ -167,7 +163,7 @@ def is_symm_mem(path: str) -> bool:
 def is_symcomm_path(path: str) -> bool:
     """One of symcomm's own concrete paths: auto (and auto+fp8 and the like) is what is judged,
     and PyTorch's symmetric memory is a yardstick, not one of symcomm's paths."""
-    return path.split("+")[0] != "auto" and not is_symm_mem(path) and path != LINK
+    return path.split("+")[0] != "auto" and not is_symm_mem(path)
 
 
 # -- the comparison ------------------------------------------------------------------------
@@ -180,13 +176,6 @@ class Row:
     best_path: Optional[str]                # symcomm's fastest concrete path here
     best_path_us: Optional[float]
     symm_mem: dict[str, Optional[float]]    # PyTorch's paths -> us
-    link_us: Optional[float] = None         # the peer copy of the bytes on the wire
-    wire_bytes: Optional[int] = None        # bytes over one GPU's links
-
-    @property
-    def auto_of_link(self) -> Optional[float]:
-        """The fraction of a bare peer copy's speed auto reaches: link time / auto time."""
-        return _ratio(self.link_us, self.auto)
 
     @property
     def best_nccl_tests(self) -> Optional[float]:
@@ -292,9 +281,8 @@ def compare_op(op: str, nccl: dict[str, Optional[NcclRun]], sym: Optional[Symcom
             run = nccl.get(mode)
             row = run.rows.get(nbytes) if run else None
             tested[mode] = row.out_of_place.time_us if row else None
-        wire = int(nbytes * sym.bus_factor) if sym and sym.bus_factor is not None else None
         rows.append(Row(nbytes, tested, by_path.get("auto"), best, ours.get(best) if best else None,
-                        {p: by_path.get(p) for p in symm_paths}, by_path.get(LINK), wire))
+                        {p: by_path.get(p) for p in symm_paths}))
     worlds = [sym.world] if sym else [run.world for run in nccl.values() if run and run.world]
     return OpResult(op, rows, symm_paths, wrong, problems, sources, worlds[0] if worlds else None)
 
@@ -321,11 +309,9 @@ def fmt_ratio(value: Optional[float]) -> str:
 
 def markdown(result: OpResult) -> list[str]:
     symm = result.symm_mem_paths
-    linked = any(r.link_us is not None for r in result.rows)
     head = ["size", "nccl-tests R0", "nccl-tests R2", "symcomm auto", "symcomm best path",
             *(f"{p}" for p in symm), "auto / best(nccl-tests)",
-            "auto / best(nccl-tests, symm_mem)" if symm else "auto / best(nccl-tests, symm_mem: none ran)",
-            *(("wire/GPU", LINK, "auto of link") if linked else ())]
+            "auto / best(nccl-tests, symm_mem)" if symm else "auto / best(nccl-tests, symm_mem: none ran)"]
     lines = [f"### {result.op}" + (f", world {result.world}" if result.world else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for row in result.rows:
@@ -333,10 +319,6 @@ def markdown(result: OpResult) -> list[str]:
         cells = [human_size(row.nbytes), fmt_time(row.nccl_tests["R0"]), fmt_time(row.nccl_tests["R2"]),
                  fmt_time(row.auto), best, *(fmt_time(row.symm_mem[p]) for p in symm),
                  fmt_ratio(row.auto_vs_nccl_tests), fmt_ratio(row.auto_vs_best)]
-        if linked:
-            share = row.auto_of_link
-            cells += ["-" if row.wire_bytes is None else human_size(row.wire_bytes), fmt_time(row.link_us),
-                      "-" if share is None else f"{share:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     slower = [r for r in result.rows if (r.auto_vs_best or 0) > 1.0]
     judged = [r for r in result.rows if r.auto_vs_best is not None]
@@ -347,10 +329,6 @@ def markdown(result: OpResult) -> list[str]:
                      f"worst {worst.auto_vs_best:.2f} at {human_size(worst.nbytes)}.")
     wrong = ", ".join(f"{WRONG_LABELS[k]} {'-' if v is None else v}" for k, v in result.wrong.items())
     lines.append(f"#wrong: {wrong}.")
-    if linked:
-        lines.append(f"wire/GPU: the bytes each GPU's links carry (size x the busbw factor); {LINK}: a copy-engine "
-                     "peer copy of those bytes, every rank at once; auto of link: its time / auto's (1.00: as fast "
-                     "as the bare copy).")
     lines += [f"PROBLEM: {p}" for p in result.problems]
     lines.append("")
     return lines
@@ -363,8 +341,7 @@ def report_json(results: Sequence[OpResult]) -> dict:
             "rows": [{"bytes": r.nbytes,
                       **{f"nccl_tests_{m}_us": r.nccl_tests[m] for m in MODES},
                       "auto_us": r.auto, "best_path": r.best_path, "best_path_us": r.best_path_us,
-                      "symm_mem_us": r.symm_mem, "wire_bytes": r.wire_bytes, "link_copy_us": r.link_us,
-                      "auto_of_link": r.auto_of_link,
+                      "symm_mem_us": r.symm_mem,
                       "auto_vs_nccl_tests": r.auto_vs_nccl_tests, "auto_vs_best": r.auto_vs_best}
                      for r in result.rows],
             "world": result.world, "wrong": result.wrong, "problems": result.problems,

@@ -132,7 +132,7 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--algo", "torch,torch"], "names each column once"),
     (["all_reduce_rmsnorm", "--algo", "auto,unfused"], "columns are fixed"),
     (["all_reduce", "--device", "cpu", "--algo", "torch,fastest", "-b", "1K", "-e", "1K"],
-     "(available: auto, all, torch, symm_mem-oneshot, symm_mem-twoshot, link-copy)"),
+     "(available: auto, all, torch, symm_mem-oneshot, symm_mem-twoshot)"),
     (["all_gatherv", "--device", "cpu", "--algo", "symm_mem-lowcontention", "-b", "1K", "-e", "1K"],
      "--algo symm_mem-lowcontention is not available"),
     # a comparison column alone that cannot run: one line with torch's reason, before the header
@@ -254,13 +254,11 @@ def test_torchs_symmetric_memory_columns_are_na_with_the_reason_on_the_cpu(world
                      "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert [line for line in text.splitlines() if line.startswith("# Using algo:")] == [
-        "# Using algo: torch", "# Using algo: auto", "# Using algo: symm_mem-oneshot", "# Using algo: symm_mem-twoshot",
-        "# Using algo: link-copy"]
-    rows = table_rows(text)  # 2 sizes of torch, auto, then the three N/A blocks
+        "# Using algo: torch", "# Using algo: auto", "# Using algo: symm_mem-oneshot", "# Using algo: symm_mem-twoshot"]
+    rows = table_rows(text)  # 2 sizes of torch, auto, then the two N/A blocks
     assert all(w_oop == "0" and w_ip == "0" for *_, w_oop, w_ip in rows[:4])
     assert [line for line in text.splitlines() if line.split()[5:] == ["N/A"] * 8] == [
-        line for line in text.splitlines() if not line.startswith("#")][4:10]
-    assert "# link-copy refused some calls (N/A above), first: link-copy at 1024 B out-of-place: world 1" in text
+        line for line in text.splitlines() if not line.startswith("#")][4:8]
     for column in ("symm_mem-oneshot", "symm_mem-twoshot"):
         assert (f"# {column} refused some calls (N/A above), first: {column} at 1024 B out-of-place: "
                 "torch's symmetric memory needs CUDA") in text
@@ -329,10 +327,10 @@ def test_refused_path_prints_na_and_null_json(world_of_one, capsys, tmp_path, mo
                      "-e", "2K", "-n", "1", "-w", "0", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     na_rows = [l for l in text.splitlines() if not l.startswith("#") and l.split()[5:] == ["N/A"] * 8]
-    assert len(na_rows) == 10  # 2 sizes x blocks "torch", "auto", torch's symm_mem-oneshot and -twoshot, link-copy
+    assert len(na_rows) == 8  # 2 sizes x blocks "torch", "auto" and torch's symm_mem-oneshot and -twoshot
     assert "# torch refused some calls (N/A above), first: torch at 1024 B out-of-place" in text
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 20 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
+    assert len(rows) == 16 and all(r["time_us"] is None and r["busbw"] is None for r in rows)
 
 
 def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tmp_path, monkeypatch):
@@ -353,8 +351,7 @@ def test_rounds_report_each_paths_median_and_check_once(world_of_one, capsys, tm
     payload = json.loads(out.read_text())
     times = {(r["algo"], r["inplace"]): r["time_us"] for r in payload["rows"]}
     # torch's symmetric-memory columns are refused on the CPU: no sample, no time
-    refused = {(column, inplace): None for column in ("symm_mem-oneshot", "symm_mem-twoshot", "link-copy")
-               for inplace in (False, True)}
+    refused = {(column, inplace): None for column in ("symm_mem-oneshot", "symm_mem-twoshot") for inplace in (False, True)}
     assert times == {("torch", False): 5.0, ("torch", True): 6.0, ("auto", False): 7.0, ("auto", True): 8.0, **refused}
     assert payload["rounds"] == 3 and len(checked) == 4
     assert next(samples, None) is None  # exactly three passes

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from symcomm.bench import cli, link, ops, torch_symm
+from symcomm.bench import cli, ops, torch_symm
 from symcomm.bench import report as rp
 from symcomm.bench.spec import Buffers, Refusal, Setup
 
@@ -15,7 +15,6 @@ from test_bench_cli import table_rows, world_of_one  # noqa: F401 - world_of_one
 CUDA = torch.device("cuda")  # only a name here: no refusal below needs a device to exist
 CPU = torch.device("cpu")
 ONE, TWO, LOW = torch_symm.ONE_SHOT, torch_symm.TWO_SHOT, torch_symm.LOW_CONTENTION
-LINK = link.LINK
 
 
 @pytest.mark.parametrize("column", [ONE, TWO])
@@ -55,7 +54,7 @@ def test_the_low_contention_column_is_refused_everywhere_with_a_reason_per_timin
 
 def test_the_columns_belong_to_the_even_collectives_only():
     compared = {name: ops.spec(name).comparisons for name in ops.NAMES if ops.spec(name).comparisons}
-    assert compared == {"all_reduce": (ONE, TWO, LINK), "all_gather": (LOW, LINK), "reduce_scatter": (LOW, LINK)}
+    assert compared == {"all_reduce": (ONE, TWO), "all_gather": (LOW,), "reduce_scatter": (LOW,)}
 
 
 def make_setup(dtype: torch.dtype, redop: str = "sum", device: torch.device = CUDA, graphs: bool = True) -> Setup:
@@ -175,26 +174,3 @@ def test_a_one_shot_that_writes_nothing_counts_wrong(capsys, monkeypatch):
     assert cli.main(ARGS) == 1
     rows = table_rows(capsys.readouterr().out)
     assert [(w_oop, w_ip) for _, count, w_oop, w_ip in rows[:3]] == [(str(c), str(c)) for c in (1, 32, 1024)]
-
-
-def test_the_link_copy_is_refused_where_nothing_crosses_a_link():
-    assert link.refusal(CUDA, 1, 1024) == "world 1: nothing crosses a link"
-    assert link.refusal(CUDA, 2, 0) == "an empty message: nothing crosses a link"
-    assert link.refusal(CPU, 2, 1024) == "torch's symmetric memory needs CUDA"
-    assert link.wire_bytes(1 << 20, ops.spec("all_reduce").bus_factor(4)) == 3 << 19  # 2(W-1)/W
-    assert link.wire_bytes(1 << 20, ops.spec("reduce_scatter").bus_factor(2)) == 1 << 19
-
-
-def test_summary_puts_the_wire_bytes_and_autos_share_of_the_link_beside_the_paths():
-    rows = [rp.SizeRow("nccl", 1024, 256, rp.Timing(10.0, 0), rp.Timing(10.0, 0)),
-            rp.SizeRow("auto", 1024, 256, rp.Timing(5.0, 0), rp.Timing(5.0, 0)),
-            rp.SizeRow(LINK, 1024, 256, rp.Timing(2.0, 0), rp.Timing(2.0, 0))]
-    out = io.StringIO()
-    rp.print_summary(rows, ["nccl", "auto", LINK], out, comparisons=[LINK], factor=1.0)
-    text = out.getvalue()
-    assert "'wire/GPU' = size x 1, the bytes each GPU's links carry" in text
-    assert "auto vs" not in text.split("┃")[-1]  # the copy is no rival: no 'auto vs link-copy' column
-    [line] = [line for line in text.splitlines() if line.startswith("│")]
-    cells = [c.strip() for c in line.strip("│ ").split("│")]
-    # size, nccl, auto, link-copy, winner (never the copy), auto/link vs nccl, auto vs best, wire, auto of link
-    assert cells == ["1024", "10.00", "5.00", "2.00", "nccl", "2.00x", "5.00x", "2.00x", "1024", "0.40"]

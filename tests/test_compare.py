@@ -245,22 +245,3 @@ def test_the_real_cli_json_against_nccl_tests_text(gloo_run, tmp_path):
     assert [r["auto_us"] for r in record["rows"]] == [auto[s] for s in sizes]
     assert all(r["best_path"] for r in record["rows"]) and record["problems"] == []
     assert record["wrong"] == {"R0": 0, "R2": 0, "symcomm": 0}
-
-
-def test_the_link_copy_is_neither_a_path_nor_a_yardstick(tmp_path):
-    """link-copy (symcomm/bench/link.py) times the bytes on the wire alone: never symcomm's best
-    path nor the yardstick auto is judged by, but the table shows the wire bytes per GPU and
-    the fraction of the copy's speed auto reached."""
-    times = {1 << 20: {"nccl": 20.0, "auto": 10.0, "link-copy": 4.0}}
-    payload = symcomm_payload("all_gather", times)
-    payload["bus_factor"] = 0.5  # (W-1)/W at world 2
-    write_op(tmp_path, "all_gather", nccl_tests_text([(1 << 20, 1 << 19, 12.0, 0)], 2, redop="none"),
-             nccl_tests_text([(1 << 20, 1 << 19, 11.0, 0)], 2, redop="none"), payload)
-    [result] = compare.compare_folder(tmp_path)
-    [row] = result.rows
-    assert (row.best_path, row.best_path_us) == ("nccl", 20.0)
-    assert row.auto_vs_best == pytest.approx(10.0 / 11.0)
-    assert (row.wire_bytes, row.link_us, row.auto_of_link) == (1 << 19, 4.0, pytest.approx(0.4))
-    text = "\n".join(compare.markdown(result))
-    assert "| 1 MiB | 12.00 | 11.00 | 10.00 | 20.00 (nccl) | 0.91 | 0.91 | 512 KiB | 4.00 | 0.40 |" in text
-    assert compare.report_json([result])["ops"]["all_gather"]["rows"][0]["auto_of_link"] == pytest.approx(0.4)

@@ -7,8 +7,7 @@ the rank's slice of the output for gathers, the rank's slice of the input as the
 reduce-scatters.
 
 all_reduce, all_gather and reduce_scatter also have comparison columns: PyTorch's own
-symmetric-memory collectives (torch_symm.py), checked against the same references, and a peer
-copy of the bytes each GPU's links must carry (link.py).
+symmetric-memory collectives (torch_symm.py), checked against the same references.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import check, link, torch_symm
+from . import check, torch_symm
 from .sizes import ROW_BYTES, Even, Layout, Rows, Split
 from .spec import Buffers, Cases, Inputs, OpSpec, Setup
 
@@ -31,7 +30,7 @@ class AllReduce(OpSpec):
     name: str
     launch: Launch
     nccl: Optional[str] = None
-    comparisons: tuple[str, ...] = ()  # torch_symm.ALL_REDUCE_COLUMNS and link.LINK, or none
+    comparisons: tuple[str, ...] = ()  # torch_symm.ALL_REDUCE_COLUMNS, or none
     reduces = True
 
     def layout(self, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
@@ -62,12 +61,12 @@ class AllReduce(OpSpec):
         return check.reduction((gen(p)[lo:hi] for p in range(world)), redop, dtype, world)
 
     def comparison_notes(self) -> list[str]:
-        return [*torch_symm.ALL_REDUCE_NOTES, *link.NOTES]
+        return list(torch_symm.ALL_REDUCE_NOTES)
 
     def comparison_cases(self, setup: Setup, lay: Layout, mine: torch.Tensor,
                          exp: check.Expected | None) -> Cases:
         out = self.views(lay, setup.bufs, setup.rank, False)[1]
-        return with_link(self, setup, lay, torch_symm.all_reduce_cases(setup, lay.nbytes, lay.count, mine, out, exp))
+        return torch_symm.all_reduce_cases(setup, lay.nbytes, lay.count, mine, out, exp)
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class Sharded(OpSpec):
     split: Split
     launch: Launch
     nccl: Optional[str] = None
-    comparisons: tuple[str, ...] = ()  # (torch_symm.LOW_CONTENTION, link.LINK) for the even ops, or none
+    comparisons: tuple[str, ...] = ()  # (torch_symm.LOW_CONTENTION,) for the even ops, or none
 
     @abstractmethod
     def sides(self, total: int, mine: int) -> tuple[int, int]:
@@ -102,17 +101,11 @@ class Sharded(OpSpec):
         return self.launch(comm, x, out, lay.rows, redop, algo)
 
     def comparison_notes(self) -> list[str]:
-        return [*torch_symm.LOW_CONTENTION_NOTES, *link.NOTES]
+        return list(torch_symm.LOW_CONTENTION_NOTES)
 
     def comparison_cases(self, setup: Setup, lay: Layout, mine: torch.Tensor,
                          exp: check.Expected | None) -> Cases:
-        return with_link(self, setup, lay, torch_symm.low_contention_cases(setup))
-
-
-def with_link(spec: OpSpec, setup: Setup, lay: Layout, torch_cases: Cases) -> Cases:
-    """PyTorch's columns, and link.LINK: a peer copy of this size's bytes on the wire."""
-    link_cases = link.cases(setup, link.wire_bytes(lay.nbytes, spec.bus_factor(setup.world)))
-    return lambda column, inplace: (link_cases if column == link.LINK else torch_cases)(column, inplace)
+        return torch_symm.low_contention_cases(setup)
 
 
 class Gather(Sharded):
@@ -191,10 +184,10 @@ UNEVEN = Rows(bytes=ROW_BYTES)
 
 # torch has no uneven symmetric-memory gather or reduce-scatter: the v-ops compare with nothing.
 ALL_REDUCE = AllReduce("all_reduce", all_reduce_call, nccl="ncclAllReduce",
-                       comparisons=(*torch_symm.ALL_REDUCE_COLUMNS, link.LINK))
+                       comparisons=torch_symm.ALL_REDUCE_COLUMNS)
 ALL_GATHER = Gather("all_gather", Even(), all_gather_call, nccl="ncclAllGather",
-                    comparisons=(torch_symm.LOW_CONTENTION, link.LINK))
+                    comparisons=(torch_symm.LOW_CONTENTION,))
 ALL_GATHERV = Gather("all_gatherv", UNEVEN, all_gatherv_call)
 REDUCE_SCATTER = ReduceScatter("reduce_scatter", Even(), reduce_scatter_call, nccl="ncclReduceScatter",
-                               comparisons=(torch_symm.LOW_CONTENTION, link.LINK))
+                               comparisons=(torch_symm.LOW_CONTENTION,))
 REDUCE_SCATTERV = ReduceScatter("reduce_scatterv", UNEVEN, reduce_scatterv_call)

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Sequence
 
-from . import link, ops
+from . import ops
 
 SCHEMA = "symcomm-bench/1"
 
@@ -215,7 +215,6 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: di
         "iters": info.iters,
         "warmup_iters": info.warmup,
         "rounds": info.rounds,
-        "bus_factor": bus_factor(info.op, info.world),  # bytes on the wire per GPU = bytes x this
         "rows": flat_rows(rows, bus_factor(info.op, info.world)),
     }
     if baseline is not None:
@@ -265,24 +264,20 @@ def compared_label(comparisons: Sequence[str]) -> str:
 
 
 def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None,
-                  comparisons: Sequence[str] = (), factor: float | None = None):
+                  comparisons: Sequence[str] = ()):
     """rich Table: out-of-place time per path, the winner among the concrete paths, each path's
     speed-up over the baseline path (plain nccl on GPU, torch on CPU) and, where auto ran, how
     close auto came to the winner (best time / auto time: 1.00x means auto picked the best).
     ``comparisons``: columns of ``algos`` that time another library (PyTorch's symmetric
     memory): never the winner, since auto cannot pick them, but auto's speed-up over the fastest
     of them gets a column (their best time / auto time: above 1.00x, auto is faster).
-    With ``clean``: its time per size and the speed-up over it of CLEAN_COMPARED's paths.
-    Where link.LINK ran (a peer copy of the bytes on the wire, not a rival): each size's bytes
-    on the wire per GPU (``factor``: the op's busbw factor) and auto's fraction of the copy's
-    speed (link time / auto time)."""
+    With ``clean``: its time per size and the speed-up over it of CLEAN_COMPARED's paths."""
     from rich.table import Table
 
     baseline = pick_baseline(algos)
-    theirs = [a for a in algos if a in comparisons and a != link.LINK]
-    judge_link = link.LINK in algos and "auto" in algos and factor is not None
+    theirs = [a for a in algos if a in comparisons]
     # auto's columns (auto+fp8 too: a quantized output is another result, not a rival) are judged, not judges
-    contenders = [a for a in algos if a.split("+")[0] != "auto" and a not in theirs and a != link.LINK] or list(algos)
+    contenders = [a for a in algos if a.split("+")[0] != "auto" and a not in theirs] or list(algos)
     judge_auto = "auto" in algos and len(algos) > 1
     judge_theirs = "auto" in algos and bool(theirs)
     table = Table()
@@ -297,9 +292,6 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
         table.add_column("auto vs best", justify="right")
     if judge_theirs:
         table.add_column(f"auto vs {compared_label(theirs)}", justify="right")
-    if judge_link:
-        table.add_column("wire/GPU (B)", justify="right")
-        table.add_column("auto of link", justify="right")
     against_clean = clean_compared(algos) if clean is not None else []
     if clean is not None:
         table.add_column("nccl clean", justify="right")
@@ -327,10 +319,6 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
         if judge_theirs:
             best = min((times[a] for a in theirs if a in times), default=None)
             cells.append(f"{best / auto:.2f}x" if best and auto else "-")
-        if judge_link:
-            share = link.fraction(times.get(link.LINK), auto)
-            cells.append(str(link.wire_bytes(nbytes, factor)))
-            cells.append(f"{share:.2f}" if share is not None else "-")
         if clean is not None:
             ref = clean.times.get(nbytes)
             cells.append(f"{ref:.2f}" if ref is not None else "-")
@@ -342,13 +330,13 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
 
 
 def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | None = None,
-                  clean: Clean | None = None, comparisons: Sequence[str] = (), factor: float | None = None) -> None:
+                  clean: Clean | None = None, comparisons: Sequence[str] = ()) -> None:
     from rich.console import Console
 
     out = out or sys.stdout
     # Piped output gets a fixed width so the table is never folded at rich's 80-column default;
     # the clean columns get room of their own rather than squeezing the numbers into ellipses.
-    table = summary_table(rows, algos, clean, comparisons, factor)
+    table = summary_table(rows, algos, clean, comparisons)
     # 19 characters a column keep a header like "symm_mem-oneshot" (16, and the borders) whole in a wide table.
     width = max(160, 19 * len(table.columns))
     width += 0 if clean is None else CLEAN_WIDTH * (1 + len(clean_compared(algos)))
@@ -357,7 +345,7 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
     note = "; 'auto vs best' = winner's time / auto's time" if "auto" in algos and len(algos) > 1 else ""
     console.print(f"# Summary: out-of-place time (us) per path; '<path> vs {baseline}' = "
                   f"{baseline} time / path time{note}", markup=False)
-    theirs = [a for a in algos if a in comparisons and a != link.LINK]
+    theirs = [a for a in algos if a in comparisons]
     if theirs and "auto" in algos:
         best = f"the fastest of {', '.join(theirs)}'s times" if len(theirs) > 1 else f"{theirs[0]}'s time"
         console.print(f"# 'auto vs {compared_label(theirs)}' = {best} / auto's time (another library's "
@@ -367,10 +355,6 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
         # soft_wrap: a folded comment line would leave its tail without the "#".
         console.print(f"# 'nccl clean' = NCCL alone in its process, its faster buffer mode "
                       f"({clean.source}); '<path> vs clean' = clean time / path time",
-                      markup=False, soft_wrap=True)
-    if link.LINK in algos and "auto" in algos and factor is not None:
-        console.print(f"# 'wire/GPU' = size x {factor:g}, the bytes each GPU's links carry; 'auto of link' = "
-                      f"{link.LINK}'s time / auto's time (1.00: auto moves them as fast as a bare peer copy)",
                       markup=False, soft_wrap=True)
     console.print(table)
 
@@ -388,9 +372,9 @@ class Emitter:
             self.out.flush()
 
     def summary(self, rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None,
-                comparisons: Sequence[str] = (), factor: float | None = None) -> None:
+                comparisons: Sequence[str] = ()) -> None:
         if self.lead:
-            print_summary(rows, algos, self.out, clean, comparisons, factor)
+            print_summary(rows, algos, self.out, clean, comparisons)
             self.out.flush()
 
 

@@ -430,8 +430,7 @@ def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
         emit([*report.footer_lines(rows, info), *report.conclusion_lines(info)])
     else:
         report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
-        emit.summary(rows, runner.algos, clean, [a for a in runner.algos if a in runner.spec.comparisons],
-                     runner.spec.bus_factor(runner.world))
+        emit.summary(rows, runner.algos, clean, [a for a in runner.algos if a in runner.spec.comparisons])
 
     if emit.lead and cfg.json_path:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from symcomm.bench import cli, report, runner
-from symcomm.bench.link import LINK
 from symcomm.bench.torch_symm import ONE_SHOT, TWO_SHOT
 
 COLUMNS = f"{ONE_SHOT},{TWO_SHOT}"
@@ -68,18 +67,3 @@ def test_a_whole_run_beside_auto_exits_clean_with_the_comparison_in_its_summary(
         assert f"# Using algo: {ONE_SHOT}" in out and f"# Using algo: {TWO_SHOT}" in out
         assert "'auto vs symm_mem' = the fastest of" in out
         assert "refused some calls" not in out
-
-
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
-def test_the_link_copy_moves_the_wire_bytes_and_checks_every_byte(comm, capsys, op):
-    """link-copy beside auto at sizes not a power of two, captured: #wrong 0 (every byte pulled from
-    the next rank arrived), a time above zero, and the summary's wire and share columns."""
-    args = cli.build_parser().parse_args([op, "-d", "bfloat16", "--algo", f"auto,{LINK}", "-b", "1K", "-e", "4M",
-                                          "-f", "64", "-n", "3", "-w", "1", "-G", "2", "--no-symmetric"])
-    cfg = cli.build_config(args, "cuda")
-    cfg.sizes = [1024, 65536 + 32, 4 << 20]
-    assert runner.run(cfg, comm) == 0
-    out = capsys.readouterr().out
-    if comm.rank == 0:
-        assert f"# Using algo: {LINK}" in out and "refused some calls" not in out
-        assert "'auto of link'" in out and "wire/GPU (B)" in out
