@@ -214,6 +214,18 @@ def test_equal_sizes_need_whole_vector_chunks_not_rows():
     assert offset_unit(_collective("all_gather", chunk_numel=0), torch.empty(0), 2) == 0
 
 
+def test_flagfree_collectives_decline_above_world_2():
+    """custom_ar.FLAGFREE_COLLECTIVE_WORLDS: at world 4 on real ranks the flag-free reduce-scatter
+    was wrong and the next call hung, so both collectives decline there, saying why."""
+    state = FakeState()
+    state.world_size = 4
+    path = custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state))
+    for op in custom_ar.FLAGFREE_OPS:
+        reason = path.why_not(_collective(op, 1024, world=4))
+        assert "world 2 only" in reason and "4 ranks" in reason, reason
+    assert path.why_not(_call(1024)) is None  # the all-reduce itself is unaffected
+
+
 @pytest.mark.parametrize("world,ok", [(1, False), (2, True), (3, False), (4, True), (6, True), (8, True), (16, False)])
 def test_world_sizes(world, ok):
     assert (peer_setup.world_size_problem(world) is None) == ok

@@ -21,6 +21,11 @@ DTYPE_CODES = _native.DTYPE_CODES
 # v-variants: the kernels move one equal chunk per rank.
 FLAGFREE_OPS = {"all_gather": CAPTURE_CODES["custom-flagfree:all_gather"],
                 "reduce_scatter": CAPTURE_CODES["custom-flagfree:reduce_scatter"]}
+# The world sizes at which those two have passed on real ranks. At world 4 (2x2 H200 pairs of one
+# host, 2026-11-28) the reduce-scatter differed from the all-reduce of its chunk and the next
+# test hung, though 4 and 8 simulated ranks on one GPU pass: a cross-GPU ordering problem not
+# yet found. Until it is, they decline elsewhere rather than risk a wrong result or a hang.
+FLAGFREE_COLLECTIVE_WORLDS = (2,)
 
 
 class AllReduceKernelPath(PeerPath):
@@ -62,6 +67,10 @@ class AllReduceKernelPath(PeerPath):
         that word is a NaN can go through: there a writer swaps it for another NaN. Any other
         dtype (int32's -1, a float64 whose low word is all ones) would lose a real value."""
         op = call.op
+        world = self._context.world_size
+        if world not in FLAGFREE_COLLECTIVE_WORLDS:
+            return (f"the flag-free {op} is proven on real ranks at world 2 only (at world 4 its reduce-scatter "
+                    f"was wrong, then hung); this world has {world} ranks")
         if op == "reduce_scatter" and call.redop != "sum":
             return f"custom kernels only sum (op={call.redop!r})"
         if call.dtype not in DTYPE_CODES:
