@@ -32,12 +32,16 @@ def test_push_all_gather_1d_is_bitwise_nccl(comm, chunk, dtype):
     want = comm.all_gather(x, algo="nccl")
     with symcomm.use_symmetric_memory(comm):
         out = torch.full((w * n,), float("nan"), dtype=dtype, device="cuda")
-    assert comm.select("all_gather", x, out=out, algo=base.PUSH).algo == base.PUSH
+    chosen = comm.select("all_gather", x, out=out, algo=base.PUSH).algo
     comm.all_gather(x, out=out, algo=base.PUSH)
-    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+    got = out.clone()
     out.fill_(float("nan"))
     out[rank * n:(rank + 1) * n] = x
     comm.all_gather(out[rank * n:(rank + 1) * n], out=out, algo=base.PUSH)  # in place
+    # Asserts only after every collective, so that a failure on one rank cannot leave its
+    # peers waiting in a call it never makes.
+    assert chosen == base.PUSH
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
 
 
@@ -50,10 +54,14 @@ def test_oneshot_reduce_scatter_1d_matches_the_reference(comm, chunk, dtype):
         x = torch.empty_like(inputs[rank])
     x.copy_(inputs[rank])
     got = comm.reduce_scatter(x, algo=base.ONESHOT)
-    assert_reduced(got, [t[rank * n:(rank + 1) * n] for t in inputs], f"reduce_scatter {dtype} {chunk} B")
-    torch.testing.assert_close(got, comm.reduce_scatter(x, algo="nccl"))
+    theirs = comm.reduce_scatter(x, algo="nccl")
     mine = x[rank * n:(rank + 1) * n]
     comm.reduce_scatter(x, out=mine, algo=base.ONESHOT)  # in place: this rank's part of x
+    # Asserts only after every collective; NCCL is held to the float64 reference, not to these
+    # bits (from world 4 it rounds partial sums in the tensor's dtype).
+    parts = [t[rank * n:(rank + 1) * n] for t in inputs]
+    assert_reduced(got, parts, f"reduce_scatter {dtype} {chunk} B")
+    assert_reduced(theirs, parts, f"NCCL's reduce_scatter {dtype} {chunk} B")
     assert torch.equal(mine.view(torch.uint8), got.view(torch.uint8))
 
 
@@ -98,8 +106,11 @@ def test_graph_replay_equals_eager(fresh, op):
     graph = torch.cuda.CUDAGraph()
     with comm.graph_capture(), torch.cuda.graph(graph):
         run(src, out=out, algo=algo)
+    replays = []
     for _ in range(3):
         out.fill_(float("nan"))
         graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+        replays.append(out.clone())
+    torch.cuda.synchronize()
+    for i, got in enumerate(replays):  # after every replay, so every rank replays alike
+        assert torch.equal(got.view(torch.int16), eager.view(torch.int16)), f"replay {i}"
