@@ -112,10 +112,15 @@ FLAGFREE_SLOT = peer_context.DEFAULT_FLAGFREE_BYTES
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_flagfree_serves_gather_and_scatter_up_to_its_receive_slot(op, world, dtype):
     """Capacity is per rank's chunk (one receive slot per peer), so the whole message may reach
-    world x the slot: at world 2 with the default slot that is 1 MiB, the size the open issue
-    targets."""
-    path = _flagfree()
+    world x the slot: at world 2 with the default 2 MiB slot that is 4 MiB. Outside
+    FLAGFREE_COLLECTIVE_WORLDS every call is declined for the world alone."""
+    state = FakeState()
+    state.world_size = world
+    path = custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state))
     size = torch.empty((), dtype=dtype).element_size()
+    if world not in custom_ar.FLAGFREE_COLLECTIVE_WORLDS:
+        assert "world 2 only" in path.why_not(_collective(op, 8, world, dtype))
+        return
     assert path.why_not(_collective(op, 8, world, dtype)) is None  # one vector per rank
     assert path.why_not(_collective(op, 0, world, dtype)) is None  # empty: the C side enqueues nothing
     full = _collective(op, FLAGFREE_SLOT // size, world, dtype)
@@ -139,12 +144,6 @@ def test_flagfree_collectives_refuse_chunks_of_part_vectors(op, chunk_numel):
     """A chunk that is not whole 16-byte vectors is refused, not padded: rank r's chunk starts
     at r x chunk in the gathered tensor, which would not be vector-aligned either."""
     assert "not whole 16-byte vectors" in _flagfree().why_not(_collective(op, chunk_numel))
-
-
-@pytest.mark.parametrize("op", custom_ar.FLAGFREE_OPS)
-def test_flagfree_collectives_refuse_misaligned_tensors(op):
-    assert "16-byte aligned" in _flagfree().why_not(_collective(op, in_ptr=(1 << 30) + 8))
-    assert "16-byte aligned" in _flagfree().why_not(_collective(op, out_ptr=(2 << 30) + 4))
 
 
 def test_flagfree_reduce_scatter_only_sums():
@@ -212,6 +211,26 @@ def test_equal_sizes_need_whole_vector_chunks_not_rows():
     even = Call("all_gatherv", [x[:4]], [x], [1 << 30], [2 << 30], [4, 4], None, x.nbytes)
     assert offset_unit(even, x, 2) == 8 and offset_unit(uneven, x, 2) == 2
     assert offset_unit(_collective("all_gather", chunk_numel=0), torch.empty(0), 2) == 0
+
+
+@pytest.mark.parametrize("op,fn", [("all_gather", "symcomm_ar_flagfree_all_gather"),
+                                   ("reduce_scatter", "symcomm_ar_flagfree_reduce_scatter")])
+def test_flagfree_collectives_copy_a_misaligned_view_instead_of_declining(op, fn):
+    """Alignment is rank-local: a misaligned input or output must not send this rank to another
+    path than its peers. The kernel gets aligned copies; the result lands in the real output."""
+    state = FakeState()
+    state.lib, state.ctx = _RecordingLibrary(), 7
+    state.launch_stream = lambda session: 99
+    path = custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state))
+    chunk, whole = torch.zeros(1024 + 1, dtype=torch.bfloat16)[1:], torch.zeros(2048 + 1, dtype=torch.bfloat16)[1:]
+    x, out = (chunk, whole) if op == "all_gather" else (whole, chunk[:512])
+    call = Call(op, [x], [out], [x.data_ptr()], [out.data_ptr()], None, None if op == "all_gather" else "sum",
+                2048 * 2)
+    assert x.data_ptr() % 16 and out.data_ptr() % 16 and path.why_not(call) is None
+    path.run(call)
+    [(name, args)] = state.lib.calls
+    assert name == fn and args[2] % 16 == 0 and args[3] % 16 == 0
+    assert args[2] != x.data_ptr() and args[3] != out.data_ptr()
 
 
 def test_flagfree_collectives_decline_above_world_2():

@@ -9,10 +9,12 @@ kernels and their memory ordering.
 """
 from __future__ import annotations
 
+import torch
+
 from .. import _native
 from ..base import FLAGFREE, ONESHOT, SCATTERING_OPS, TWOSHOT, Call
 from ..peer.capture import CAPTURE_CODES, IN_REGION, SCATTER_CODE, STAGED
-from ..peer.context import PeerContext
+from ..peer.context import PeerContext, aligned
 from .peer_path import PeerPath, offset_unit
 
 ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}  # symcomm_ar_algo_t
@@ -83,8 +85,8 @@ class AllReduceKernelPath(PeerPath):
             return f"one rank's chunk of {chunk} bytes is not whole 16-byte vectors"
         if chunk > self.capacity:
             return f"one rank's chunk of {chunk} bytes exceeds {self.name}'s receive slot of {self.capacity} bytes"
-        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
-            return "input or output is not 16-byte aligned"
+        # Alignment is this rank's own business and must not decide the path (peers would wait
+        # in another one): _run_flagfree copies a misaligned input or output instead.
         return None
 
     def _why_not_scatter(self, call: Call) -> str | None:
@@ -159,7 +161,14 @@ class AllReduceKernelPath(PeerPath):
         chunk = call.inputs[0].nbytes if op == "all_gather" else call.outputs[0].nbytes
         fn = (context.lib.symcomm_ar_flagfree_all_gather if op == "all_gather"
               else context.lib.symcomm_ar_flagfree_reduce_scatter)
-        code = fn(context.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], call.out_ptrs[0], chunk,
-                  context.launch_stream(session))
+        # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided
+        # the path) goes through aligned copies; an in-place call then runs out of place.
+        in_ptr, out_ptr, out = call.in_ptrs[0], call.out_ptrs[0], call.outputs[0]
+        copy = aligned(call.inputs[0]) if in_ptr % 16 else None
+        target = torch.empty_like(out) if out_ptr % 16 else None
+        code = fn(context.ctx, DTYPE_CODES[call.dtype], in_ptr if copy is None else copy.data_ptr(),
+                  out_ptr if target is None else target.data_ptr(), chunk, context.launch_stream(session))
         if code:
             context.check(f"custom-flagfree {op} launch", code)
+        if target is not None:
+            out.copy_(target)

@@ -32,15 +32,13 @@ def test_push_all_gather_1d_is_bitwise_nccl(comm, chunk, dtype):
     want = comm.all_gather(x, algo="nccl")
     with symcomm.use_symmetric_memory(comm):
         out = torch.full((w * n,), float("nan"), dtype=dtype, device="cuda")
-    chosen = comm.select("all_gather", x, out=out, algo=base.PUSH).algo
-    comm.all_gather(x, out=out, algo=base.PUSH)
+    comm.all_gather(x, out=out, algo=base.PUSH)  # forced: raises if the path declines
     got = out.clone()
     out.fill_(float("nan"))
     out[rank * n:(rank + 1) * n] = x
     comm.all_gather(out[rank * n:(rank + 1) * n], out=out, algo=base.PUSH)  # in place
     # Asserts only after every collective, so that a failure on one rank cannot leave its
     # peers waiting in a call it never makes.
-    assert chosen == base.PUSH
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
 
@@ -63,6 +61,24 @@ def test_oneshot_reduce_scatter_1d_matches_the_reference(comm, chunk, dtype):
     assert_reduced(got, parts, f"reduce_scatter {dtype} {chunk} B")
     assert_reduced(theirs, parts, f"NCCL's reduce_scatter {dtype} {chunk} B")
     assert torch.equal(mine.view(torch.uint8), got.view(torch.uint8))
+
+
+def test_rows_shorter_than_a_vector_whose_chunks_are_whole_vectors(comm):
+    """2-D tensors of 6-byte rows (3 bf16), 8 rows per rank: no row is a vector, each rank's
+    48-byte chunk is three. Both paths serve them, checked against NCCL and the reference."""
+    w, rank, rows = comm.world_size, comm.rank, 8
+    inputs = [t.view(w * rows, 3) for t in all_inputs(w * rows * 3, torch.bfloat16, w, seed=61)]
+    mine = inputs[rank][rank * rows:(rank + 1) * rows].contiguous()
+    with symcomm.use_symmetric_memory(comm):
+        gathered = torch.empty(w * rows, 3, dtype=torch.bfloat16, device="cuda")
+        x = torch.empty(w * rows, 3, dtype=torch.bfloat16, device="cuda")
+    x.copy_(inputs[rank])
+    comm.all_gather(mine, out=gathered, algo=base.PUSH)
+    want = comm.all_gather(mine, algo="nccl")
+    got = comm.reduce_scatter(x, algo=base.ONESHOT)
+    assert torch.equal(gathered.view(torch.uint8), want.view(torch.uint8))
+    assert_reduced(got.reshape(-1), [t[rank * rows:(rank + 1) * rows].reshape(-1) for t in inputs],
+                   "reduce_scatter of 6-byte rows")
 
 
 def test_chunks_not_whole_vectors_are_refused(comm):
