@@ -91,6 +91,30 @@ def test_reduce_scatter_is_the_flagfree_all_reduce_chunk(fast_comm, chunk, dtype
     assert torch.equal(y[rank * n:(rank + 1) * n].view(torch.uint8), mine.view(torch.uint8))
 
 
+@pytest.mark.parametrize("misaligned", ("x", "out", "both"))
+def test_misaligned_views_are_copied_not_declined(fast_comm, misaligned):
+    """Alignment is one rank's own: here only rank 0's views are 2 bytes off, and every rank
+    must still take the flag-free path (a decline on rank 0 alone would leave its peer waiting)."""
+    c = fast_comm
+    if _declined(c):
+        return
+    w, rank, n = c.world_size, c.rank, 1024
+    shift = {"x": (1, 0), "out": (0, 1), "both": (1, 1)}[misaligned] if rank == 0 else (0, 0)
+    every = all_inputs(w * n, torch.bfloat16, w, seed=83)
+    x_buf = torch.empty(w * n + 1, dtype=torch.bfloat16, device="cuda")
+    x = x_buf[shift[0]:shift[0] + w * n]
+    x.copy_(every[rank])
+    gather_buf = torch.empty(w * n + 1, dtype=torch.bfloat16, device="cuda")
+    gathered = gather_buf[shift[1]:shift[1] + w * n]
+    scatter_buf = torch.empty(n + 1, dtype=torch.bfloat16, device="cuda")
+    scattered = scatter_buf[shift[1]:shift[1] + n]
+    c.all_gather(x[:n], out=gathered, algo=base.FLAGFREE)
+    c.reduce_scatter(x, out=scattered, algo=base.FLAGFREE)
+    want = c.all_gather(x[:n].clone(), algo="nccl")
+    assert torch.equal(gathered.view(torch.uint8), want.view(torch.uint8))
+    assert_reduced(scattered, [t[rank * n:(rank + 1) * n] for t in every], f"misaligned {misaligned}")
+
+
 def test_empty(fast_comm):
     c = fast_comm
     if _declined(c):
