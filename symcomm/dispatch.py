@@ -41,8 +41,8 @@ PLAIN_FIRST = ("nccl", "nccl-symm", "torch")
 FLAGFREE_FIRST = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
 ONESHOT_FIRST = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
 # custom-flagfree also serves all_gather and reduce_scatter (one rank's chunk up to its receive
-# slot). World 2 rows name it to 1 MiB, where it was measured (2x H200); world 4 has no such
-# measurement yet, so no row there names it.
+# slot), at world 2 only (backends/custom_ar.py, FLAGFREE_COLLECTIVE_WORLDS): the world-2 rows
+# name it to 1 MiB, where it was measured on 2x H200, and no world-4 row names it.
 TWOSHOT_FIRST = ("custom-twoshot", "custom-oneshot")
 INF = float("inf")
 PLAIN_ROW = ([INF], [PLAIN_FIRST])  # a key with no rules: plain NCCL first

@@ -31,6 +31,12 @@ FLAGFREE_OPS = {"all_gather": CAPTURE_CODES["custom-flagfree:all_gather"],
 FLAGFREE_COLLECTIVE_WORLDS = (2,)
 
 
+def flagfree_chunk(call: Call) -> int:
+    """One rank's chunk of a flag-free all_gather / reduce_scatter in bytes: what each peer's
+    receive slot holds (the gather's input, the scatter's output)."""
+    return call.inputs[0].nbytes if call.op == "all_gather" else call.outputs[0].nbytes
+
+
 class AllReduceKernelPath(PeerPath):
     """One of the three all-reduce kernels."""
 
@@ -79,8 +85,7 @@ class AllReduceKernelPath(PeerPath):
         if call.dtype not in DTYPE_CODES:
             return (f"dtype {call.dtype} is unsupported by the flag-free {op} (float32, float16, bfloat16: "
                     f"the dtypes in which the receive buffers' 0xFFFFFFFF sentinel word is a NaN, not a value)")
-        # One rank's chunk: what each peer's receive slot must hold.
-        chunk = call.inputs[0].nbytes if op == "all_gather" else call.outputs[0].nbytes
+        chunk = flagfree_chunk(call)
         if chunk % 16:
             return f"one rank's chunk of {chunk} bytes is not whole 16-byte vectors"
         if chunk > self.capacity:
@@ -158,7 +163,7 @@ class AllReduceKernelPath(PeerPath):
         staging, in a graph or not (recorded as read directly)."""
         context, op = self._context, call.op
         _, _, _, session = context.input_of(call.in_ptrs[0], call.nbytes, FLAGFREE_OPS[op], peers_read=False)
-        chunk = call.inputs[0].nbytes if op == "all_gather" else call.outputs[0].nbytes
+        chunk = flagfree_chunk(call)
         fn = (context.lib.symcomm_ar_flagfree_all_gather if op == "all_gather"
               else context.lib.symcomm_ar_flagfree_reduce_scatter)
         # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided

@@ -118,4 +118,3 @@ def offset_unit(call: Call, tensor: torch.Tensor, world: int) -> int:
     if tensor.dim() == 0 or tensor.shape[0] == 0:
         return 0
     return tensor.nbytes // world if call.even else tensor.nbytes // tensor.shape[0]
-
