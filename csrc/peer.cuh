@@ -30,10 +30,13 @@ namespace ar {
 constexpr int kMaxRanks = 8;
 constexpr int kMaxBlocks = 64;
 constexpr int kThreads = 512;
-// Grid cap of one-shot/two-shot (H200 has 132 SMs). Every block spins on peers in barriers, so
-// all of them must be resident at once; 36 measured well and leaves room for other kernels.
-// 64 blocks measured the same for two-shot at 4-16 MiB, world 4 (bench/NOTES.md, session 3).
-constexpr int kGridBlocks = 36;
+// Grid cap of the barrier kernels (one-shot, two-shot, the push gathers, MoE dispatch/combine;
+// H100 and H200 have 132 SMs). Every block spins on peers in barriers, so all of them must be
+// resident at once: 64 blocks of 512 threads fit beside other work. At world 2 on H200, 64
+// blocks against 36 took the one-shot all-reduce from 68.8 to 59.8 us at 16 MiB and the
+// one-shot reduce-scatter from 154 to 112 us at 64 MiB
+// (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll). kMaxBlocks bounds it.
+constexpr int kGridBlocks = 64;
 // The flag-free kernel always launches this many blocks: each block keeps its own record of
 // which receive buffer is live and its own record of what to clear, so every block
 // must take part in every call.
