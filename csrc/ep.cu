@@ -272,19 +272,42 @@ __global__ void __launch_bounds__(kThreads) ep_return(Sync s, const Peers* slots
   int64_t used = job.expert_offsets[job.num_local];
   used = used < job.capacity ? used : job.capacity;
   const int64_t chunks = (job.units + 31) / 32, slots_back = job.max_tokens * job.topk;
-  for (int64_t item = int64_t(blockIdx.x) * per_block + warp; item < used * chunks; item += int64_t(gridDim.x) * per_block) {
-    const int64_t r = item / chunks, u = (item % chunks) * 32 + lane;
-    const int32_t origin = job.recv_src[r];
-    if (origin < 0) continue;  // the same for every lane: one row per warp
-    const int owner = int(origin / slots_back);
-    const int64_t slot = origin % slots_back;
-    char* back = at(slots, job.returned, owner);
-    const bool mine = u < job.units;
-    if constexpr (Q == SYMCOMM_EP_NONE) {
-      if (mine)
-        reinterpret_cast<uint4*>(back)[slot * job.units + u] =
-            __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + u);
-    } else {
+  const int64_t items = used * chunks, stride = int64_t(gridDim.x) * per_block;
+  int64_t item = int64_t(blockIdx.x) * per_block + warp;
+  if constexpr (Q == SYMCOMM_EP_NONE) {
+    // kUnroll pieces per warp per pass, every load issued before any store. Dispatch stores each
+    // loaded piece topk times; combine stores each once, so with one piece at a time it paid a
+    // load round trip (and recv_src's before it) per 16 bytes sent and ran at about a third of
+    // dispatch's bandwidth (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll, moe.log).
+    constexpr int kUnroll = 4;
+    for (; item < items; item += kUnroll * stride) {
+      uint4 value[kUnroll];
+      uint4* dest[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        dest[k] = nullptr;
+        const int64_t at_item = item + k * stride;
+        if (at_item >= items) continue;
+        const int64_t r = at_item / chunks, u = (at_item % chunks) * 32 + lane;
+        const int32_t origin = job.recv_src[r];
+        if (origin < 0 || u >= job.units) continue;  // origin: the same for every lane of the row
+        const int64_t slot = origin % slots_back;
+        dest[k] = reinterpret_cast<uint4*>(at(slots, job.returned, int(origin / slots_back))) + slot * job.units + u;
+        value[k] = __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + u);
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        if (dest[k] != nullptr) *dest[k] = value[k];
+    }
+  } else {
+    for (; item < items; item += stride) {
+      const int64_t r = item / chunks, u = (item % chunks) * 32 + lane;
+      const int32_t origin = job.recv_src[r];
+      if (origin < 0) continue;  // the same for every lane: one row per warp
+      const int owner = int(origin / slots_back);
+      const int64_t slot = origin % slots_back;
+      char* back = at(slots, job.returned, owner);
+      const bool mine = u < job.units;
       float v[ep::kFp8Unit] = {};
       uint32_t amax = 0;
       if (mine) {
