@@ -5,7 +5,7 @@
 
 FlashInfer (the ``flashinfer-python`` package, its ``flashinfer.comm.trtllm_allreduce_fusion``,
 the kernel sglang uses) is the strongest public fused all-reduce + norm; the issue that asked
-for symcomm's fused paths names it as the anchor. It is not a dependency of symcomm: this script
+for symcomm's norm op names it as the anchor. It is not a dependency of symcomm: this script
 needs it installed (on the GPU machine, which has no network, as bench/flashinfer_pack.sh's
 trimmed archive with the kernel compiled ahead), and says so and stops where it is not.
 
@@ -14,9 +14,8 @@ graph, 10 replays), median of --rounds interleaved rounds, slowest rank, microse
 
 - ``nccl+torch``: NCCL all-reduce (symcomm's plain NCCL path), then ``a + residual`` and
   ``F.rms_norm``;
-- ``symcomm``: ``comm.all_reduce_rmsnorm`` on the path its table picks (auto);
-- ``unfused``, ``fused-flagfree``, ``fused-oneshot``, ``fused-twoshot``: each symcomm norm path
-  forced, "-" where it cannot serve;
+- ``symcomm``: ``comm.all_reduce_rmsnorm`` (auto: its all-reduce on the path the table picks,
+  then csrc/rmsnorm.cu);
 - ``fi-oneshot``, ``fi-twoshot``: FlashInfer's kernel with use_oneshot forced each way, PDL on,
   fp32 accumulation (the kernel's own heuristic picks one of these two).
 
@@ -42,7 +41,6 @@ import symcomm
 from symcomm.bench.timing import Timer
 
 EPS = 1e-6
-SYMCOMM_PATHS = ("unfused", "fused-flagfree", "fused-oneshot", "fused-twoshot")
 
 
 def main() -> None:
@@ -100,7 +98,6 @@ def main() -> None:
                 scale_factor=None, layout_code=None, metadata=metadata)
 
         calls = {"nccl+torch": nccl_torch, "symcomm": symcomm_call("auto"),
-                 **{p: symcomm_call(p) for p in SYMCOMM_PATHS},
                  "fi-oneshot": fi_call(True), "fi-twoshot": fi_call(False)}
         row = {"tokens": tokens, "bytes": x.nbytes, "auto": comm.select(
             "all_reduce_rmsnorm", x, weight=weight, residual=residual).algo, "errors": {}}
@@ -137,7 +134,7 @@ def main() -> None:
             rows_out.append(merged)
             print(f"tokens {tokens} done", flush=True)
     if rank == 0:
-        columns = ["nccl+torch", "symcomm", *SYMCOMM_PATHS, "fi-oneshot", "fi-twoshot"]
+        columns = ["nccl+torch", "symcomm", "fi-oneshot", "fi-twoshot"]
         print(f"# all-reduce + residual + RMSNorm, world {world}, {torch.cuda.get_device_name()}, hidden {hidden}, "
               f"bf16, torch {torch.__version__}, flashinfer {flashinfer.__version__}; graph replay, 20 calls "
               f"per graph, 10 replays, median of {args.rounds} rounds, slowest rank; us")

@@ -11,9 +11,8 @@ with the overlap and without it (PeerContext.set_overlap), alternating per size:
   cost as a decode step sees it.
 - nccl-tests view: the same all-reduce, back to back (Timer's 20 calls per graph).
 
-set_overlap switches the peer kernels (fused norm kernels included) but not the standalone
-RMSNorm kernel, which is always launched overlapped: where the norm rows run unfused, "+norm
-off" turns off the all-reduce's overlap only.
+set_overlap switches the peer kernels but not the RMSNorm kernel, which is always launched
+overlapped: "+norm off" turns off the all-reduce's overlap only.
 
 Checks, every size: the all-reduce's overlapped and plain outputs are equal bit for bit (the
 same kernel, only scheduled differently), and within bf16 rounding of NCCL's; the norm rows

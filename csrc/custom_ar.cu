@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
 
 // The flag-free all-gather and reduce-scatter are the all-reduce's protocol with other
 // payloads: the same receive buffers, slot layout, turn (flagfree_turn) and clear, so calls of
-// all three (and fused_norm_ar.cu's flag_free_norm) may follow each other in any order. Each
+// all three may follow each other in any order. Each
 // records as `prev` the vectors it wrote per sender slot, which is exactly what the clear two
 // calls later resets, whichever kernel runs then. nvec here is one rank's chunk in vectors
 // (at most slot_vecs): the gather's input, the scatter's output.

@@ -1,6 +1,5 @@
 // The machinery every peer-memory kernel shares (csrc/custom_ar.cu's all-reduce and
-// reduce-scatter, csrc/peer_gather.cu's gathers, csrc/fused_norm_ar.cu's fused all-reduce +
-// RMSNorm): the per-rank Signal block of barrier flags, the bounded waits that give up instead
+// reduce-scatter, csrc/peer_gather.cu's gathers): the per-rank Signal block of barrier flags, the bounded waits that give up instead
 // of trapping, the per-block epochs, the slot tables of peer addresses, the fp32 lanes the
 // sums run in, and the host-side Context of one rank. custom_ar.cu's opening comment explains
 // the memory ordering and the failure model; every kernel that meets peers must use barrier()
@@ -317,9 +316,9 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
   return true;
 }
 
-// The flag-free kernels' per-block bookkeeping (custom_ar.cu's flag_free, fused_norm_ar.cu's
-// flag_free_norm), in one place because both drive the same Signal words and must agree on
-// them. Receive buffers rotate over three: call k writes buffer k%3 and clears buffer (k-1)%3,
+// The flag-free kernels' per-block bookkeeping (custom_ar.cu's flag_free, flag_free_gather and
+// flag_free_scatter), in one place because they all drive the same Signal words and must agree
+// on them. Receive buffers rotate over three: call k writes buffer k%3 and clears buffer (k-1)%3,
 // which a peer writes again only at its call k+2, reached after receiving our call k+1 data,
 // sent after this clear. The live buffer is kept as an index 0..2, not a call count % 3: a
 // uint32_t count wraps at 2^32, and 2^32 % 3 == 1 would make two calls in a row write buffer 0.

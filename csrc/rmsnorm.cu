@@ -1,6 +1,5 @@
-// Standalone residual add + RMSNorm (+ FP8 / NVFP4 output) over all-reduced rows: the unfused
-// path of Communicator.all_reduce_rmsnorm (symcomm/rmsnorm.py), and the reference a fused
-// all-reduce kernel is compared with bit for bit. The math and the reduction order are in
+// Residual add + RMSNorm (+ FP8 / NVFP4 output) over all-reduced rows: the norm half of
+// Communicator.all_reduce_rmsnorm (symcomm/rmsnorm.py), run after its all-reduce. The math and the reduction order are in
 // csrc/rmsnorm.cuh; this file only loads rows, launches, and runs the same code on the host.
 #include "symcomm.h"
 #include "symcomm_testing.h"
@@ -52,7 +51,7 @@ constexpr int min_blocks(int iters, bool residual) {
 // cost 1.9x bf16's time at one row (H100, bench/NOTES.md). Block b takes row b / parts, loads
 // and sums all of it (the same order, so the same rinv in every block), and stores h and y for
 // the iterations i with i % parts == b % parts; never where h overlaps a or the residual
-// (row_parts says why; the unfused path hands the kernel an a of its own at decode sizes,
+// (row_parts says why; all_reduce_rmsnorm hands the kernel an a of its own at decode sizes,
 // symcomm/backends/composite.py).
 enum DependentSignal : int { kSignalEarly = 0, kSignalLate = 1, kSignalNever = 2 };
 
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kIters, kResidual)) rmsno
       if (residual_out != nullptr && i % parts == part) store_vec(h_row + j, h[i]);
     }
   }
-  rmsnorm_row<T, kIters, RowMode<kQuant, kStage, true>>(h, w, scale, row, nvec, eps, out, smem, parts, part);
+  rmsnorm_row<T, kIters, kQuant, kStage>(h, w, scale, row, nvec, eps, out, smem, parts, part);
   if (signal == kSignalLate) let_dependents_launch();
 }
 
@@ -151,7 +150,7 @@ cudaError_t launch_iters(const void* a, const void* residual, const void* weight
   const int parts = parts_for(rows, nvec, sms, a, residual, residual_out);
   const int64_t blocks = int64_t(rows) * parts;
   const int signal = !dependents_early() ? kSignalNever : blocks > sms ? kSignalLate : kSignalEarly;
-  // A programmatic dependent launch (launch.cuh): behind the all-reduce of the unfused path, or
+  // A programmatic dependent launch (launch.cuh): behind the op's all-reduce, or
   // behind any kernel of the caller's, the launch overlaps that kernel's tail.
   const auto args = [&](auto kernel) {
     return launch(true, kernel, static_cast<unsigned>(blocks), kThreads, st, static_cast<const T*>(a),

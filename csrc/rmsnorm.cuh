@@ -1,11 +1,10 @@
 // Residual add + RMSNorm (+ FP8 / NVFP4 quantization) of rows that are already all-reduced:
-// the math, as __host__ __device__ pieces, and the per-row device routine that both the
-// standalone kernel (csrc/rmsnorm.cu) and a fused all-reduce kernel call, so that the two give
-// the same bits.
+// the math, as __host__ __device__ pieces, and the per-row device routine of the kernel
+// (csrc/rmsnorm.cu), whose host twin runs the same pieces in the same order.
 //
-// Rounding contract (docs/fused-norm.md says the same for users):
+// Rounding contract (docs/rmsnorm.md says the same for users):
 //   h = round_T(float(a) + float(residual))   (h = a without residual). a is the all-reduced
-//       row already rounded to T, exactly what an unfused "all_reduce, then a + residual in T"
+//       row already rounded to T, exactly what "all_reduce, then a + residual in T"
 //       computes: one fp32 add of two T values, rounded once to nearest even.
 //   sumsq = sum of float(h)^2 over the row, in fp32, in the fixed order described below;
 //   rinv  = 1 / sqrt(sumsq / hidden + eps)     (each op correctly rounded fp32)
@@ -15,9 +14,9 @@
 //          symcomm.fp4.quantize(y, global_scale) gives.
 // So quantized outputs quantize the rounded y, never an unrounded fp32 value.
 //
-// Reduction order (the part a fused kernel must reproduce to get the same bits). A row of
-// `hidden` elements is nvec = hidden / 8 vectors of 16 bytes. It is reduced by a virtual block
-// of kThreads threads:
+// Reduction order (the part any other implementation must reproduce to get the same bits). A
+// row of `hidden` elements is nvec = hidden / 8 vectors of 16 bytes. It is reduced by a virtual
+// block of kThreads threads:
 //   1. thread t owns vectors j = t, t + kThreads, t + 2 kThreads, ... (in that order) and keeps
 //      one fp32 partial, acc = acc + x * x (two rounded ops, not an FMA) over its vectors'
 //      lanes 0..7 in order, from +0;
@@ -203,9 +202,6 @@ struct Output {
 };
 
 #ifdef __CUDACC__
-// Value of rmsnorm_row's kQuant that means "read Output::quant at run time" (the fused kernels).
-constexpr int kQuantAny = -1;
-
 // One 16-byte vector in one instruction. Reading a Vec<T> through a pointer field by field made
 // nvcc 13.0 emit eight 2-byte loads (the residual and weight reads, sm_90 SASS, 2026-11-25).
 template <typename T>
@@ -224,13 +220,10 @@ __device__ __forceinline__ void store_vec(Vec<T>* p, const Vec<T>& v) {
 }
 
 // Steps 2 and 3 on the device: every thread of the block gets the row's sum. smem holds kWarps
-// floats; the leading barrier lets a block call this once per row, reusing smem (a block that
-// sums one row only needs none).
-template <bool kReused = true>
+// floats, written once: a block sums one row.
 __device__ __forceinline__ float block_sum(float partial, float* smem) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) partial = __fadd_rn(partial, __shfl_xor_sync(0xffffffffu, partial, o));
-  if (kReused) __syncthreads();
   if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = partial;
   __syncthreads();
   float total = smem[0];
@@ -329,33 +322,23 @@ __device__ __forceinline__ void launder(Vec<T>& h) {
   for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(u[k]));
 }
 
-// How rmsnorm_row is called. kQuant: out.quant when the caller knows it at compile time (less
-// code and fewer registers), kQuantAny otherwise. kStaged: w is a shared-memory copy made with
-// copy_to_shared by this thread, waited for only after the row's sum. kOneRow: the block sums
-// one row only (block_sum needs no leading barrier).
-template <int kQuant_, bool kStaged_ = false, bool kOneRow_ = false>
-struct RowMode {
-  static constexpr int kQuant = kQuant_;
-  static constexpr bool kStaged = kStaged_;
-  static constexpr bool kOneRow = kOneRow_;
-};
-
 // One row, after the all-reduce and the residual add: thread t (blockDim.x == kThreads) holds
 // h[i] = vector t + i * kThreads of the row (already rounded to T, and already stored to the
 // new residual by the caller if it keeps one) for every such vector below nvec; the rest of h
 // is ignored. w is the weight as vectors (global memory, or this thread's shared-memory copies:
-// it reads w[t + i * kThreads] only), scale is load_out_scale(out, quant), Mode a RowMode. Writes
-// y (or its FP8 / NVFP4 encoding) for the row's vectors of the iterations i with i % parts ==
-// part (all of them with the defaults): blocks that share a row each sum all of it, in the same
+// it reads w[t + i * kThreads] only), scale is load_out_scale(out, kQuant). kQuant is out.quant,
+// known at compile time (less code and fewer registers); kStaged: w is a shared-memory copy made
+// with copy_to_shared by this thread, waited for only after the row's sum. Writes y (or its FP8
+// / NVFP4 encoding) for the row's vectors of the iterations i with i % parts == part (all of
+// them with the defaults): blocks that share a row each sum all of it, in the same
 // order, and write their part. Every thread of the block must call it (it synchronises the
 // block), with the same row, nvec, output and part.
 // For NVFP4, hidden must be a multiple of 16: the two halves of a 16-value block are vectors
 // 2k and 2k+1, held by lanes t and t^1 of one warp in the same iteration, which exchange amax.
-template <typename T, int kIters, typename Mode>
+template <typename T, int kIters, int kQuant, bool kStaged>
 __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const Vec<T>* w, float scale, int64_t row,
                                             int nvec, float eps, const Output& out, float* smem, int parts = 1,
                                             int part = 0) {
-  const int quant = Mode::kQuant == kQuantAny ? out.quant : Mode::kQuant;
   const int t = threadIdx.x;
   Vec<T> h[kIters];
   float acc = 0.0f;
@@ -366,10 +349,10 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const 
     launder(h[i]);
   }
   const int64_t hidden = int64_t(nvec) * kVec;
-  const float rinv = inv_rms(block_sum<!Mode::kOneRow>(acc, smem), hidden, eps);
-  if (Mode::kStaged) wait_copies();
+  const float rinv = inv_rms(block_sum(acc, smem), hidden, eps);
+  if (kStaged) wait_copies();
   Fp8Scale fp8;
-  if (quant == kQuantFp8) fp8 = fp8_scale(scale);
+  if (kQuant == kQuantFp8) fp8 = fp8_scale(scale);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     if (i % parts != part) continue;  // uniform over the block
@@ -378,9 +361,9 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const 
     Vec<T> y;
     float yf[kVec];
     if (active) normalize(h[i], load_vec(w + j), rinv, y, yf);
-    if (quant == kQuantNone) {
+    if (kQuant == kQuantNone) {
       if (active) store_vec(reinterpret_cast<Vec<T>*>(out.y) + row * nvec + j, y);
-    } else if (quant == kQuantFp8) {
+    } else if (kQuant == kQuantFp8) {
       if (active) {
         uint32_t words[2];
         fp8_vec(yf, fp8, words);

@@ -9,7 +9,6 @@
  *                                        peer_gather.cu (symcomm_ar_gatherv) gather by push
  *   symcomm_fp4_*                        fp4.cu         NVFP4 quantize / dequantize
  *   symcomm_rmsnorm*                     rmsnorm.cu     residual add + RMSNorm (+ FP8 / NVFP4)
- *   symcomm_ar_rmsnorm                   fused_norm_ar.cu  the all-reduce kernels fused with it
  *   symcomm_ep_*                         ep.cu          MoE expert-parallel dispatch and combine
  *
  * The library is loaded with ctypes; symcomm/_native.py holds the matching ctypes table and
@@ -36,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 5
+#define SYMCOMM_ABI_VERSION 6
 int symcomm_abi_version(void);
 
 /*
@@ -375,8 +374,8 @@ typedef enum {
 } symcomm_norm_quant_t;
 
 /*
- * The arguments of one residual add + RMSNorm, after its input a (or, fused, the all-reduced x):
- * symcomm_rmsnorm, symcomm_ar_rmsnorm and the testing header's symcomm_rmsnorm_host take them.
+ * The arguments of one residual add + RMSNorm, after its input a: symcomm_rmsnorm and the
+ * testing header's symcomm_rmsnorm_host take them.
  * The scale is read on the device from scale_ptr (one float) when it is not NULL, otherwise
  * scale_value is used (ignored for SYMCOMM_NORM_NONE; the host twin reads scale_value only).
  */
@@ -387,7 +386,7 @@ typedef struct {
   int64_t rows;
   int64_t cols;
   float eps;
-  void* residual_out;         /* h; NULL: not written (the fused call requires it) */
+  void* residual_out;         /* h; NULL: not written */
   symcomm_norm_quant_t quant;
   void* out;                  /* y, its FP8 bytes, or its NVFP4 codes */
   void* scales;               /* NVFP4 block scales, else NULL */
@@ -399,22 +398,6 @@ typedef struct {
 /* Enqueues one kernel (a programmatic dependent launch: csrc/launch.cuh) on stream, plus a
  * memset of the swizzled scale padding; returns without waiting. */
 symcomm_status_t symcomm_rmsnorm(const void* a, const symcomm_rmsnorm_args_t* args, symcomm_stream_t stream);
-
-/* Fused all-reduce (sum) + residual add + RMSNorm (fused_norm_ar.cu): a = the all-reduce of x
- * over the context's ranks with kernel `algo`, then exactly symcomm_rmsnorm's outputs for a
- * (same arguments and rules; its bits equal that all-reduce followed by symcomm_rmsnorm).
- * dtype is fp16 or bf16, cols a multiple of 16 and at most 8192 (a row is held in registers).
- * Input as in symcomm_ar_run: stage != 0 copies x into the staging buffer first (one-shot,
- * two-shot), otherwise slot `slot` is read at in_offset; flag-free reads x directly. The rest
- * is args (symcomm_rmsnorm_args_t).
- * residual_out is required and, with out and scales, must not overlap x. Capacity: the input
- * (rows x cols x 2 bytes) fits the flag-free buffer or the staging buffer; two-shot also needs
- * its scratch (the staging size) to hold h, y and the scales. With two-shot the residual is
- * read by each row's owner rank only, so it must be equal on every rank. Collective and
- * bounded like symcomm_ar_run; enqueued on stream. */
-symcomm_status_t symcomm_ar_rmsnorm(symcomm_ar_t ctx, symcomm_ar_algo_t algo, const void* x, int slot,
-                                    uint64_t in_offset, int stage, const symcomm_rmsnorm_args_t* args,
-                                    symcomm_stream_t stream);
 
 /* ------------------------------------------------------------------------------------------
  * MoE expert-parallel dispatch and combine (ep.cu) over a context's mapped symmetric regions.

@@ -71,8 +71,7 @@ symcomm_status_t symcomm_rmsnorm_host(const void* a, const symcomm_rmsnorm_args_
 
 /* How many blocks symcomm_rmsnorm gives each of `rows` rows of `cols` 2-byte values when `slots`
  * blocks can each have an SM (the SM count), for these pointers (only compared, never read):
- * 1 wherever residual_out overlaps a or residual. The fused kernels use the same rule with the
- * grid cap as slots. Needs no GPU; exists so CI checks the rule. */
+ * 1 wherever residual_out overlaps a or residual. Needs no GPU; exists so CI checks the rule. */
 int symcomm_norm_row_parts(int64_t rows, int64_t cols, int64_t slots, const void* a, const void* residual,
                            const void* residual_out);
 

@@ -15,7 +15,7 @@ import symcomm
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in fp32, rounded once to x's dtype at the end (the rounding the fused op documents)."""
+    """RMSNorm in fp32, rounded once to x's dtype at the end (the rounding all_reduce_rmsnorm documents)."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 

@@ -59,9 +59,8 @@ def share(rank: int, world: int, n: int) -> range:
 def all_reduce_add_rmsnorm(comm: symcomm.Communicator, partial: torch.Tensor, residual: torch.Tensor,
                            weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum the row-parallel partial over ranks, add the residual, normalise: one symcomm call,
-    which takes a fused all-reduce + RMSNorm kernel where one serves the size, and otherwise the
-    all-reduce followed by one norm kernel (the torch reference on CPU). Returns (normalised,
-    new residual)."""
+    the all-reduce followed by one norm kernel (the torch reference on CPU). Returns
+    (normalised, new residual)."""
     got = comm.all_reduce_rmsnorm(partial, weight, residual=residual, eps=eps)
     return got.out, got.residual
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests at 2 and 4 ranks, benchmarks.
 #
-#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|fused|memory|single|build|verify|compare] [OUT]
+#   bash scripts/gpu_check.sh [all|tests|bench|quick|release|norm|memory|single|build|verify|compare] [OUT]
 #   tests = GPU tests per world; bench = per world, tune then, for each op, NCCL alone in its
 #   process (`symcomm-bench baseline`) and `--algo all` with the freshly tuned table (so auto is
 #   measured with it) compared with that baseline, and eager costs; all = both;
 #   quick = tests, then membership and eager costs, no sweeps; release = the published
 #   numbers in one bounded call: the sweeps, FP4 tests and bench, eager, the stall tests,
 #   most important first (DEADLINE seconds, default 420 there, unbounded elsewhere);
-#   fused = the fused-norm numbers per world (issues 12, 13, 27): tune (all_reduce_rmsnorm row
-#   included), the norm op with --algo all and that table, bench/gemm_overlap.py (overlap
-#   on/off), bench/flashinfer_norm.py (every fused path, unfused and FlashInfer's kernel);
+#   norm = all_reduce_rmsnorm's numbers per world (issues 12, 13, 27): tune, the norm op with
+#   --algo all and that table, bench/gemm_overlap.py (overlap on/off), bench/flashinfer_norm.py
+#   (symcomm's op against FlashInfer's fused kernel);
 #   memory = issue 30's first step per world: bench/comm_memory.py (symcomm with and without graph
 #   communicators, cold and after torch's NCCL group; symmetric-CTA timing) and bench/graph_mixing.py;
 #   single = what one GPU can show: the README's two commands exactly as written (tests,
@@ -268,9 +268,9 @@ if [[ $MODE == release ]]; then  # most important first: later steps are skipped
   eager 4
   gpu_tests 2 stall 200 "tests/gpu/test_custom_ar.py -k missing_peer"
 fi
-if [[ $MODE == fused ]]; then
+if [[ $MODE == norm ]]; then
   for world in ${WORLDS:-2 4}; do
-    if ((world > NGPU)); then note "fused_w$world: NOT RUN ($NGPU GPUs)"; continue; fi
+    if ((world > NGPU)); then note "norm_w$world: NOT RUN ($NGPU GPUs)"; continue; fi
     table="$OUT/results/${GPU_SLUG}_w$world.json"
     step "tune_w$world" 300 torchrun --nproc-per-node="$world" -m symcomm.bench tune -d bfloat16 \
       -b 1K -e "${BENCH_MAX:-64M}" -n 20 -w 5 -G 10 -R "$ROUNDS" -o "$table"
@@ -280,7 +280,7 @@ if [[ $MODE == fused ]]; then
       --json "$OUT/results/norm_w$world.json"
     step "gemm_overlap_w$world" 120 "${tuned[@]}" torchrun --nproc-per-node="$world" \
       bench/gemm_overlap.py --json "$OUT/results/gemm_overlap_w$world.json"
-    # Every fused path against unfused and FlashInfer's kernel per token count (says so and
+    # symcomm's op against FlashInfer's fused kernel per token count (says so and
     # stops where flashinfer-python is not installed: bench/flashinfer_pack.sh packs it).
     step "flashinfer_norm_w$world" 150 "${tuned[@]}" torchrun --nproc-per-node="$world" \
       bench/flashinfer_norm.py --json "$OUT/results/flashinfer_norm_w$world.json"

@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 5  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 6  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -117,8 +117,6 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_fp4_dequantize": ([_ptr, _ptr, _i64, _i64, _ptr, _f32, _int, _ptr, _dtype, _stream], _status),
     # rmsnorm.cu
     "symcomm_rmsnorm": ([_ptr, _c.POINTER(RmsnormArgs), _stream], _status),
-    # fused_norm_ar.cu
-    "symcomm_ar_rmsnorm": ([_ar, _algo, _ptr, _int, _u64, _int, _c.POINTER(RmsnormArgs), _stream], _status),
     # ep.cu
     "symcomm_ep_dispatch": ([_ar, _c.POINTER(EpDispatchArgs), _stream], _status),
     "symcomm_ep_combine": ([_ar, _c.POINTER(EpCombineArgs), _stream], _status),

@@ -232,9 +232,9 @@ TUNING_ENV = "SYMCOMM_TUNING_FILE"
 TUNING_VERSION = 1
 PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
 INPLACE_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
-# The rows a table may hold: the shipped operations' (all_reduce_rmsnorm's ranks its norm paths
-# by x's bytes); a Communicator built with more operations accepts their rows too.
-TABLE_KEYS = (*OPS, *INPLACE_KEYS, "all_reduce_rmsnorm")
+# The rows a table may hold: the collectives'; a Communicator accepts a row named after any of
+# its operations too.
+TABLE_KEYS = (*OPS, *INPLACE_KEYS)
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 

@@ -5,7 +5,7 @@ rules, its torch reference and its kernel (csrc/rmsnorm.cu) with the kernel's CP
     h = a + residual                       (the new residual; h = a without one)
     y = h * rsqrt(mean(h^2) + eps) * weight
 
-Rounding contract (csrc/rmsnorm.cuh is the normative text, docs/fused-norm.md the user's):
+Rounding contract (csrc/rmsnorm.cuh is the normative text, docs/rmsnorm.md the user's):
 
 - h is rounded to a's dtype before anything uses it: one fp32 add of a (in dtype) and the
   residual, rounded once, as ``a + residual`` in dtype gives.
@@ -38,7 +38,7 @@ QUANTS = ("fp8", "nvfp4")
 VEC = 8
 THREADS = 256
 WARPS = THREADS // 32
-MAX_HIDDEN = 32768  # the standalone kernel's row limit (the fused kernels' is lower)
+MAX_HIDDEN = 32768  # the kernel's row limit
 FP8_MAX = 448.0
 _OUT_ALIGN = {None: 16, "fp8": 8, "nvfp4": 4}  # bytes one thread stores per vector
 
@@ -56,7 +56,7 @@ class NormCall(Call):
     is the all-reduce of x it starts with: dispatch ranks it by x's bytes."""
 
     __slots__ = ("x", "weight", "residual", "eps", "quant", "scale", "swizzle", "out", "scales_out",
-                 "residual_out", "y", "y_scales", "h", "inner_algo", "ar_choice")
+                 "residual_out", "y", "y_scales", "h", "inner_algo")
 
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
                  quant: str | None, scale: fp4.GlobalScale | None, swizzle: bool, out: torch.Tensor | None,
@@ -70,8 +70,7 @@ class NormCall(Call):
         self.y: torch.Tensor | None = None
         self.y_scales: torch.Tensor | None = None
         self.h: torch.Tensor | None = None
-        self.inner_algo = "auto"  # the all-reduce path algo= forced, for the paths that run one
-        self.ar_choice: str | None = None  # the path x's all-reduce alone takes, once asked
+        self.inner_algo = "auto"  # the all-reduce path algo= forced
 
     @property
     def tokens(self) -> int:
@@ -171,10 +170,10 @@ def check_args(device: torch.device, x: object, weight: object, residual: object
 
 
 def _check_memory(call: NormCall) -> None:
-    """Alignment, and which tensors may share memory. out must not overlap anything: it is written
-    after the row is read, but a fused path writes it while peers still read x in place. The
-    new residual may be the old one exactly (each element is read before it is written), but
-    must not overlap x, which fused paths read on peers while this rank writes."""
+    """Alignment, and which tensors may share memory. out must not overlap anything. The new
+    residual may be the old one exactly (each element is read before it is written), but must
+    not overlap x: it receives the all-reduce of x, whose kernels may read x (on peers too)
+    while this rank writes."""
     _check_aligned("weight", call.weight, 16)
     _check_aligned("residual", call.residual, 16)
     _check_aligned("residual_out", call.residual_out, 16)
@@ -284,8 +283,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def launch_args(call: NormCall, residual_out: torch.Tensor | None, out: torch.Tensor,
                 scales: torch.Tensor | None) -> _native.RmsnormArgs:
-    """symcomm_rmsnorm_args_t for ``call``: what the standalone kernel, its CPU twin and the fused
-    kernels take after their input."""
+    """symcomm_rmsnorm_args_t for ``call``: what the kernel and its CPU twin take after their
+    input."""
     if call.scale is None:
         scale_ptr, scale_value = None, 0.0
     elif isinstance(call.scale, torch.Tensor) and call.x.device.type == "cpu":

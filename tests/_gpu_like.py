@@ -17,7 +17,6 @@ from symcomm import _nccl
 from symcomm.backends.composite import UnfusedFp4Path, reference_norm, unfused_norm
 from symcomm.backends.custom_ar import AllReduceKernelPath
 from symcomm.backends.fp4_push import FusedPushFp4Path
-from symcomm.backends.fused_norm_ar import FusedNormPath
 from symcomm.backends.nccl import NcclPath
 from symcomm.backends.nccl_symm import NcclSymmPath
 from symcomm.backends.peer_gather import PushPath
@@ -90,8 +89,6 @@ def communicator(pool: Pool) -> symcomm.Communicator:
         return lambda: Fake(*args)
 
     paths = (Nccl, Symm, on_shared(AllReduceKernelPath, FLAGFREE), on_shared(AllReduceKernelPath, ONESHOT),
-             on_shared(AllReduceKernelPath, TWOSHOT), on_shared(PushPath), TorchPath,
-             on_shared(FusedNormPath, "fused-flagfree"), on_shared(FusedNormPath, "fused-oneshot"),
-             on_shared(FusedNormPath, "fused-twoshot"), unfused_norm, reference_norm, on_shared(FusedPushFp4Path),
-             UnfusedFp4Path)
+             on_shared(AllReduceKernelPath, TWOSHOT), on_shared(PushPath), TorchPath, unfused_norm, reference_norm,
+             on_shared(FusedPushFp4Path), UnfusedFp4Path)
     return symcomm.Communicator(paths=paths, timeout_s=60)

@@ -227,23 +227,21 @@ def test_rmsnorm_columns_run_clean_and_count_an_injected_wrong_element(world_of_
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     rows = table_rows(out)
-    assert [(size, count) for size, count, *_ in rows] == [(16384, 8192), (32768, 16384)] * 9
-    # On the CPU, torch's symmetric memory (the second block) and the three fused kernels (the
-    # fourth to sixth) cannot run: N/A, and the fused ones say why
+    assert [(size, count) for size, count, *_ in rows] == [(16384, 8192), (32768, 16384)] * 6
+    # On the CPU, torch's symmetric memory (the second block) cannot run: N/A, and it says why
     blocks = [rows[i:i + 2] for i in range(0, len(rows), 2)]
-    absent = {1, 3, 4, 5}
+    absent = {1}
     assert all(w_oop == "N/A" and w_ip == "N/A" for i in absent for *_, w_oop, w_ip in blocks[i])
     assert all(w_oop == "0" and w_ip == "0"
                for i, block in enumerate(blocks) if i not in absent for *_, w_oop, w_ip in block)
     assert "Using algo: auto+nvfp4" in out and "Using algo: unfused" in out and "x is [tokens, 8192]" in out
-    assert "# fused-oneshot refused some calls (N/A above), first: fused-oneshot at 16384 B" in out
     assert ("# symm_mem+torch refused some calls (N/A above), first: symm_mem+torch at 16384 B out-of-place: "
             "torch's symmetric memory needs CUDA") in out
     monkeypatch.setenv("SYMCOMM_BENCH_CORRUPT", "0")
     monkeypatch.setenv("MASTER_PORT", str(cli._free_port()))
     assert cli.main(args[:-6] + ["-b", "16K", "-e", "16K", "-n", "1", "-w", "0"]) == 1
     wrong = [(w_oop, w_ip) for *_, w_oop, w_ip in table_rows(capsys.readouterr().out)]
-    assert wrong == [("1", "1"), ("N/A", "N/A"), ("1", "1")] + [("N/A", "N/A")] * 3 + [("1", "1")] * 3
+    assert wrong == [("1", "1"), ("N/A", "N/A")] + [("1", "1")] * 4
 
 
 def test_torchs_symmetric_memory_columns_are_na_with_the_reason_on_the_cpu(world_of_one, capsys, tmp_path):

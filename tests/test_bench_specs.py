@@ -135,8 +135,7 @@ def test_labels(name):
 def test_only_the_fp4_gather_the_norm_and_moe_have_variant_columns():
     assert {n: ops.spec(n).variants for n in ops.NAMES if ops.spec(n).variants} == {
         "all_gatherv_fp4": ("unquantized", "fp4", "fp4+dequant"),
-        "all_reduce_rmsnorm": ("nccl+torch", "symm_mem+torch", "unfused", "fused-flagfree", "fused-oneshot",
-                               "fused-twoshot", "auto", "auto+fp8", "auto+nvfp4"),
+        "all_reduce_rmsnorm": ("nccl+torch", "symm_mem+torch", "unfused", "auto", "auto+fp8", "auto+nvfp4"),
         "moe": ("all_to_all_single", "a2a-buckets", "a2a", "a2a+nvfp4", "peer-push", "peer-push+nvfp4", "peer-push+fp8",
                 "peer-push:dispatch", "peer-push+nvfp4:dispatch")}
 

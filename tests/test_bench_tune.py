@@ -2,19 +2,13 @@
 through SYMCOMM_TUNING_FILE into a communicator."""
 import json
 import math
-import os
 
 import pytest
-import torch
-
-import symcomm
 
 from symcomm.bench import report as rp
 from symcomm.bench import tune
 from symcomm.dispatch import INF, check_tuning
-from symcomm.rmsnorm import OP as NORM_KEY
 
-from _spawn import run_world
 from test_bench_cli import bench, table_rows
 
 PATHS = ["nccl", "nccl-symm", "custom-oneshot", "torch"]
@@ -99,16 +93,14 @@ def test_tune_two_ranks_writes_a_table_a_communicator_loads(tmp_path):
     assert "symm_mem" not in res.stdout  # torch's comparison columns are never tuned: auto cannot pick them
     assert all(w_oop == "0" and w_ip in ("0", "N/A") for _, _, w_oop, w_ip in rows)
     for op in tune.KEYS:
-        if ":" not in op and op != NORM_KEY:
+        if ":" not in op:
             assert f"# Collective test concluded: symcomm-bench {op}" in res.stdout
-    # 1-2 KiB hold no token of the norm's 8192-value rows: it is left out, and the output says so
-    assert "# all_reduce_rmsnorm: no size of the sweep holds one token" in res.stdout
 
     payload = json.loads(out.read_text())
     tuned = check_tuning(payload)
     assert (tuned.gpu, tuned.world_size) == ("cpu", 2)
     # one path on CPU ranks identically in place: only the out-of-place rows remain
-    assert set(payload["rules"]) == {key for key in tune.KEYS if ":" not in key and key != NORM_KEY}
+    assert set(payload["rules"]) == {key for key in tune.KEYS if ":" not in key}
     assert all(steps[-1][0] is None for steps in payload["rules"].values())
     assert tuned.rules["all_reduce"][-1] == (INF, ("torch",))
     for key in ("nccl", "torch", "date", "command", "dtype", "timing", "sizes", "times_us", "wrong"):
@@ -124,35 +116,3 @@ def test_tune_two_ranks_writes_a_table_a_communicator_loads(tmp_path):
                  SYMCOMM_TUNING_FILE=str(out))
     assert used.returncode == 0, used.stderr
     assert f"auto follows the {out} table" in used.stdout
-
-
-def test_tune_ranks_the_norm_paths_where_a_size_holds_tokens(tmp_path):
-    """all_reduce_rmsnorm gets a row of its own over the sizes that hold whole tokens; on the CPU
-    only the torch reference runs, and a communicator loading the table follows the row."""
-    out = tmp_path / "cpu_w2.json"
-    res = bench("tune", "-g", "2", "--device", "cpu", "-b", "8K", "-e", "32K", "-n", "1", "-w", "0",
-                "-o", str(out))
-    assert res.returncode == 0, res.stderr
-    assert f"# Collective test concluded: symcomm-bench {NORM_KEY}" in res.stdout
-    payload = json.loads(out.read_text())
-    assert payload["norm_sizes"] == [16384, 32768]  # 8 KiB holds no 16 KiB row
-    assert check_tuning(payload).rules[NORM_KEY] == [(INF, ("reference",))]
-    times = payload["times_us"][NORM_KEY]["reference"]
-    assert len(times) == 2 and all(t > 0 for t in times)
-    assert payload["wrong"][NORM_KEY]["reference"] == [0, 0]
-
-    run_world(_select_norm_with_table, 2, str(out))
-
-
-def _select_norm_with_table(rank, world, table):
-    os.environ["SYMCOMM_TUNING_FILE"] = table
-    comm = symcomm.Communicator()
-    try:
-        x = torch.randn(2, 8192, dtype=torch.bfloat16)
-        choice = comm.select(NORM_KEY, x, weight=torch.ones(8192, dtype=torch.bfloat16))
-        assert choice.algo == "reference", choice
-        # the fused paths and the kernel are unavailable on the CPU, whatever the row says
-        assert set(choice.rejected) == {"fused-flagfree", "fused-oneshot", "fused-twoshot", "unfused"}
-        assert "CPU" in choice.rejected["unfused"] or "CUDA" in choice.rejected["unfused"], choice
-    finally:
-        comm.close()

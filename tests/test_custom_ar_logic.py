@@ -544,25 +544,3 @@ def test_abort_codes_name_the_peer_and_the_way_out(code, words):
     for word in words:
         assert word in text, text
     assert "close() it" in text
-
-
-@pytest.mark.parametrize("kernel,shape,quant,reason", [
-    (FLAGFREE, (8, 2056), None, "multiple of 16"),
-    (FLAGFREE, (8, 8208), None, "up to 8192"),
-    (FLAGFREE, (256, 8192), None, "exceeds the flag-free buffer"),
-    (ONESHOT, (1100, 8192), None, "exceeds the staging buffer"),
-    (TWOSHOT, (768, 8192), None, "two-shot's scratch"),
-    (TWOSHOT, (900, 8192), "nvfp4", "two-shot's scratch"),
-])
-def test_fused_norm_kernels_decline_with_a_reason(kernel, shape, quant, reason):
-    from symcomm import rmsnorm
-    from symcomm.backends.fused_norm_ar import FusedNormPath
-    name = {FLAGFREE: "fused-flagfree", ONESHOT: "fused-oneshot", TWOSHOT: "fused-twoshot"}[kernel]
-    path = FusedNormPath(name, peer_setup.SharedContext(FakeState()))
-
-    def call(shape):
-        x = torch.empty(shape, dtype=torch.bfloat16)
-        return rmsnorm.check_args(x.device, x, torch.empty(shape[1], dtype=torch.bfloat16), None, 1e-6, None, None,
-                                  quant, None if quant is None else 1.0, False)
-    assert reason in path.limits(call(shape))
-    assert path.limits(call((4, 2048))) is None

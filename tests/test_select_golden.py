@@ -73,7 +73,7 @@ def _norm(comm, pool: Pool, record) -> None:
                 w = torch.empty(hidden, dtype=torch.bfloat16)
                 res = torch.empty(shape, dtype=torch.bfloat16)
                 for quant, scale in ((None, None), ("fp8", 1.0), ("nvfp4", 1.0)):
-                    for algo in ("auto", "nccl", "custom-oneshot", "custom-flagfree", "fused-oneshot", "unfused"):
+                    for algo in ("auto", "nccl", "custom-oneshot", "custom-flagfree", "unfused"):
                         key = f"all_reduce_rmsnorm {tokens}x{hidden} {mem} {quant} {algo}"
                         try:
                             record(key, comm.select("all_reduce_rmsnorm", x, weight=w, residual=res, quant=quant,

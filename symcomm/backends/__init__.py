@@ -2,7 +2,7 @@
 
 Order matters twice: a path may use the paths opened before it (``nccl-symm`` needs ``nccl``'s
 library; the peer-memory paths need ``nccl`` for their teardown barrier and ``nccl-symm``'s
-pool; a fused norm path needs its all-reduce kernel's path), and teardown runs in reverse.
+pool), and teardown runs in reverse.
 Adding a path is one module here, one entry below, and a row in the tuning table
 (symcomm/dispatch.py) saying where it is preferred.
 """
@@ -14,7 +14,6 @@ from .custom_ar import AllReduceKernelPath
 from .ep_a2a import A2aCombinePath, A2aDispatchPath
 from .ep_push import PushCombinePath, PushDispatchPath
 from .fp4_push import FusedPushFp4Path
-from .fused_norm_ar import FusedNormPath
 from .nccl import NcclPath
 from .nccl_symm import NcclSymmPath
 from .peer_gather import PushPath
@@ -30,9 +29,6 @@ PATHS: tuple[PathFactory, ...] = (
     PushPath,
     TorchPath,
     # all_reduce_rmsnorm's
-    lambda: FusedNormPath("fused-flagfree"),
-    lambda: FusedNormPath("fused-oneshot"),
-    lambda: FusedNormPath("fused-twoshot"),
     unfused_norm,
     reference_norm,
     # all_gatherv_fp4's

@@ -1,6 +1,6 @@
 """PeerPath: the life every path on the peer runtime shares (symcomm/peer/).
 
-symcomm's all-reduce kernels, the push gather and the fused norm and FP4 paths all launch
+symcomm's all-reduce kernels, the push gather and the fused FP4 path all launch
 through one PeerContext per communicator. The first of them to open builds it by vote (or
 records why it is off, the same on every rank); each hears of new pool regions, takes part in
 graph capture and closes through it; the last to close tears it down. A subclass says which

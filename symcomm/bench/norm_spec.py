@@ -11,11 +11,8 @@ rows, one column per way of doing it, in the same run:
 - ``unfused``: ``comm.all_reduce_rmsnorm(algo="unfused")``: symcomm's all-reduce on the path
   its table picks, then one launch of csrc/rmsnorm.cu (``algo="reference"``, the torch
   reference, on CPU);
-- ``fused-flagfree``, ``fused-oneshot``, ``fused-twoshot``: each fused all-reduce + RMSNorm
-  kernel forced (N/A where it cannot serve: the CPU, sizes past its limit), so fused against
-  unfused is the fusion's gain, size by size;
 - ``auto``: ``comm.all_reduce_rmsnorm`` with --algo's path (auto with --algo all): what a
-  user gets, and which of the columns above the tuned table picks;
+  user gets;
 - ``auto+fp8``, ``auto+nvfp4``: the same with a quantized y, whose cost against ``auto`` is
   the quantization's.
 
@@ -36,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from symcomm import rmsnorm
-from symcomm.operations.all_reduce_rmsnorm import FUSED_KERNELS
 
 from . import check, torch_symm
 from .collectives import AllReduce, all_reduce_call
@@ -51,12 +47,9 @@ SYMM_MEM = "symm_mem+torch"
 # torch's symmetric-memory one-shot all-reduce up to here, two-shot above: torch leaves the
 # choice to its caller, and bench/layer_step.py splits at the same size
 SYMM_MEM_ONE_SHOT_MAX = 512 << 10
-# column -> (the norm path it forces, or None for --algo's path; quant mode). Each fused path
-# has a column of its own: once the tuned table prefers the unfused path, the auto columns
-# alone would no longer show what fusing costs or gains (N/A where a path cannot serve).
-_COLUMNS = {"unfused": ("unfused", None),
-            **{name: (name, None) for name in FUSED_KERNELS},
-            "auto": (None, None), "auto+fp8": (None, "fp8"), "auto+nvfp4": (None, "nvfp4")}
+# column -> (the norm path it forces, or None for --algo's path; quant mode)
+_COLUMNS = {"unfused": ("unfused", None), "auto": (None, None), "auto+fp8": (None, "fp8"),
+            "auto+nvfp4": (None, "nvfp4")}
 _QUANT = {column: quant for column, (_, quant) in _COLUMNS.items()}
 VARIANTS = (BASELINE, SYMM_MEM, *_COLUMNS)
 # y of random rows is within a few units: these keep FP8 codes and NVFP4 block scales in range.
@@ -145,8 +138,8 @@ class AllReduceRmsnorm(AllReduce):
                     baseline_y[0] = F.rms_norm(new_h, (HIDDEN,), weight, EPS)
                     return baseline_y[0]
             else:
-                # A column named after a norm path forces it (tune's columns), bf16 out.
-                norm_algo = _COLUMNS.get(variant, (variant, None))[0] or setup.path
+                # "unfused" forces that path, the auto columns run --algo's.
+                norm_algo = _COLUMNS[variant][0] or setup.path
                 if norm_algo == "unfused" and rmsnorm.kernel_available(device) is not None:
                     norm_algo = "reference"  # the same unfused path, with the torch reference for the kernel
 

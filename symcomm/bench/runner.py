@@ -256,11 +256,10 @@ class Runner:
         return infos
 
     # -- one size ------------------------------------------------------------------------
-    def measure_size(self, op: str, nbytes: int, progress: report.Progress,
-                     columns: Sequence[str] | None = None) -> list[report.SizeRow]:
-        """One size of ``op``, every column (the runner's, or ``columns``), rank-averaged."""
+    def measure_size(self, op: str, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
+        """One size of ``op``, every column, rank-averaged."""
         cfg = self.cfg
-        algos = list(columns) if columns is not None else self.algos
+        algos = self.algos
         spec = self.spec_of(op)
         lay = spec.layout(nbytes, self.world, self.dtype.itemsize, self.rank)
         cases = spec.cases(self.setup, lay, spec.inputs(self.setup, lay))

@@ -19,11 +19,8 @@ from typing import Iterable, Sequence
 
 from .. import __version__
 from ..dispatch import TUNING_VERSION, device_name
-from ..operations.all_reduce_rmsnorm import DEFAULT_ORDER
-from ..rmsnorm import OP as NORM_KEY
 from . import ops, report
-from .config import DATATYPES, TUNE_OPS, BenchError, TuneConfig
-from .norm_spec import ALL_REDUCE_RMSNORM, NORMABLE
+from .config import TUNE_OPS, BenchError, TuneConfig
 from .runner import Runner, progress_mode, sweep
 
 # Dispatch key -> (op measured, in-place column?). In-place calls dispatch by rows of their own
@@ -39,16 +36,9 @@ KEYS: dict[str, tuple[str, bool]] = {
     "reduce_scatter:inplace": ("reduce_scatter", True),
     "all_gatherv": ("all_gatherv", False),
     "reduce_scatterv": ("reduce_scatterv", False),
-    NORM_KEY: (NORM_KEY, False),  # in place (residual_out=residual) dispatches like out of place
 }
 
 Times = dict[str, list[float | None]]  # path -> time in us per size; None where refused or wrong
-
-# all_reduce_rmsnorm's columns, each path forced: on CUDA the fused kernels against the unfused
-# all-reduce + standalone kernel ("reference", the torch one, stays last resort); on the CPU
-# only the reference can run.
-NORM_COLUMNS = {"cuda": tuple(name for name in DEFAULT_ORDER if name != "reference"),
-                "cpu": ("reference",)}
 
 
 def ranking(at: dict[str, float | None], wrong: set[str], paths: Sequence[str]) -> list[str]:
@@ -109,15 +99,6 @@ def split_rows(rows: Iterable[report.SizeRow], sizes: Sequence[int], op: str,
     return times, wrong
 
 
-def norm_sizes(cfg: TuneConfig) -> tuple[list[int], str | None]:
-    """(sizes, why none): the sweep's sizes that hold at least one token of the norm's rows, if
-    the sweep's dtype is one the norm takes."""
-    if DATATYPES[cfg.datatype][1] not in NORMABLE:
-        return [], f"all_reduce_rmsnorm is not tuned for {cfg.datatype} (it normalises bfloat16 or half rows)"
-    sizes = [n for n in cfg.sizes if ALL_REDUCE_RMSNORM.layout(n, 1, 2, 0).count]  # 2-byte elements
-    return sizes, None if sizes else "all_reduce_rmsnorm: no size of the sweep holds one token"
-
-
 def default_output(gpu: str, world: int) -> str:
     """"NVIDIA H200", 4 -> "nvidia_h200_w4.json": the name a packaged table has."""
     slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_") or "device"
@@ -125,8 +106,7 @@ def default_output(gpu: str, world: int) -> str:
 
 
 def payload(cfg: TuneConfig, info: report.RunInfo, gpu: str, rules: dict[str, list[list]],
-            times: dict[str, Times], wrong: dict[str, dict[str, list[int]]], date: str,
-            nsizes: Sequence[int] = ()) -> dict:
+            times: dict[str, Times], wrong: dict[str, dict[str, list[int]]], date: str) -> dict:
     return {
         "version": TUNING_VERSION,
         "gpu": gpu,
@@ -141,8 +121,6 @@ def payload(cfg: TuneConfig, info: report.RunInfo, gpu: str, rules: dict[str, li
                    "rounds": cfg.rounds},
         "rules": rules,
         "sizes": list(cfg.sizes),
-        # all_reduce_rmsnorm's times are over these: the sizes that hold whole tokens
-        "norm_sizes": list(nsizes),
         "times_us": times,
         "wrong": wrong if cfg.check else None,
     }
@@ -171,9 +149,7 @@ def describe(rules: dict[str, list[list]]) -> list[str]:
 def run(cfg: TuneConfig, comm) -> int:
     """Measures, prints one nccl-tests block per op and path, writes the table (rank 0).
     Returns 1 if some path returned wrong results (it is left out where it did), else 0."""
-    nsizes, no_norm = norm_sizes(cfg)
-    runner = Runner(cfg, comm, (*TUNE_OPS, NORM_KEY) if nsizes else TUNE_OPS)
-    norm_columns = NORM_COLUMNS[runner.device.type]
+    runner = Runner(cfg, comm, TUNE_OPS)
     if not runner.algos:
         raise BenchError("tune: this communicator has no path to measure")
     base = runner.run_info()
@@ -184,7 +160,7 @@ def run(cfg: TuneConfig, comm) -> int:
     times: dict[str, Times] = {}
     wrong: dict[str, dict[str, list[int]]] = {}
     status = 0
-    total = (len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos) + len(nsizes) * len(norm_columns)) * cfg.rounds
+    total = len(TUNE_OPS) * len(cfg.sizes) * len(runner.algos) * cfg.rounds
     with report.Progress(total, progress_mode(emit.lead, False)) as progress:
         for op in TUNE_OPS:
             labels = ops.spec(op).labels(cfg.type_name, cfg.redop)
@@ -198,25 +174,16 @@ def run(cfg: TuneConfig, comm) -> int:
             times.update(op_times)
             wrong.update(op_wrong)
             status |= 1 if report.total_wrong(rows) else 0
-        norm = _tune_norm(runner, emit, base, nsizes, norm_columns, progress) if nsizes else None
-    if no_norm:
-        emit([f"# {no_norm}"])
 
     # Paths tune did not measure (torch on CUDA) stay at the end of every list as the last resort.
     paths = [*runner.algos, *(a for a in comm.algorithms() if a not in runner.algos)]
     rules = table_rules(cfg.sizes, times, wrong, paths)
-    if norm is not None:
-        norm_times, norm_wrong, norm_status = norm
-        rules.update(table_rules(nsizes, norm_times, norm_wrong, (*dict.fromkeys((*norm_columns, "reference")),)))
-        times.update(norm_times)
-        wrong.update(norm_wrong)
-        status |= norm_status
     if emit.lead:
         output = cfg.output or default_output(gpu, base.world)
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
             with open(output, "w", encoding="utf-8") as fh:
-                fh.write(dumps(payload(cfg, base, gpu, rules, times, wrong, date, nsizes)) + "\n")
+                fh.write(dumps(payload(cfg, base, gpu, rules, times, wrong, date)) + "\n")
         except OSError as exc:
             raise BenchError(f"tune: cannot write {output}: {exc.strerror or exc}") from None
         emit(["# Tuning table (preference per size, fastest first):", *describe(rules),
@@ -224,18 +191,3 @@ def run(cfg: TuneConfig, comm) -> int:
               *(["# Some paths returned wrong results: they are left out where they did (see #wrong)"]
                 if status else [])])
     return status
-
-
-def _tune_norm(runner: Runner, emit: report.Emitter, base: report.RunInfo, sizes: Sequence[int],
-               columns: Sequence[str], progress: report.Progress
-               ) -> tuple[dict[str, Times], dict[str, dict[str, list[int]]], int]:
-    """all_reduce_rmsnorm's norm paths over ``sizes``: (times, wrong, status) for its row."""
-    labels = ops.spec(NORM_KEY).labels(runner.cfg.type_name, "sum")
-    info = dataclasses.replace(base, op=NORM_KEY, **labels._asdict())
-    emit([f"# Collective test starting: {report.test_name(NORM_KEY)} (norm paths, each forced)", "#"])
-    runner.refused.clear()
-    rows = [row for n in sizes for row in runner.measure_size(NORM_KEY, n, progress, columns)]
-    report.emit_blocks(emit, info, rows, columns, runner.refused)
-    emit.summary(rows, columns)
-    times, wrong = split_rows(rows, sizes, NORM_KEY, columns)
-    return times, wrong, 1 if report.total_wrong(rows) else 0

@@ -1,18 +1,11 @@
 """all_reduce_rmsnorm as an operation: h = all_reduce(x) + residual, y = rmsnorm(h) * weight
 (+ FP8 / NVFP4), with symcomm/rmsnorm.py's arguments, rounding contract and local kernel.
 
-Its paths (symcomm/backends/fused_norm_ar.py, symcomm/backends/composite.py): ``fused-flagfree``,
-``fused-oneshot``, ``fused-twoshot`` run the norm inside one of symcomm's all-reduce kernels;
-``unfused`` runs the all-reduce on whatever path that op's dispatch picks, then the standalone
-kernel; ``reference`` the same with the torch reference. A fused path returns the bits of
-``unfused`` with the same all-reduce kernel. Auto tries them in the order of the dispatch
-table's ``all_reduce_rmsnorm`` row where the table has one (``symcomm-bench tune`` measures
-it); without one, in DEFAULT_ORDER, where a fused path serves exactly where the all-reduce of
-x alone would run on its kernel.
-
-``algo=`` takes a norm path (a fused one forces its kernel too) or an all-reduce path of the
-communicator, which forces that all-reduce: fused with the norm where that kernel's fused path
-serves, unfused with it otherwise.
+It runs the all-reduce of x on whatever path that op's dispatch picks (or the all-reduce path
+``algo=`` names), then the residual add and RMSNorm on this rank (symcomm/backends/composite.py):
+by csrc/rmsnorm.cu's kernel (``unfused``) where it can run, else by the torch reference
+(``reference``). ``algo=`` takes either of those names or an all-reduce path of the
+communicator.
 """
 from __future__ import annotations
 
@@ -23,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import check_mode, fp4
-from ..base import Call, capturing
+from ..base import Call
 from ..dispatch import Choice
-from ..errors import PeerMismatchError
 from ..registry import lookup
 from ..rmsnorm import OP, QUANTS, NormCall, NormedResult, allocate, check_args
 from .autograd import Backward, library_op, no_backward
@@ -35,37 +27,25 @@ from .collectives import all_reduce_op, make_all_reduce
 if TYPE_CHECKING:
     from ..base import Path
     from ..dispatch import DispatchTable
-    from ..peers import Peers
 
-# norm path name -> the all-reduce kernel it fuses
-FUSED_KERNELS = {"fused-flagfree": "custom-flagfree", "fused-oneshot": "custom-oneshot",
-                 "fused-twoshot": "custom-twoshot"}
 UNFUSED, REFERENCE = "unfused", "reference"
-# Auto's order where the table has no row for this op: a fused path then serves only where its
-# kernel is the all-reduce's choice, so at most one of them can, and it goes first.
-DEFAULT_ORDER = (*FUSED_KERNELS, UNFUSED, REFERENCE)
+# The kernel wherever it can run, the torch reference elsewhere: a table does not rank them.
+ORDER = (UNFUSED, REFERENCE)
 
 
 @dataclass(frozen=True)
 class NormChoice(Choice):
-    """select()'s answer for all_reduce_rmsnorm: the norm path, why the others were passed over,
-    and the inner all-reduce's own Choice for the unfused paths (None for a fused one)."""
+    """select()'s answer for all_reduce_rmsnorm: the norm path, why the other was passed over,
+    and the inner all-reduce's own Choice."""
 
     all_reduce: Choice | None = None
 
 
 def all_reduce_view(x: torch.Tensor) -> Call:
-    """The all-reduce of x as the unfused path makes it (out of place), without allocating an
-    output: what the fused paths follow, and what check mode compares."""
+    """The all-reduce of x as the op makes it (out of place), without allocating an output: what
+    check mode compares."""
     ptr = x.data_ptr()
     return Call("all_reduce", (x,), (x,), (ptr,), (ptr,), None, "sum", x.nbytes, "all_reduce")
-
-
-def all_reduce_choice(call: NormCall, dispatcher: Dispatcher) -> str:
-    """The path the all-reduce of x alone takes under auto: the fused paths follow it. Once per call."""
-    if call.ar_choice is None:
-        call.ar_choice = dispatcher.choose_inner(all_reduce_view(call.x), "auto").name
-    return call.ar_choice
 
 
 def _decode_quant(v: int) -> str | None:
@@ -91,27 +71,18 @@ class AllReduceRmsnorm(Operation):
         return NormedResult(call.y, call.h, call.y_scales)
 
     def order(self, table: DispatchTable, call: NormCall) -> tuple[str, ...]:
-        if call.inner_algo != "auto" or OP not in table.rows:
-            return DEFAULT_ORDER
-        ranked = tuple(n for n in table.preference(OP, call.nbytes) if n in DEFAULT_ORDER)
-        return (*ranked, *(n for n in DEFAULT_ORDER if n not in ranked))
+        return ORDER
 
     def ranking(self, table: DispatchTable, call: NormCall) -> str:
-        if call.inner_algo == "auto" and OP in table.rows:
-            return f"by the {table.source} table"
-        return "in all_reduce_rmsnorm's default order"
+        return "in all_reduce_rmsnorm's order"
 
     def resolve(self, call: NormCall, algo: object, dispatcher: Dispatcher) -> str:
         algo = super().resolve(call, algo, dispatcher)
-        if algo == "auto" or algo in DEFAULT_ORDER:
-            # Forcing a fused path forces its kernel too (tune times each path so).
-            call.inner_algo = FUSED_KERNELS.get(algo, "auto")
+        if algo == "auto" or algo in ORDER:
             return algo
-        return self.resolve_inner(call, algo, dispatcher, "all_reduce", "auto", DEFAULT_ORDER, "a norm path")
+        return self.resolve_inner(call, algo, dispatcher, "all_reduce", "auto", ORDER, "a norm path")
 
     def inner_choice(self, call: NormCall, path: Path, dispatcher: Dispatcher) -> Choice | None:
-        if path.name not in (UNFUSED, REFERENCE):
-            return None
         if call.inner_algo != "auto":
             return Choice(call.inner_algo, {})
         return dispatcher.explain_inner(make_all_reduce(call.x, torch.empty_like(call.x)), "auto")
@@ -129,19 +100,10 @@ class AllReduceRmsnorm(Operation):
                         compared: Sequence[str]) -> tuple[list[int], list[str]]:
         """The all-reduce of x under this op's name, with the norm path and every scalar that
         changes a result compared. Free per rank, and not compared: ``weight`` and the
-        ``residual`` values (this rank normalises its own rows with them; fused two-shot, which
-        normalises each row on one rank for all, compares them in check_more) and where the
-        outputs sit (written locally)."""
+        ``residual`` values (this rank normalises its own rows with them) and where the outputs
+        sit (written locally)."""
         return check_mode.signature(all_reduce_view(call.x), path_index, world, locate, compared, OP,
                                     self.check_scalars(call))
-
-    def check_more(self, call: NormCall, path: Path, peers: Peers) -> None:
-        """Fused two-shot normalises each row on one rank, with that rank's residual and weight, so
-        they must be equal on every rank (tensor parallelism keeps them so): a digest of their bits
-        is compared."""
-        if path.name != "fused-twoshot":
-            return
-        check_replicated(call, peers)
 
     def compiled(self, comm: Any, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
                  eps: float = 1e-6, out: Any = None, residual_out: torch.Tensor | None = None,
@@ -192,28 +154,6 @@ def rmsnorm_backward(h: torch.Tensor, weight: torch.Tensor, eps: float,
     d_normed = gf * wf
     d_h = inv * (d_normed - normed * (d_normed * normed).mean(-1, keepdim=True))
     return d_h, d_weight
-
-
-def check_replicated(call: NormCall, peers: Peers) -> None:
-    """Exchange a digest of residual and weight. Reading it is a synchronisation, which ends a
-    CUDA-graph capture (the capture was invalidated, then the end-of-capture exchange timed out
-    or the next pool teardown aborted the process): during capture every rank exchanges a
-    placeholder instead, so the eager calls before a capture are where the rule is checked."""
-    digest = 0
-    if capturing(call.x.device):
-        peers.exchange([-1], kind="check:replicated")
-        return
-    for t in (call.residual, call.weight):
-        if t is not None:
-            bits = t.contiguous().view(torch.int16).reshape(-1).to(torch.int64)
-            digest = digest * 1_000_003 + int((bits * torch.arange(1, bits.numel() + 1, device=bits.device)).sum())
-    digest &= (1 << 63) - 1
-    rows = peers.exchange([digest], kind="check:replicated")
-    if any(row[0] != rows[0][0] for row in rows):
-        differ = [r for r, row in enumerate(rows) if row[0] != rows[0][0]]
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {OP}: residual or weight differs between rank 0 and rank(s) "
-                                f"{differ}; fused two-shot normalises each row on one rank, so both must be the same "
-                                f"on every rank")
 
 
 ALL_REDUCE_RMSNORM = AllReduceRmsnorm()

@@ -9,8 +9,7 @@ STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecor
 # The kernel field of a captured call (CALL_FIELDS): one code per kernel a context launches, so
 # that ranks which captured different kernels for the same bytes disagree there. The all-reduce
 # kernels' codes are their ALGO_CODES.
-CAPTURE_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2, PUSH: 3, "fused-push": 4, "fused-flagfree": 5,
-                 "fused-oneshot": 6, "fused-twoshot": 7, "custom-oneshot:reduce_scatter": 8,
+CAPTURE_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2, PUSH: 3, "fused-push": 4, "custom-oneshot:reduce_scatter": 8,
                  "ep-dispatch": 9, "ep-combine": 10, "custom-flagfree:all_gather": 11,
                  "custom-flagfree:reduce_scatter": 12}
 SCATTER_CODE = CAPTURE_CODES["custom-oneshot:reduce_scatter"]

@@ -3,7 +3,7 @@
 It holds this rank's mapped buffers, the pool regions mapped from every peer, the device slots
 of buffers captured in graphs, the stream order of its launches, and the alarm its kernels raise
 when they give up on a peer. Every peer-memory path (symcomm's all-reduce kernels, the push
-gather, the fused norm and the FP4 dispatch) launches through the one context of its
+gather and the FP4 dispatch) launches through the one context of its
 communicator. symcomm/peer/setup.py builds it by vote; symcomm/peer/capture.py records what
 a graph captured.
 """

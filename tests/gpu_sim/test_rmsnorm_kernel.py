@@ -155,7 +155,7 @@ def test_split_rows_with_an_aliased_new_residual(tokens, alias):
     block writing its h before another block of the row has read the same vector would make
     that block add the residual twice, so the kernel keeps one block per row there. Every run
     of the aliased calls must give the host's bits. The race itself shows rarely: with the rule
-    removed these runs passed 5 times out of 5 on an H100, so tests/test_fused_norm.py checks
+    removed these runs passed 5 times out of 5 on an H100, so tests/test_rmsnorm.py checks
     the rule (row_parts) directly."""
     dev = torch.device("cuda", torch.cuda.current_device())
     a, r, w = _rows(tokens, 7168, torch.bfloat16, 21), _rows(tokens, 7168, torch.bfloat16, 22), \

@@ -13,12 +13,9 @@ from _spawn import run_world
 from symcomm import _native, fp4
 from symcomm import rmsnorm as fn
 from symcomm.backends.composite import reference_norm, unfused_norm
-from symcomm.backends.fused_norm_ar import FusedNormPath
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
 from symcomm.dispatch import INF, DispatchTable, Router
 from symcomm.operations import ALL_REDUCE, ALL_REDUCE_RMSNORM
-from symcomm.operations.all_reduce_rmsnorm import FUSED_KERNELS, check_replicated
-from symcomm.peer.setup import SHARED_KEY, SharedContext
 from symcomm.rmsnorm import OP as NORM_KEY
 from symcomm.errors import ArgumentError, DtypeError
 
@@ -371,7 +368,7 @@ def _gloo_world(rank, world):
     assert choice.all_reduce is not None and choice.all_reduce.algo == "torch"
     # a named path was asked for: the others were not ranked, and select says so
     forced = comm.select("all_reduce_rmsnorm", x, weight=w, algo="reference")
-    assert forced.algo == "reference" and forced.rejected["fused-oneshot"] == "not requested (algo='reference')"
+    assert forced.algo == "reference" and forced.rejected == {"unfused": "not requested (algo='reference')"}
     with pytest.raises(ArgumentError, match="algo='unfused' cannot serve this all_reduce_rmsnorm: .*CUDA"):
         comm.all_reduce_rmsnorm(x, w, algo="unfused")
     with pytest.raises(ArgumentError, match="algo='nccl' is unavailable"):
@@ -394,42 +391,15 @@ def test_op_over_gloo_matches_single_process_computation():
     run_world(_gloo_world, 2)
 
 
-def test_check_mode_refuses_a_residual_that_differs_between_ranks():
-    """Fused two-shot normalises each row on one rank: check mode compares a digest of the
-    residual and weight, and names the ranks that differ."""
-    from types import SimpleNamespace
-
-    x = torch.randn(3, 16, dtype=torch.bfloat16)
-    call = fn.check_args(torch.device("cpu"), x, torch.ones(16, dtype=torch.bfloat16), x.clone(), 1e-6,
-                                 None, None, None, None, False)
-    sent = []
-
-    def exchange(values, differ):
-        sent.append(values[0])
-        return [values, [values[0] + differ]]
-
-    same = SimpleNamespace(exchange=lambda v, kind: exchange(v, 0))
-    check_replicated(call, same)
-    other = SimpleNamespace(exchange=lambda v, kind: exchange(v, 1))
-    with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) \[1\]"):
-        check_replicated(call, other)
-    call.residual[0, 0] += 1
-    check_replicated(call, same)
-    assert sent[0] == sent[1] != sent[2], sent
-
-
 # ----------------------------------------------------------------------- choosing a norm path
 def _router_with(rules: dict) -> Router:
     """A Router holding all_reduce's three kernels (stand-ins that serve any call) and
-    all_reduce_rmsnorm's real paths over a context far larger than these tests' calls."""
+    all_reduce_rmsnorm's real paths."""
     router = Router(DispatchTable(rules, "test"), {op.name: op for op in (ALL_REDUCE, ALL_REDUCE_RMSNORM)}, 0)
-    kernels = {n: SimpleNamespace(name=n, ops=frozenset({"all_reduce"}), why_not=lambda call: None)
-               for n in (FLAGFREE, ONESHOT, TWOSHOT)}
-    for kernel in kernels.values():
-        router.add(kernel, None)
-    shared = SharedContext(SimpleNamespace(staging_bytes=1 << 30, flagfree_bytes=1 << 30, alarm=None))
-    setup = SimpleNamespace(opened=kernels, off={}, dispatcher=router, shared={SHARED_KEY: shared}, device=CPU)
-    for path in (*(FusedNormPath(name) for name in FUSED_KERNELS), unfused_norm(), reference_norm()):
+    for name in (FLAGFREE, ONESHOT, TWOSHOT):
+        router.add(SimpleNamespace(name=name, ops=frozenset({"all_reduce"}), why_not=lambda call: None), None)
+    setup = SimpleNamespace(dispatcher=router, device=CPU)
+    for path in (unfused_norm(), reference_norm()):
         assert path.open(setup) is None
         router.add(path, None)
     return router
@@ -445,27 +415,15 @@ def _choose(router, call, algo):
     return path, call.inner_algo, choice.rejected
 
 
-def test_without_a_norm_row_the_fused_path_follows_the_all_reduce():
-    router = _router_with({"all_reduce": [(INF, (TWOSHOT, ONESHOT))]})
+def test_the_kernel_serves_where_it_runs_and_the_reference_elsewhere(monkeypatch):
+    # a table row for the op does not reorder its paths
+    router = _router_with({"all_reduce": [(INF, (TWOSHOT, ONESHOT))], NORM_KEY: [(INF, ("reference", "unfused"))]})
     path, ar_algo, rejected = _choose(router, _norm_call(4), "auto")
-    assert (path.name, ar_algo) == ("fused-twoshot", "auto")
-    assert "runs on custom-twoshot" in rejected["fused-oneshot"]
-    # naming a fused path forces its kernel, whatever the all-reduce alone would pick
-    assert _choose(router, _norm_call(4), "fused-oneshot")[0].name == "fused-oneshot"
-
-
-def test_a_norm_row_ranks_the_norm_paths_by_size():
-    small = 4 * 64 * 2  # x's bytes at 4 tokens of 64 bf16 values
-    rules = {"all_reduce": [(INF, (TWOSHOT,))],
-             NORM_KEY: [(small, ("fused-oneshot", "unfused")), (INF, ("unfused", "fused-twoshot"))]}
-    router = _router_with(rules)
-    assert _choose(router, _norm_call(4), "auto")[0].name == "fused-oneshot"  # though the all-reduce picks two-shot
-    order = list(ALL_REDUCE_RMSNORM.order(router.table, _norm_call(5)))
-    assert order == ["unfused", "fused-twoshot", "fused-flagfree", "fused-oneshot", "reference"]
-    # on the CPU the standalone kernel cannot run, so the row's next path serves
-    path, _, rejected = _choose(router, _norm_call(5), "auto")
-    assert path.name == "fused-twoshot" and "CUDA" in rejected["unfused"]
-    # forcing the all-reduce still fuses only with that kernel
+    assert (path.name, ar_algo) == ("reference", "auto") and "CUDA" in rejected["unfused"]
+    monkeypatch.setattr(fn, "kernel_available", lambda device: None)
+    path, ar_algo, rejected = _choose(router, _norm_call(4), "auto")
+    assert (path.name, ar_algo) == ("unfused", "auto")
+    assert rejected == {"reference": "ranked below unfused in all_reduce_rmsnorm's order"}
+    # naming an all-reduce path runs that all-reduce, then the same norm
     path, ar_algo, _ = _choose(router, _norm_call(4), ONESHOT)
-    assert (path.name, ar_algo) == ("fused-oneshot", ONESHOT)
-    assert _choose(router, _norm_call(4), TWOSHOT)[0].name == "fused-twoshot"
+    assert (path.name, ar_algo) == ("unfused", ONESHOT)
