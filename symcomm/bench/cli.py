@@ -325,12 +325,17 @@ def _rank_env(rank: int, world: int, port: int) -> dict[str, str]:
 def launch_local(world: int, argv: Sequence[str]) -> int:
     """Starts ``world`` ranks of this same command line and waits for them. If one fails, the
     others are stopped, since they would otherwise wait forever in a collective."""
-    port = _free_port()
+    # This process holds the rendezvous store and every rank joins it as a client (torch's
+    # agent-store mode, as under torchrun). A port found free and handed to rank 0 can be taken
+    # before rank 0 listens on it: two benchmarks side by side on one host hit that
+    # (DistNetworkError, "failed to listen", 2026-11-28).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     root = str(Path(__file__).resolve().parents[2])  # so children import this same symcomm
     path = os.pathsep.join(p for p in (root, settings.python_path()) if p)
     procs = []
     for rank in range(world):
-        env = settings.child_environment({"PYTHONPATH": path, **_rank_env(rank, world, port)})
+        env = settings.child_environment({"PYTHONPATH": path, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                                          **_rank_env(rank, world, store.port)})
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "symcomm.bench", *argv], env=env,
             stdout=None if rank == 0 else subprocess.DEVNULL))
@@ -358,6 +363,7 @@ def launch_local(world: int, argv: Sequence[str]) -> int:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    del store  # after every rank has exited: none is left waiting on it
     if status is None:
         # Rank order, so rank 0's verdict wins when several ranks fail together.
         codes = [p.returncode for p in procs if p.pid not in stopped and p.returncode]
