@@ -1,9 +1,10 @@
 // The machinery every peer-memory kernel shares (csrc/custom_ar.cu's all-reduce and
-// reduce-scatter, csrc/peer_gather.cu's gathers): the per-rank Signal block of barrier flags, the bounded waits that give up instead
-// of trapping, the per-block epochs, the slot tables of peer addresses, the fp32 lanes the
-// sums run in, and the host-side Context of one rank. custom_ar.cu's opening comment explains
-// the memory ordering and the failure model; every kernel that meets peers must use barrier()
-// and next_epoch() from here so that all kernels of a context share one epoch sequence.
+// reduce-scatter, csrc/peer_gather.cu's gathers, csrc/ep.cu's MoE dispatch and combine): the
+// per-rank Signal block of barrier flags, the bounded waits that give up instead of trapping,
+// the per-block epochs, the slot tables of peer addresses, the fp32 lanes the sums run in, and
+// the host-side Context of one rank. custom_ar.cu's opening comment explains the memory
+// ordering and the failure model; every kernel that meets peers must use barrier() and
+// next_epoch() from here so that all kernels of a context share one epoch sequence.
 #ifndef SYMCOMM_PEER_CUH_
 #define SYMCOMM_PEER_CUH_
 
