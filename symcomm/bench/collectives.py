@@ -31,6 +31,7 @@ class AllReduce(OpSpec):
     launch: Launch
     nccl: Optional[str] = None
     comparisons: tuple[str, ...] = ()  # torch_symm.ALL_REDUCE_COLUMNS, or none
+    times_link: bool = False
     reduces = True
 
     def layout(self, nbytes: int, world: int, itemsize: int, rank: int) -> Layout:
@@ -78,6 +79,7 @@ class Sharded(OpSpec):
     launch: Launch
     nccl: Optional[str] = None
     comparisons: tuple[str, ...] = ()  # (torch_symm.LOW_CONTENTION,) for the even ops, or none
+    times_link: bool = False
 
     @abstractmethod
     def sides(self, total: int, mine: int) -> tuple[int, int]:
@@ -184,10 +186,10 @@ UNEVEN = Rows(bytes=ROW_BYTES)
 
 # torch has no uneven symmetric-memory gather or reduce-scatter: the v-ops compare with nothing.
 ALL_REDUCE = AllReduce("all_reduce", all_reduce_call, nccl="ncclAllReduce",
-                       comparisons=torch_symm.ALL_REDUCE_COLUMNS)
+                       comparisons=torch_symm.ALL_REDUCE_COLUMNS, times_link=True)
 ALL_GATHER = Gather("all_gather", Even(), all_gather_call, nccl="ncclAllGather",
-                    comparisons=(torch_symm.LOW_CONTENTION,))
+                    comparisons=(torch_symm.LOW_CONTENTION,), times_link=True)
 ALL_GATHERV = Gather("all_gatherv", UNEVEN, all_gatherv_call)
 REDUCE_SCATTER = ReduceScatter("reduce_scatter", Even(), reduce_scatter_call, nccl="ncclReduceScatter",
-                               comparisons=(torch_symm.LOW_CONTENTION,))
+                               comparisons=(torch_symm.LOW_CONTENTION,), times_link=True)
 REDUCE_SCATTERV = ReduceScatter("reduce_scatterv", UNEVEN, reduce_scatterv_call)

@@ -79,6 +79,46 @@ class RunInfo:
     root: int = -1
 
 
+@dataclass(frozen=True)
+class LinkTimes:
+    """Per size of the sweep (the collective's bytes): a peer copy of its bytes on the wire (link.py)."""
+    factor: float                                          # bus-bandwidth factor of the op at this world
+    times: dict[int, float] = field(default_factory=dict)  # collective bytes -> copy us, rank mean
+    wrong: int = 0                                         # copied bytes that arrived wrong, all ranks
+    refusal: str | None = None                             # why nothing was timed
+
+    def wire(self, nbytes: int) -> int:
+        """Bytes over one GPU's links for a collective of ``nbytes``."""
+        return int(nbytes * self.factor)
+
+    def fraction(self, nbytes: int, auto_us: float | None) -> float | None:
+        """auto's speed as a fraction of the copy's: copy time / auto time."""
+        copy_us = self.times.get(nbytes)
+        return copy_us / auto_us if copy_us and auto_us else None
+
+    def peak(self) -> tuple[float, int] | None:
+        """(GB/s, wire bytes) of the fastest copy: the link's measured peak in this run."""
+        rates = [(self.wire(n) / (t * 1e3), self.wire(n)) for n, t in self.times.items() if t > 0]
+        return max(rates) if rates else None
+
+    def record(self) -> dict:
+        """What the run's JSON keeps."""
+        peak = self.peak()
+        return {"factor": self.factor, "copy_us": {str(n): t for n, t in sorted(self.times.items())},
+                "wrong": self.wrong, "refusal": self.refusal,
+                "peak_gbs": round(peak[0], 2) if peak else None}
+
+    def note(self) -> str:
+        """The summary's line about the copy."""
+        if self.refusal is not None:
+            return f"# link: not measured: {self.refusal}"
+        peak = self.peak()
+        where = f"; peak {peak[0]:.1f} GB/s at {peak[1]} B" if peak else ""
+        return (f"# 'wire/GPU' = size x {self.factor:g}, the bytes each GPU's links carry; 'link copy' = a "
+                f"copy-engine copy of them from the next rank's GPU, every rank at once{where}; "
+                f"'auto of link' = link copy time / auto's time; copied bytes wrong: {self.wrong}")
+
+
 def format_time(time_us: float) -> str:
     # nccl-tests (2.18+) drops decimals as the number grows so the column stays 7 wide.
     if time_us >= 100000.0:
@@ -198,8 +238,10 @@ def flat_rows(rows: Iterable[SizeRow], factor: float) -> list[dict]:
     return flat
 
 
-def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: dict | None = None) -> dict:
-    """The run's record; ``baseline``: Clean.record of the --baseline file it was compared with."""
+def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: dict | None = None,
+                 wire: LinkTimes | None = None) -> dict:
+    """The run's record; ``baseline``: Clean.record of the --baseline file it was compared with;
+    ``wire``: the peer copies of each size's bytes on the wire, where they ran."""
     payload = {
         "schema": SCHEMA,
         "op": info.op,
@@ -219,6 +261,8 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: di
     }
     if baseline is not None:
         payload["baseline"] = baseline
+    if wire is not None:
+        payload["link"] = wire.record()
     return payload
 
 
@@ -264,14 +308,16 @@ def compared_label(comparisons: Sequence[str]) -> str:
 
 
 def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None,
-                  comparisons: Sequence[str] = ()):
+                  comparisons: Sequence[str] = (), wire: LinkTimes | None = None):
     """rich Table: out-of-place time per path, the winner among the concrete paths, each path's
     speed-up over the baseline path (plain nccl on GPU, torch on CPU) and, where auto ran, how
     close auto came to the winner (best time / auto time: 1.00x means auto picked the best).
     ``comparisons``: columns of ``algos`` that time another library (PyTorch's symmetric
     memory): never the winner, since auto cannot pick them, but auto's speed-up over the fastest
     of them gets a column (their best time / auto time: above 1.00x, auto is faster).
-    With ``clean``: its time per size and the speed-up over it of CLEAN_COMPARED's paths."""
+    With ``clean``: its time per size and the speed-up over it of CLEAN_COMPARED's paths.
+    With ``wire`` (where its copies ran): each size's bytes on the wire per GPU, the peer copy's
+    time and auto's fraction of the copy's speed."""
     from rich.table import Table
 
     baseline = pick_baseline(algos)
@@ -292,6 +338,11 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
         table.add_column("auto vs best", justify="right")
     if judge_theirs:
         table.add_column(f"auto vs {compared_label(theirs)}", justify="right")
+    judge_link = wire is not None and wire.refusal is None and "auto" in algos
+    if judge_link:
+        table.add_column("wire/GPU (B)", justify="right")
+        table.add_column("link copy", justify="right")
+        table.add_column("auto of link", justify="right")
     against_clean = clean_compared(algos) if clean is not None else []
     if clean is not None:
         table.add_column("nccl clean", justify="right")
@@ -319,6 +370,11 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
         if judge_theirs:
             best = min((times[a] for a in theirs if a in times), default=None)
             cells.append(f"{best / auto:.2f}x" if best and auto else "-")
+        if judge_link:
+            copy_us, share = wire.times.get(nbytes), wire.fraction(nbytes, auto)
+            cells.append(str(wire.wire(nbytes)))
+            cells.append(f"{copy_us:.2f}" if copy_us is not None else "-")
+            cells.append(f"{share:.2f}" if share is not None else "-")
         if clean is not None:
             ref = clean.times.get(nbytes)
             cells.append(f"{ref:.2f}" if ref is not None else "-")
@@ -330,13 +386,14 @@ def summary_table(rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | 
 
 
 def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | None = None,
-                  clean: Clean | None = None, comparisons: Sequence[str] = ()) -> None:
+                  clean: Clean | None = None, comparisons: Sequence[str] = (),
+                  wire: LinkTimes | None = None) -> None:
     from rich.console import Console
 
     out = out or sys.stdout
     # Piped output gets a fixed width so the table is never folded at rich's 80-column default;
     # the clean columns get room of their own rather than squeezing the numbers into ellipses.
-    table = summary_table(rows, algos, clean, comparisons)
+    table = summary_table(rows, algos, clean, comparisons, wire)
     # 19 characters a column keep a header like "symm_mem-oneshot" (16, and the borders) whole in a wide table.
     width = max(160, 19 * len(table.columns))
     width += 0 if clean is None else CLEAN_WIDTH * (1 + len(clean_compared(algos)))
@@ -356,6 +413,8 @@ def print_summary(rows: Sequence[SizeRow], algos: Sequence[str], out: IO[str] | 
         console.print(f"# 'nccl clean' = NCCL alone in its process, its faster buffer mode "
                       f"({clean.source}); '<path> vs clean' = clean time / path time",
                       markup=False, soft_wrap=True)
+    if wire is not None and "auto" in algos:
+        console.print(wire.note(), markup=False, soft_wrap=True)
     console.print(table)
 
 
@@ -372,9 +431,9 @@ class Emitter:
             self.out.flush()
 
     def summary(self, rows: Sequence[SizeRow], algos: Sequence[str], clean: Clean | None = None,
-                comparisons: Sequence[str] = ()) -> None:
+                comparisons: Sequence[str] = (), wire: LinkTimes | None = None) -> None:
         if self.lead:
-            print_summary(rows, algos, self.out, clean, comparisons)
+            print_summary(rows, algos, self.out, clean, comparisons, wire)
             self.out.flush()
 
 

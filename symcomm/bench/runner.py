@@ -6,7 +6,6 @@ Expects torch.distributed to be initialised already (the CLI does that).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -24,7 +23,7 @@ import torch.distributed as dist
 import symcomm
 from symcomm import about
 
-from . import ops, plot, report
+from . import exchange, link, ops, plot, report
 from .config import BenchConfig, BenchError
 from .spec import Buffers, Case, OpSpec, Refusal, Setup
 from .timing import Timer
@@ -226,7 +225,7 @@ class Runner:
         notes += self.spec.notes(self.world, self.dtype.itemsize, self.path)
         if set(self.algos) & set(self.spec.comparisons):
             notes += self.spec.comparison_notes()
-        devices = self._gather_devices(_device_info(self.rank, self.device))
+        devices = gather_devices(device_info(self.rank, self.device), self.stats_device)
         return report.RunInfo(
             op=cfg.op, world=self.world, **self.spec.labels(cfg.type_name, cfg.redop)._asdict(),
             minbytes=cfg.minbytes, maxbytes=cfg.maxbytes, stepfactor=cfg.stepfactor,
@@ -236,24 +235,20 @@ class Runner:
             torch_version=torch.__version__, nccl_version=self.nccl_version(),
             notes=notes, devices=devices, version=symcomm.__version__)
 
+    def measure_link(self, rows: Sequence[report.SizeRow], info: report.RunInfo) -> report.LinkTimes | None:
+        """A peer copy of each size's bytes on the wire, for the summary's 'auto of link'
+        (link.py), where it means something: an even collective on GPUs, auto in the columns.
+        Collective."""
+        if not (self.spec.times_link and self.device.type == "cuda" and "auto" in self.algos
+                and self.cfg.with_comparisons):
+            return None
+        sizes = sorted({r.nbytes for r in rows})
+        return link.measure(sizes, self.spec.bus_factor(self.world), info.devices, self.rank, self.device,
+                            self.cfg.iters, self.cfg.rounds, self.cfg.seed,
+                            lambda value: exchange.gather_json(value, self.stats_device))
+
     def nccl_version(self) -> str | None:
         return _nccl_version(self.comm)
-
-    def _gather_devices(self, mine: report.DeviceInfo) -> list[report.DeviceInfo]:
-        """Every rank's DeviceInfo, as JSON in fixed-size byte tensors: all_gather_object
-        needs numpy, which a CPU-only machine may lack."""
-        size = 1024
-        raw = json.dumps(dataclasses.astuple(mine)).encode()[:size]
-        local = torch.zeros(size, dtype=torch.uint8, device=self.stats_device)
-        local[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(self.stats_device)
-        rows = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(rows, local)
-        infos = []
-        for row in rows:
-            fields = json.loads(bytes(row.tolist()).rstrip(b"\0"))
-            fields[4] = tuple(fields[4]) if fields[4] is not None else None
-            infos.append(report.DeviceInfo(*fields))
-        return infos
 
     # -- one size ------------------------------------------------------------------------
     def measure_size(self, op: str, nbytes: int, progress: report.Progress) -> list[report.SizeRow]:
@@ -347,7 +342,17 @@ def short_refusal(message: str, paths: Sequence[str], open_paths: Sequence[str])
     return "; ".join(kept) if kept else message
 
 
-def _device_info(rank: int, device: torch.device) -> report.DeviceInfo:
+def gather_devices(mine: report.DeviceInfo, stats_device: torch.device) -> list[report.DeviceInfo]:
+    """Every rank's DeviceInfo, in rank order. Collective."""
+    infos = []
+    for fields in exchange.gather_json(dataclasses.astuple(mine), stats_device):
+        fields[4] = tuple(fields[4]) if fields[4] is not None else None
+        infos.append(report.DeviceInfo(*fields))
+    return infos
+
+
+def device_info(rank: int, device: torch.device) -> report.DeviceInfo:
+    """This rank's line of the header's device list."""
     host = socket.gethostname()
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -425,16 +430,18 @@ def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
         on_size = (lambda size_rows: emit([report.format_row(r, info) for r in size_rows])) \
             if streaming else None
         rows = sweep(runner, cfg.op, progress, on_size)
+    wire = None
     if streaming:
         emit([*report.footer_lines(rows, info), *report.conclusion_lines(info)])
     else:
+        wire = runner.measure_link(rows, info)
         report.emit_blocks(emit, info, rows, runner.algos, runner.refused)
-        emit.summary(rows, runner.algos, clean, [a for a in runner.algos if a in runner.spec.comparisons])
+        emit.summary(rows, runner.algos, clean, [a for a in runner.algos if a in runner.spec.comparisons], wire)
 
     if emit.lead and cfg.json_path:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         record = clean.record if clean is not None else None
-        report.write_json(cfg.json_path, report.json_payload(info, rows, date, record))
+        report.write_json(cfg.json_path, report.json_payload(info, rows, date, record, wire))
     if emit.lead and cfg.plot_path:
         plot.write_plot(cfg.plot_path, info, rows, runner.algos)
-    return 1 if report.total_wrong(rows) else 0
+    return 1 if report.total_wrong(rows) or (wire is not None and wire.wrong) else 0
