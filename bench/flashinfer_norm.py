@@ -17,7 +17,10 @@ graph, 10 replays), median of --rounds interleaved rounds, slowest rank, microse
 - ``symcomm``: ``comm.all_reduce_rmsnorm`` (auto: its all-reduce on the path the table picks,
   then csrc/rmsnorm.cu);
 - ``fi-oneshot``, ``fi-twoshot``: FlashInfer's kernel with use_oneshot forced each way, PDL on,
-  fp32 accumulation (the kernel's own heuristic picks one of these two).
+  fp32 accumulation (the kernel's own heuristic picks one of these two);
+- a second table, the all-reduce alone on the same x: ``ar-symcomm`` (``comm.all_reduce``, auto)
+  and ``ar-fi-oneshot`` / ``ar-fi-twoshot``, FlashInfer's kernel with nothing fused (pattern
+  kAllReduce), the custom all-reduce FlashInfer, vLLM and sglang ship.
 
 The last columns: the path auto picked, and 'vs best fi', symcomm auto's time over the faster
 FlashInfer column's (below 1.00: symcomm is faster).
@@ -97,8 +100,19 @@ def main() -> None:
                 norm_out=y, quant_out=None, scale_out=None, rms_gamma=weight, rms_eps=EPS,
                 scale_factor=None, layout_code=None, metadata=metadata)
 
+        def fi_all_reduce(oneshot):  # the same kernel with nothing fused: FlashInfer's plain all-reduce
+            return lambda: fi.trtllm_allreduce_fusion(
+                allreduce_in=x, world_size=world, world_rank=rank, token_num=tokens, hidden_dim=hidden,
+                workspace_ptrs=workspace, launch_with_pdl=True, trigger_completion_at_end=True,
+                fp32_acc=True, pattern_code=fi.AllReduceFusionPattern.kAllReduce,
+                use_oneshot=oneshot, allreduce_out=a, residual_in=None, residual_out=None,
+                norm_out=None, quant_out=None, scale_out=None, rms_gamma=None, rms_eps=EPS,
+                scale_factor=None, layout_code=None, metadata=metadata)
+
         calls = {"nccl+torch": nccl_torch, "symcomm": symcomm_call("auto"),
-                 "fi-oneshot": fi_call(True), "fi-twoshot": fi_call(False)}
+                 "fi-oneshot": fi_call(True), "fi-twoshot": fi_call(False),
+                 "ar-symcomm": lambda: comm.all_reduce(x, out=a),
+                 "ar-fi-oneshot": fi_all_reduce(True), "ar-fi-twoshot": fi_all_reduce(False)}
         row = {"tokens": tokens, "bytes": x.nbytes, "auto": comm.select(
             "all_reduce_rmsnorm", x, weight=weight, residual=residual).algo, "errors": {}}
         outputs = {}
@@ -110,7 +124,13 @@ def main() -> None:
                 del calls[name]
                 continue
             torch.cuda.synchronize()
-            outputs[name] = (h.clone(), y.clone())
+            outputs[name] = (a.clone(),) if name.startswith("ar-") else (h.clone(), y.clone())
+        ref_a, = outputs["ar-symcomm"]
+        for name in ("ar-fi-oneshot", "ar-fi-twoshot"):
+            if name in outputs:  # fp32 sums of two bf16 values, rounded once: equal but for ties
+                got_a, = outputs[name]
+                row[f"{name}_err"] = float((got_a.float() - ref_a.float()).abs().max())
+                row[f"{name}_ok"] = bool(torch.allclose(got_a.float(), ref_a.float(), rtol=2**-7, atol=2**-6))
         ref_h, ref_y = outputs["symcomm"]
         for name in ("fi-oneshot", "fi-twoshot"):
             if name in outputs:  # both normalise in fp32; h and y differ by a bf16 rounding or two
@@ -147,6 +167,20 @@ def main() -> None:
             ok = all(r.get(f"{n}_ok", True) for n in ("fi-oneshot", "fi-twoshot"))
             ratio = f"{us['symcomm'] / best_fi:10.2f}" if best_fi < float("inf") else f"{'-':>10s}"
             print(f"{r['tokens']:6d} {r['bytes']:9d} {cells} {r['auto']:>14s} {ratio}  {ok}")
+        ar_columns = ["ar-symcomm", "ar-fi-oneshot", "ar-fi-twoshot"]
+        print("# all-reduce alone (FlashInfer's kernel with pattern kAllReduce; symcomm's all_reduce, auto): us; "
+              "'vs best fi' = symcomm / the faster FlashInfer column")
+        print(f"{'tokens':>6s} {'bytes':>9s} " + " ".join(f"{c:>14s}" for c in ar_columns) + f" {'vs best fi':>10s}  fi_ok")
+        for r in rows_out:
+            us = r["us"]
+            best_fi = min(us.get("ar-fi-oneshot", float("inf")), us.get("ar-fi-twoshot", float("inf")))
+            cells = " ".join(f"{us[c]:14.2f}" if c in us else f"{'-':>14s}" for c in ar_columns)
+            ok = all(r.get(f"{n}_ok", True) for n in ("ar-fi-oneshot", "ar-fi-twoshot"))
+            ratio = f"{us['ar-symcomm'] / best_fi:10.2f}" if best_fi < float("inf") else f"{'-':>10s}"
+            print(f"{r['tokens']:6d} {r['bytes']:9d} {cells} {ratio}  {ok}")
+        for r in rows_out:
+            if r["errors"]:
+                print(f"# tokens {r['tokens']}: refused: {r['errors']}")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"world_size": world, "device": torch.cuda.get_device_name(), "hidden": hidden,
