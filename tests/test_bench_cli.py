@@ -131,6 +131,9 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--algo", "all,torch"], "'all' stands alone"),
     (["all_reduce", "--algo", "torch,torch"], "names each column once"),
     (["all_reduce_rmsnorm", "--algo", "auto,unfused"], "columns are fixed"),
+    # a MoE column by name: the message lists the columns rather than calling it a bad name
+    (["moe", "--algo", "peer-push,peer-push:dispatch"], "every run measures all of them"),
+    (["moe", "--algo", "peer-push:dispatch"], "moe's columns are fixed (all_to_all_single, a2a-buckets, a2a,"),
     (["all_reduce", "--device", "cpu", "--algo", "torch,fastest", "-b", "1K", "-e", "1K"],
      "(available: auto, all, torch, symm_mem-oneshot, symm_mem-twoshot)"),
     (["all_gatherv", "--device", "cpu", "--algo", "symm_mem-lowcontention", "-b", "1K", "-e", "1K"],

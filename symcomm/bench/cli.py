@@ -241,13 +241,18 @@ def check_algo(algo: str, op: str) -> None:
     """--algo: one name, or a comma-separated list of columns for an op whose columns are paths
     (each is checked against the communicator later, by the runner)."""
     names = algo.split(",")
+    variants = ops.spec(op).variants
+    fixed = (f"--algo {algo}: {op}'s columns are fixed ({', '.join(variants)}) and every run measures all "
+             f"of them; --algo names the one path they run")
     bad = [n for n in names if not ALGO_NAME.match(n)]
+    if bad and bad[0] in variants:  # a column asked for by name ("peer-push:dispatch")
+        raise BenchError(fixed)
     if bad:
         raise BenchError(f"--algo {bad[0]!r} is not a path name (auto, all, nccl, nccl-symm, ...)")
     if len(names) == 1:
         return
-    if ops.spec(op).variants:
-        raise BenchError(f"--algo {algo}: {op}'s columns are fixed; --algo names the one path they run")
+    if variants:
+        raise BenchError(fixed)
     if "all" in names or len(set(names)) < len(names):
         raise BenchError(f"--algo {algo}: 'all' stands alone, and a list names each column once")
 
