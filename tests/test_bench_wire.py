@@ -1,7 +1,8 @@
 """symcomm-bench's 'how close to the wire' (symcomm/bench/link.py): the wire bytes, the copy's
 peak and auto's fraction of it, the summary's columns and JSON record, and a world whose ranks
 cannot copy refusing alike on every rank without a hang. The copies themselves need two GPUs:
-tests/gpu/test_bench_link.py."""
+tests/gpu/test_bench_link.py. (This file's name differs from that one's: pytest imports both
+folders' tests under their bare module names, and two files of one name cannot both load.)"""
 from __future__ import annotations
 
 import io
