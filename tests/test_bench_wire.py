@@ -78,6 +78,26 @@ def test_ranks_that_cannot_copy_refuse_alike_and_do_not_hang():
     run_world(_cpu_world, 2, timeout_s=120)
 
 
+def _one_rank_fails_mid_copy(rank, world):
+    import torch.distributed as dist
+
+    from symcomm.bench import exchange, runner
+    device = torch.device("cpu")
+    devices = runner.gather_devices(runner.device_info(rank, device), device)
+    if rank == 0:  # rank 0 believes it can copy, then fails at its first size; rank 1 refuses at once
+        link.local_refusal = lambda *args: (None, None)
+    wire = link.measure([1024, 4096, 65536], 1.0, devices, rank, device, iters=2, rounds=1, seed=0,
+                        gather=lambda v: exchange.gather_json(v, device))
+    reasons = exchange.gather_json(wire.refusal, device)
+    assert reasons[0] == reasons[1] and reasons[0].startswith("rank 0: "), reasons
+    assert wire.times == {}
+    dist.barrier()
+
+
+def test_a_rank_failing_mid_copy_while_another_refuses_ends_alike_without_a_hang():
+    run_world(_one_rank_fails_mid_copy, 2, timeout_s=120)
+
+
 def _gather_world(rank, world):
     from symcomm.bench import exchange
     values = exchange.gather_json({"rank": rank, "pad": "x" * (3000 * rank)}, torch.device("cpu"))

@@ -93,8 +93,9 @@ class OpSpec(ABC):
     # symmetric memory): --algo all adds them and --algo may name them; tune never measures
     # them, since auto cannot pick them. comparison_cases() builds them.
     comparisons: tuple[str, ...] = ()
-    # Whether --algo all ends with a peer copy of each size's bytes on the wire (link.py): only
-    # for the even collectives, whose wire bytes per GPU are the size x the bus factor on every rank.
+    # Whether a run with auto among its columns ends with a peer copy of each size's bytes on the
+    # wire (link.py): only for the even collectives, whose wire bytes per GPU are the size x the
+    # bus factor on every rank.
     times_link: bool = False
 
     def configure(self, options: dict[str, int]) -> "OpSpec":
