@@ -12,7 +12,9 @@ DIR holds, per op, what ``gpu_check.sh compare`` writes there:
     OP_symcomm.json        symcomm-bench OP --algo all --json
 
 and prints one markdown table per op: out-of-place times per size, and auto's time divided by
-the best yardstick's (above 1.00: symcomm's auto is slower, shown in bold with '!').
+the best yardstick's (above 1.00: symcomm's auto is slower, shown in bold with '!'). Where
+symcomm-bench timed its link copies (the JSON's ``link``), a last column gives auto's wire bytes
+per second as a share of the copy's peak in that run (docs/measuring.md, "How close to the wire").
 
 Sizes mean the same bytes on both sides: the tensor for all_reduce, the whole output for
 all_gather, the whole input for reduce_scatter (nccl-tests' convention, which symcomm-bench
@@ -134,6 +136,7 @@ class SymcommRun:
     nccl: Optional[str] = None
     torch: Optional[str] = None
     date: Optional[str] = None
+    link: Optional[dict] = None  # the record's "link": peer copies of the wire bytes (docs/measuring.md)
 
     @property
     def paths(self) -> list[str]:
@@ -153,7 +156,7 @@ def load_symcomm(payload: dict) -> SymcommRun:
         if not row["inplace"]:
             times.setdefault(row["bytes"], {})[row["algo"]] = row["time_us"]
     return SymcommRun(payload["op"], payload["dtype"], payload["world_size"], times, wrong,
-                      payload.get("nccl"), payload.get("torch"), payload.get("date"))
+                      payload.get("nccl"), payload.get("torch"), payload.get("date"), payload.get("link"))
 
 
 def is_symm_mem(path: str) -> bool:
@@ -176,6 +179,7 @@ class Row:
     best_path: Optional[str]                # symcomm's fastest concrete path here
     best_path_us: Optional[float]
     symm_mem: dict[str, Optional[float]]    # PyTorch's paths -> us
+    of_link_peak: Optional[float] = None    # auto's wire bytes per second / the link copy's peak
 
     @property
     def best_nccl_tests(self) -> Optional[float]:
@@ -203,6 +207,8 @@ class OpResult:
     problems: list[str]
     sources: dict[str, str]          # what each input says it is
     world: Optional[int] = None      # symcomm-bench's, else nccl-tests'
+    link_peak_gbs: Optional[float] = None  # the link copy's fastest GB/s in symcomm-bench's run
+    link_refusal: Optional[str] = None     # why symcomm-bench measured no link copy
 
 
 def _dotted(version: str) -> str:
@@ -270,6 +276,8 @@ def compare_op(op: str, nccl: dict[str, Optional[NcclRun]], sym: Optional[Symcom
                 problems += _mismatches(mode, run, sym)
 
     symm_paths = [p for p in sym.paths if is_symm_mem(p)] if sym else []
+    link = (sym.link if sym else None) or {}
+    peak, factor = link.get("peak_gbs"), link.get("factor")
     sizes = sorted({*(sym.times if sym else {}), *(n for run in nccl.values() if run for n in run.rows)})
     rows = []
     for nbytes in sizes:
@@ -281,10 +289,14 @@ def compare_op(op: str, nccl: dict[str, Optional[NcclRun]], sym: Optional[Symcom
             run = nccl.get(mode)
             row = run.rows.get(nbytes) if run else None
             tested[mode] = row.out_of_place.time_us if row else None
-        rows.append(Row(nbytes, tested, by_path.get("auto"), best, ours.get(best) if best else None,
-                        {p: by_path.get(p) for p in symm_paths}))
+        auto = by_path.get("auto")
+        # wire bytes / auto's time, as a share of the fastest copy of wire bytes in the same run
+        of_peak = nbytes * factor / (auto * 1e3) / peak if peak and factor and auto else None
+        rows.append(Row(nbytes, tested, auto, best, ours.get(best) if best else None,
+                        {p: by_path.get(p) for p in symm_paths}, of_peak))
     worlds = [sym.world] if sym else [run.world for run in nccl.values() if run and run.world]
-    return OpResult(op, rows, symm_paths, wrong, problems, sources, worlds[0] if worlds else None)
+    return OpResult(op, rows, symm_paths, wrong, problems, sources, worlds[0] if worlds else None,
+                    peak, link.get("refusal"))
 
 
 # -- output --------------------------------------------------------------------------------
@@ -311,7 +323,8 @@ def markdown(result: OpResult) -> list[str]:
     symm = result.symm_mem_paths
     head = ["size", "nccl-tests R0", "nccl-tests R2", "symcomm auto", "symcomm best path",
             *(f"{p}" for p in symm), "auto / best(nccl-tests)",
-            "auto / best(nccl-tests, symm_mem)" if symm else "auto / best(nccl-tests, symm_mem: none ran)"]
+            "auto / best(nccl-tests, symm_mem)" if symm else "auto / best(nccl-tests, symm_mem: none ran)",
+            *(["auto of link peak"] if result.link_peak_gbs else [])]
     lines = [f"### {result.op}" + (f", world {result.world}" if result.world else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for row in result.rows:
@@ -319,6 +332,8 @@ def markdown(result: OpResult) -> list[str]:
         cells = [human_size(row.nbytes), fmt_time(row.nccl_tests["R0"]), fmt_time(row.nccl_tests["R2"]),
                  fmt_time(row.auto), best, *(fmt_time(row.symm_mem[p]) for p in symm),
                  fmt_ratio(row.auto_vs_nccl_tests), fmt_ratio(row.auto_vs_best)]
+        if result.link_peak_gbs:
+            cells.append("-" if row.of_link_peak is None else f"{row.of_link_peak:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     slower = [r for r in result.rows if (r.auto_vs_best or 0) > 1.0]
     judged = [r for r in result.rows if r.auto_vs_best is not None]
@@ -329,6 +344,11 @@ def markdown(result: OpResult) -> list[str]:
                      f"worst {worst.auto_vs_best:.2f} at {human_size(worst.nbytes)}.")
     wrong = ", ".join(f"{WRONG_LABELS[k]} {'-' if v is None else v}" for k, v in result.wrong.items())
     lines.append(f"#wrong: {wrong}.")
+    if result.link_peak_gbs:
+        lines.append(f"Link: a copy-engine copy of the wire bytes from the other GPU peaked at "
+                     f"{result.link_peak_gbs:.1f} GB/s; 'auto of link peak' = auto's wire bytes per second / that.")
+    elif result.link_refusal:
+        lines.append(f"Link: not measured: {result.link_refusal}.")
     lines += [f"PROBLEM: {p}" for p in result.problems]
     lines.append("")
     return lines
@@ -342,8 +362,10 @@ def report_json(results: Sequence[OpResult]) -> dict:
                       **{f"nccl_tests_{m}_us": r.nccl_tests[m] for m in MODES},
                       "auto_us": r.auto, "best_path": r.best_path, "best_path_us": r.best_path_us,
                       "symm_mem_us": r.symm_mem,
-                      "auto_vs_nccl_tests": r.auto_vs_nccl_tests, "auto_vs_best": r.auto_vs_best}
+                      "auto_vs_nccl_tests": r.auto_vs_nccl_tests, "auto_vs_best": r.auto_vs_best,
+                      "auto_of_link_peak": r.of_link_peak}
                      for r in result.rows],
+            "link_peak_gbs": result.link_peak_gbs, "link_refusal": result.link_refusal,
             "world": result.world, "wrong": result.wrong, "problems": result.problems,
             "sources": result.sources,
         }

@@ -166,6 +166,35 @@ def test_without_symm_mem_the_second_ratio_says_so(tmp_path):
     assert "symm_mem: none ran" in "\n".join(compare.markdown(result))
 
 
+VERIFIED = ROOT / "bench" / "results" / "2026-11-28_nvidia-h200-x2_w2_verify_4cee139" / "compare_w2"
+
+
+def test_a_real_call_gets_auto_of_link_peak_from_the_link_record():
+    """The 2x H200 comparison of 2026-11-28 (nccl-tests R0/R2 text, symcomm-bench JSON with its
+    link copies), read as recorded: auto's wire bytes per second over the copy's peak."""
+    results = {r.op: r for r in compare.compare_folder(VERIFIED)}
+    assert compare.exit_status(results.values()) == 0
+    gather = results["all_gather"]
+    assert gather.link_peak_gbs == pytest.approx(369.48) and gather.link_refusal is None
+    last = gather.rows[-1]  # 256 MiB: (W-1)/W of it crosses, in auto's 399.65 us
+    assert last.nbytes == 256 << 20 and last.of_link_peak == pytest.approx((128 << 20) / 399.65e3 / 369.48, rel=1e-3)
+    text = "\n".join(compare.markdown(results["all_reduce"]))
+    assert "| auto of link peak |" in text and "| 0.81 |" in text
+    assert "peaked at 380.8 GB/s" in text
+
+
+def test_a_refused_link_copy_is_one_line_and_no_column(tmp_path):
+    payload = symcomm_payload("all_gather", {1024: {"nccl": 5.1, "auto": 4.2}})
+    payload["link"] = {"factor": 0.5, "copy_us": {}, "wrong": 0, "refusal": "rank 1 is on another host (b)",
+                       "peak_gbs": None}
+    write_op(tmp_path, "all_gather", nccl_tests_text([(1024, 256, 5.0, 0)], 2, redop="none"),
+             nccl_tests_text([(1024, 256, 4.0, 0)], 2, redop="none"), payload)
+    [result] = compare.compare_folder(tmp_path)
+    text = "\n".join(compare.markdown(result))
+    assert "Link: not measured: rank 1 is on another host (b)." in text and "auto of link peak" not in text
+    assert result.rows[0].of_link_peak is None
+
+
 @pytest.mark.parametrize("where", ["R0", "R2", "symcomm"])
 def test_any_wrong_element_fails_with_1(tmp_path, where):
     rows = [(1024, 512, 6.0, 1 if where == "R0" else 0)]
