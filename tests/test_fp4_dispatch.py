@@ -242,6 +242,8 @@ def test_a_misaligned_input_does_not_change_the_path():
     """Alignment of x is this rank's alone: deciding on it could send ranks down different paths
     to wait for each other, so the fused path takes a misaligned x (and copies it)."""
     raw = _alone((3 * 48 + 8,), torch.bfloat16)
+    # Finite values: left uninitialised, the bytes could hold a NaN, which torch.equal never matches.
+    raw.copy_(torch.randn(raw.shape, generator=torch.Generator().manual_seed(5)))
     call, state = _case(x=raw[1:1 + 3 * 48].view(3, 48))
     assert call.x.data_ptr() % 16 and FusedPushFp4Path(SharedContext(state)).why_not(call) is None
     assert peer_context.aligned(call.x).data_ptr() % 16 == 0 and torch.equal(peer_context.aligned(call.x), call.x)
