@@ -5,6 +5,7 @@ tests/gpu/test_bench_link.py. (This file's name differs from that one's: pytest 
 folders' tests under their bare module names, and two files of one name cannot both load.)"""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 
@@ -78,14 +79,38 @@ def test_ranks_that_cannot_copy_refuse_alike_and_do_not_hang():
     run_world(_cpu_world, 2, timeout_s=120)
 
 
-def _one_rank_fails_mid_copy(rank, world):
+def _one_rank_refuses(rank, world):
     import torch.distributed as dist
 
     from symcomm.bench import exchange, runner
     device = torch.device("cpu")
     devices = runner.gather_devices(runner.device_info(rank, device), device)
-    if rank == 0:  # rank 0 believes it can copy, then fails at its first size; rank 1 refuses at once
-        link.local_refusal = lambda *args: (None, None)
+    if rank == 0:  # rank 0 could copy; rank 1 refuses (CPU): rank 0 must not copy at all
+
+        def copied(*args):
+            raise AssertionError("rank 0 copied although rank 1 had refused")
+        link.local_refusal = lambda *args: (None, 1)
+        link._copy_one = copied
+    wire = link.measure([1024, 4096], 1.0, devices, rank, device, iters=2, rounds=1, seed=0,
+                        gather=lambda v: exchange.gather_json(v, device))
+    assert wire.refusal == "the ranks run on the CPU: no link to measure", wire.refusal
+    dist.barrier()
+
+
+def test_a_refusal_on_one_rank_is_agreed_before_any_copy():
+    run_world(_one_rank_refuses, 2, timeout_s=120)
+
+
+def _fails_mid_copy(rank, world):
+    import torch.distributed as dist
+
+    from symcomm.bench import exchange, runner
+    device = torch.device("cpu")
+    devices = runner.gather_devices(runner.device_info(rank, device), device)
+    link.local_refusal = lambda *args: (None, 1)
+    if rank == 1:  # rank 1's copies "succeed"; rank 0's first one raises
+        link._copy_one = lambda *args: (5.0, 0)
+    link.torch.cuda.device = lambda index: contextlib.nullcontext()
     wire = link.measure([1024, 4096, 65536], 1.0, devices, rank, device, iters=2, rounds=1, seed=0,
                         gather=lambda v: exchange.gather_json(v, device))
     reasons = exchange.gather_json(wire.refusal, device)
@@ -94,8 +119,8 @@ def _one_rank_fails_mid_copy(rank, world):
     dist.barrier()
 
 
-def test_a_rank_failing_mid_copy_while_another_refuses_ends_alike_without_a_hang():
-    run_world(_one_rank_fails_mid_copy, 2, timeout_s=120)
+def test_a_rank_failing_mid_copy_while_another_copies_ends_alike_without_a_hang():
+    run_world(_fails_mid_copy, 2, timeout_s=120)
 
 
 def _gather_world(rank, world):

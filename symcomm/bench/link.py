@@ -42,6 +42,8 @@ def local_refusal(device: torch.device, mine: DeviceInfo, peer: DeviceInfo) -> t
     """(why this rank cannot copy from ``peer``'s GPU, or None; the peer GPU's index here)."""
     if device.type != "cuda":
         return "the ranks run on the CPU: no link to measure", None
+    if getattr(torch.cuda, "_sleep", None) is None:
+        return "this torch has no torch.cuda._sleep, without which small copies would time the host", None
     if peer.host != mine.host:
         return f"rank {peer.rank} is on another host ({peer.host})", None
     for index in range(torch.cuda.device_count()):
@@ -51,21 +53,22 @@ def local_refusal(device: torch.device, mine: DeviceInfo, peer: DeviceInfo) -> t
         if pci == peer.pci:
             if index == device.index:
                 return f"rank {peer.rank} uses this rank's GPU", None
-            if not torch.cuda.can_device_access_peer(device.index, index):
-                return f"GPU {device.index} has no peer access to GPU {index}", None
+            # torch runs the copy on the source GPU's stream, writing into this one: both ways.
+            if not (torch.cuda.can_device_access_peer(index, device.index)
+                    and torch.cuda.can_device_access_peer(device.index, index)):
+                return f"GPUs {device.index} and {index} have no peer access", None
             return None, index
     return (f"rank {mine.rank} cannot see rank {peer.rank}'s GPU (CUDA_VISIBLE_DEVICES hides it): "
             f"the copy runs between two GPUs of one process"), None
 
 
 def _hold(iters: int) -> None:
-    sleep = getattr(torch.cuda, "_sleep", None)  # torch's spin kernel; absent, the hold is skipped
-    if sleep is not None:
-        sleep(int(max(1000.0, iters * _HOLD_US_PER_COPY) * _CLOCK_GHZ * 1e3))
+    torch.cuda._sleep(int(max(1000.0, iters * _HOLD_US_PER_COPY) * _CLOCK_GHZ * 1e3))  # torch's spin kernel
 
 
 def _time_copy(dst: torch.Tensor, src: torch.Tensor, iters: int) -> float:
-    """us per copy of ``src`` (another GPU) into ``dst`` (this one), ``iters`` copies in a row."""
+    """us per copy of ``src`` (another GPU) into ``dst`` (this one, the current device), ``iters``
+    copies in a row."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     _hold(iters)
     start.record()
@@ -74,6 +77,25 @@ def _time_copy(dst: torch.Tensor, src: torch.Tensor, iters: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / iters
+
+
+def _copy_one(wire: int, device: torch.device, peer_index: int, iters: int, rounds: int,
+              seed: int) -> tuple[float, int]:
+    """(us, bytes wrong) for ``wire`` bytes from GPU ``peer_index`` into ``device``. Its buffers
+    are this call's locals: freed when it returns, before the next size allocates."""
+    pattern = torch.randint(0, 256, (wire,), dtype=torch.uint8, device=device,
+                            generator=torch.Generator(device=device).manual_seed(seed))
+    src = pattern.to(torch.device("cuda", peer_index))
+    dst = torch.empty_like(pattern)
+    dst.copy_(src)
+    torch.cuda.synchronize(device)
+    wrong = int((dst != pattern).sum().item())
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize(peer_index)
+        torch.cuda.synchronize(device)
+        samples.append(_time_copy(dst, src, iters))
+    return statistics.median(samples), wrong
 
 
 def measure(sizes: Sequence[int], factor: float, devices: Sequence[DeviceInfo], rank: int,
@@ -85,36 +107,31 @@ def measure(sizes: Sequence[int], factor: float, devices: Sequence[DeviceInfo], 
     if world < 2:
         return LinkTimes(factor, refusal="world 1: nothing crosses a link")
     why, peer_index = local_refusal(device, devices[rank], devices[(rank + 1) % world])
+    # A refusal anywhere is agreed before any copy, so no rank times copies only to discard them.
+    refusal = next((r for r in gather(why) if r), None)
+    if refusal is not None:
+        return LinkTimes(factor, refusal=refusal)
     times: dict[int, float] = {}
     wrong = 0
-    for nbytes in sizes:
-        wire = int(nbytes * factor)
-        # Every rank reaches every barrier, copying or not: a rank that failed must not leave
-        # the others waiting.
+    with torch.cuda.device(device):  # _sleep and the events use the current device's stream
+        for nbytes in sizes:
+            wire = int(nbytes * factor)
+            # Every rank reaches every barrier, copying or not: a rank that failed must not
+            # leave the others waiting.
+            dist.barrier()
+            if why is not None or wire == 0:
+                continue
+            try:
+                times[nbytes], bad = _copy_one(wire, device, peer_index, iters, rounds, seed * 7919 + nbytes)
+                wrong += bad
+            except Exception as exc:  # noqa: BLE001 - any failure becomes the column's refusal, on every rank
+                why = f"rank {rank}: {type(exc).__name__}: {exc}"
         dist.barrier()
-        if why is not None or wire == 0:
-            continue
         try:
-            pattern = torch.randint(0, 256, (wire,), dtype=torch.uint8, device=device,
-                                    generator=torch.Generator(device=device).manual_seed(seed * 7919 + nbytes))
-            src = pattern.to(torch.device("cuda", peer_index))
-            dst = torch.empty_like(pattern)
-            dst.copy_(src)
-            torch.cuda.synchronize(device)
-            wrong += int((dst != pattern).sum().item())
-            samples = []
-            for _ in range(rounds):
-                torch.cuda.synchronize(peer_index)
-                torch.cuda.synchronize(device)
-                samples.append(_time_copy(dst, src, iters))
-            times[nbytes] = statistics.median(samples)
-            del src
-        except Exception as exc:  # noqa: BLE001 - any failure becomes the column's refusal, on every rank
-            why = f"rank {rank}: {type(exc).__name__}: {exc}"
-    dist.barrier()
-    if peer_index is not None:
-        with torch.cuda.device(peer_index):
-            torch.cuda.empty_cache()  # the sources' memory on the peer GPU goes back to it
+            with torch.cuda.device(peer_index):
+                torch.cuda.empty_cache()  # the sources' memory on the peer GPU goes back to it
+        except Exception as exc:  # noqa: BLE001 - the gather below must still happen on every rank
+            why = why or f"rank {rank}: freeing the peer GPU's memory: {type(exc).__name__}: {exc}"
     reports = gather({"why": why, "times": {str(n): t for n, t in times.items()}, "wrong": wrong})
     refusal = next((r["why"] for r in reports if r["why"]), None)
     if refusal is not None:

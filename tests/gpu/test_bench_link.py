@@ -26,7 +26,9 @@ def test_every_rank_copies_the_wire_bytes_of_every_size_and_they_arrive_whole(co
     assert wire.wrong == 0
     assert sorted(wire.times) == sizes and all(t > 0 for t in wire.times.values())
     rate, at = wire.peak()
-    assert at == wire.wire(sizes[-1]) and rate > 1.0  # GB/s: a copy that moved nothing would be far faster
+    # GB/s. Above 2000 no NVLink generation reaches: a copy that moved nothing; below 1, one that
+    # went through the host.
+    assert at == wire.wire(sizes[-1]) and 1.0 < rate < 2000.0, rate
 
 
 def test_a_whole_run_prints_auto_of_link(comm, capsys):
