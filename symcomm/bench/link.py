@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .report import DeviceInfo, LinkTimes
+from .report import DeviceInfo, LinkTimes, pci_address
 
 # The stream waits before the first copy for long enough that the host has queued every copy by
 # the time it starts: timed otherwise, the copies of a small size would wait for the host
@@ -47,10 +47,7 @@ def local_refusal(device: torch.device, mine: DeviceInfo, peer: DeviceInfo) -> t
     if peer.host != mine.host:
         return f"rank {peer.rank} is on another host ({peer.host})", None
     for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        pci = (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", 0),
-               getattr(props, "pci_device_id", 0))
-        if pci == peer.pci:
+        if pci_address(index) == peer.pci:
             if index == device.index:
                 return f"rank {peer.rank} uses this rank's GPU", None
             # torch runs the copy on the source GPU's stream, writing into this one: both ways.

@@ -54,6 +54,16 @@ class DeviceInfo:
     name: str
 
 
+def pci_address(index: int) -> tuple[int, int, int]:
+    """(domain, bus, device) of visible GPU ``index``: what DeviceInfo.pci holds, and how a rank
+    finds another rank's GPU among its own (link.py)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", 0),
+            getattr(props, "pci_device_id", 0))
+
+
 @dataclass
 class RunInfo:
     op: str

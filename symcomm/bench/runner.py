@@ -239,8 +239,7 @@ class Runner:
         """A peer copy of each size's bytes on the wire, for the summary's 'auto of link'
         (link.py), where it means something: an even collective on GPUs, auto in the columns.
         Collective."""
-        if not (self.spec.times_link and self.device.type == "cuda" and "auto" in self.algos
-                and self.cfg.with_comparisons):
+        if not (self.spec.times_link and self.device.type == "cuda" and "auto" in self.algos):
             return None
         sizes = sorted({r.nbytes for r in rows})
         return link.measure(sizes, self.spec.bus_factor(self.world), info.devices, self.rank, self.device,
@@ -356,10 +355,8 @@ def device_info(rank: int, device: torch.device) -> report.DeviceInfo:
     host = socket.gethostname()
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
-        pci = (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", 0),
-               getattr(props, "pci_device_id", 0))
-        return report.DeviceInfo(rank, os.getpid(), host, index, pci, props.name)
+        return report.DeviceInfo(rank, os.getpid(), host, index, report.pci_address(index),
+                                 torch.cuda.get_device_name(index))
     return report.DeviceInfo(rank, os.getpid(), host, None, None, _cpu_name())
 
 
