@@ -162,70 +162,106 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
 
 // The flag-free all-gather and reduce-scatter are the all-reduce's protocol with other
 // payloads: the same receive buffers, slot layout, turn (flagfree_turn) and clear, so calls of
-// all three may follow each other in any order. Each
-// records as `prev` the vectors it wrote per sender slot, which is exactly what the clear two
-// calls later resets, whichever kernel runs then. nvec here is one rank's chunk in vectors
-// (at most slot_vecs): the gather's input, the scatter's output.
+// all three may follow each other in any order. Each records as `prev` the vectors its peers
+// wrote into each of its slots, which is exactly what the clear two calls later resets,
+// whichever kernel runs then.
 //
+// Both take every rank's chunk (Chunks), so the uneven all_gatherv / reduce_scatterv are the
+// same kernels as the even collectives, whose chunks are equal. Each chunk is at most one
+// receive slot (slot_vecs), and the counts are the same on every rank.
+struct Chunks {
+  size_t count[kMaxRanks];  // rank r's chunk, in 16-byte vectors
+  size_t start[kMaxRanks];  // where it starts: in the gathered output, or in the scattered input
+};
+
+// a[rank] by a compile-time index: a kernel parameter indexed at run time is copied to local
+// memory first (ptxas: 128 more bytes of stack frame per thread).
+template <int W>
+__device__ __forceinline__ size_t of_rank(const size_t (&a)[kMaxRanks], int rank) {
+  size_t v = 0;
+#pragma unroll
+  for (int r = 0; r < W; ++r)
+    if (r == rank) v = a[r];
+  return v;
+}
+
 // All-gather. A copy, so the sentinel rule costs exactness in one case only: a word of
 // 0xFFFFFFFF arrives as kNotSentinel. The host serves only fp32/fp16/bf16 here, where that
 // word is a NaN (both halves, for 16-bit types) and stays one; this rank's own chunk goes
 // through the same swap so that every rank's output holds the same bits.
 template <int W>
 __global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv, const uint4* in, uint4* out,
-                                                             size_t nvec, size_t slot_vecs) {
+                                                             Chunks c, size_t slot_vecs) {
   const int rank = s.rank;
+  size_t most = 0, received = 0;  // the longest chunk; the longest a peer writes into our slots
+#pragma unroll
+  for (int r = 0; r < W; ++r) {
+    most = c.count[r] > most ? c.count[r] : most;
+    if (r != rank) received = c.count[r] > received ? c.count[r] : received;
+  }
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
-  flagfree_turn(s, nvec, &buf, &prev, &stopped);
+  flagfree_turn(s, received, &buf, &prev, &stopped);
   if (stopped) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (size_t i = first; i < nvec; i += stride) {
+  const size_t mine = of_rank<W>(c.count, rank);
+  for (size_t i = first; i < mine; i += stride) {
     const uint4 v = without_sentinel(in[i]);
 #pragma unroll
     for (int p = 0; p < W; ++p)
       if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = v;
   }
-  // In place (in == out + rank * nvec, the only overlap the host lets through), the thread
-  // that stores out[rank * nvec + i] is the one that loaded in[i], after loading it.
-  for (size_t i = first; i < nvec; i += stride) {
-    uint4 v[W];
-    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[i]), v)) return;
+  // In place (in == out + start[rank], the only overlap the host lets through), the thread
+  // that stores out[start[rank] + i] is the one that loaded in[i], after loading it.
+  for (size_t i = first; i < most; i += stride) {
+    unsigned senders = 0;
 #pragma unroll
-    for (int r = 0; r < W; ++r) out[size_t(r) * nvec + i] = v[r];
+    for (int r = 0; r < W; ++r)
+      if (i < c.count[r]) senders |= 1u << r;
+    uint4 v[W];
+    const uint4 own = i < mine ? without_sentinel(in[i]) : uint4{};
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, own, v, senders)) return;
+#pragma unroll
+    for (int r = 0; r < W; ++r)
+      if (senders >> r & 1) out[c.start[r] + i] = v[r];
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
 
 // Reduce-scatter (sum): rank r sends its input's chunk j to rank j's slot r, and rank j sums
-// its W slots as flag_free sums vector rank*nvec + i: same terms, same order, same rounding,
-// so the output is bit for bit that all-reduce's chunk. In place (out == in + rank * nvec),
-// out[i] is written by the one thread that read in[rank * nvec + i], after reading it, and no
-// thread reads another's chunk-`rank` vector.
+// its W slots as flag_free sums vector start[rank] + i: same terms, same order, same rounding,
+// so with equal chunks the output is bit for bit that all-reduce's chunk. In place (out == in +
+// start[rank]), out[i] is written by the one thread that read in[start[rank] + i], after
+// reading it, and no thread reads another's chunk-`rank` vector.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) flag_free_scatter(Sync s, Peers recv, const uint4* in, uint4* out,
-                                                              size_t nvec, size_t slot_vecs) {
+                                                              Chunks c, size_t slot_vecs) {
   const int rank = s.rank;
+  size_t sent = 0;  // the longest chunk this rank sends
+#pragma unroll
+  for (int p = 0; p < W; ++p)
+    if (p != rank) sent = c.count[p] > sent ? c.count[p] : sent;
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
-  flagfree_turn(s, nvec, &buf, &prev, &stopped);
+  const size_t mine = of_rank<W>(c.count, rank), at = of_rank<W>(c.start, rank);
+  flagfree_turn(s, mine, &buf, &prev, &stopped);  // every peer writes our chunk's length
   if (stopped) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (size_t i = first; i < nvec; i += stride) {
+  for (size_t i = first; i < sent; i += stride) {
     // Every chunk's load before any store: W-1 independent loads in flight per thread.
     uint4 v[W];
 #pragma unroll
     for (int p = 0; p < W; ++p)
-      if (p != rank) v[p] = in[size_t(p) * nvec + i];
+      if (p != rank && i < c.count[p]) v[p] = in[c.start[p] + i];
 #pragma unroll
     for (int p = 0; p < W; ++p)
-      if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = without_sentinel(v[p]);
+      if (p != rank && i < c.count[p]) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = without_sentinel(v[p]);
   }
-  for (size_t i = first; i < nvec; i += stride) {
+  for (size_t i = first; i < mine; i += stride) {
     uint4 v[W];
-    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[size_t(rank) * nvec + i]), v)) return;
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[at + i]), v)) return;
     out[i] = sum_in_rank_order<T, W>(v);
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
@@ -770,42 +806,58 @@ int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dty
 }
 
 // Both flag-free collectives check what symcomm_ar_run checks of the flag-free all-reduce:
-// whole vectors, at most one receive slot per peer (nbytes is one rank's chunk), and a dtype
-// whose 0xFFFFFFFF word is a NaN, so that no real value collides with the sentinel. A size of
-// 0 launches nothing on any rank (every rank passes the same nbytes), so no turn is taken.
-static cudaError_t flagfree_args(const Context* c, symcomm_dtype_t dtype, const void* in, const void* out, uint64_t nbytes) {
-  if (nbytes % 16 || nbytes > c->flagfree_bytes || (reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15)
+// whole vectors, at most one receive slot per chunk, and a dtype whose 0xFFFFFFFF word is a
+// NaN, so that no real value collides with the sentinel. Fills `c` from chunk_bytes (one entry
+// per rank, equal on every rank) and sets *total to their sum. A total of 0 launches nothing
+// on any rank, so no turn is taken.
+static cudaError_t flagfree_args(const Context* c, symcomm_dtype_t dtype, const void* in, const void* out,
+                                 const uint64_t* chunk_bytes, Chunks* chunks, uint64_t* total) {
+  if (chunk_bytes == nullptr || (reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15)
     return cudaErrorInvalidValue;
-  return dtype == SYMCOMM_FLOAT32 || dtype == SYMCOMM_FLOAT16 || dtype == SYMCOMM_BFLOAT16 ? cudaSuccess
-                                                                                           : cudaErrorInvalidValue;
+  if (dtype != SYMCOMM_FLOAT32 && dtype != SYMCOMM_FLOAT16 && dtype != SYMCOMM_BFLOAT16) return cudaErrorInvalidValue;
+  *chunks = Chunks{};
+  *total = 0;
+  for (int r = 0; r < c->world; ++r) {
+    if (chunk_bytes[r] % 16 || chunk_bytes[r] > c->flagfree_bytes) return cudaErrorInvalidValue;
+    chunks->count[r] = chunk_bytes[r] / 16;
+    chunks->start[r] = *total / 16;
+    *total += chunk_bytes[r];
+  }
+  return cudaSuccess;
 }
 
-int symcomm_ar_flagfree_all_gather(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out, uint64_t nbytes,
-                                   cudaStream_t stream) {
+int symcomm_ar_flagfree_all_gatherv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
+                                    const uint64_t* chunk_bytes, cudaStream_t stream) {
   Context* c = &ctx->impl;
+  Chunks chunks;
+  uint64_t total;
   cudaError_t err = use_device(c->device);
-  if (err != cudaSuccess || (err = flagfree_args(c, dtype, in, out, nbytes)) != cudaSuccess) return err;
-  if (nbytes == 0) return cudaSuccess;
+  if (err != cudaSuccess || (err = flagfree_args(c, dtype, in, out, chunk_bytes, &chunks, &total)) != cudaSuccess)
+    return err;
+  if (total == 0) return cudaSuccess;
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     return launch(c->overlap, flag_free_gather<decltype(w)::value>, c->flagfree_blocks, kThreads, stream, s,
-                  c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), size_t(nbytes / 16),
+                  c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
                   c->flagfree_bytes / 16);
   });
 }
 
-int symcomm_ar_flagfree_reduce_scatter(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
-                                       uint64_t nbytes, cudaStream_t stream) {
+int symcomm_ar_flagfree_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
+                                        const uint64_t* chunk_bytes, cudaStream_t stream) {
   Context* c = &ctx->impl;
+  Chunks chunks;
+  uint64_t total;
   cudaError_t err = use_device(c->device);
-  if (err != cudaSuccess || (err = flagfree_args(c, dtype, in, out, nbytes)) != cudaSuccess) return err;
-  if (nbytes == 0) return cudaSuccess;
+  if (err != cudaSuccess || (err = flagfree_args(c, dtype, in, out, chunk_bytes, &chunks, &total)) != cudaSuccess)
+    return err;
+  if (total == 0) return cudaSuccess;
   const Sync s = make_sync(c);
   return for_dtype(dtype, [&](auto t) {
     return for_world(c->world, [&](auto w) {
       return launch(c->overlap, flag_free_scatter<typename decltype(t)::type, decltype(w)::value>, c->flagfree_blocks,
-                    kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out),
-                    size_t(nbytes / 16), c->flagfree_bytes / 16);
+                    kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
+                    c->flagfree_bytes / 16);
     });
   });
 }

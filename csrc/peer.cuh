@@ -368,15 +368,19 @@ __device__ __forceinline__ uint4* flagfree_slot(const Peers& recv, int to, uint3
 // vector is consumed only once none of its words is the sentinel, so a reader never combines a
 // word before the peer's store of that word arrived. Returns false when this rank gave up (the
 // bounded wait expired, or another thread of the context gave up): the caller returns at once,
-// without its clear, as after any give-up.
+// without its clear, as after any give-up. `senders` (bit r for rank r) names the slots that
+// hold a vector i: an uneven all-gather's shorter chunks end before others, and v[r] of a slot
+// left out is not touched.
 template <int W>
 __device__ __forceinline__ bool flagfree_receive(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
-                                                 size_t i, uint4 own, uint4 (&v)[W]) {
+                                                 size_t i, uint4 own, uint4 (&v)[W], unsigned senders = ~0u) {
 #pragma unroll
-  for (int r = 0; r < W; ++r) v[r] = r == s.rank ? own : load_volatile(flagfree_slot<W>(recv, s.rank, buf, r, slot_vecs) + i);
+  for (int r = 0; r < W; ++r)
+    if (senders >> r & 1)
+      v[r] = r == s.rank ? own : load_volatile(flagfree_slot<W>(recv, s.rank, buf, r, slot_vecs) + i);
 #pragma unroll
   for (int r = 0; r < W; ++r) {
-    if (r != s.rank && has_sentinel(v[r])) {
+    if (r != s.rank && (senders >> r & 1) && has_sentinel(v[r])) {
       const uint4* p = flagfree_slot<W>(recv, s.rank, buf, r, slot_vecs) + i;
       const uint64_t t0 = now_ns();
       do {

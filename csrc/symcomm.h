@@ -35,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 6
+#define SYMCOMM_ABI_VERSION 7
 int symcomm_abi_version(void);
 
 /*
@@ -239,24 +239,26 @@ symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcom
                                 int slot, uint64_t in_offset, void* out, uint64_t nbytes, int stage,
                                 symcomm_stream_t stream);
 
-/* Flag-free all-gather: nbytes (one rank's chunk: a multiple of 16, at most the context's
- * flag-free buffer size) from in to out at offset rank * nbytes on every rank; out holds
- * world * nbytes. The flag-free all-reduce's protocol (push into peers' receive buffers, poll
- * for the sentinel to vanish) and its buffers: calls of both may follow each other in any
- * order. dtype is SYMCOMM_FLOAT32, SYMCOMM_FLOAT16 or SYMCOMM_BFLOAT16, where the sentinel word
- * 0xFFFFFFFF is a NaN; such a word arrives as the NaN 0x7FFF7FFF on every rank (own chunk
- * included), every other word bit for bit. in and out are 16-byte aligned and either do not
- * overlap or in == out + rank * nbytes. nbytes 0 enqueues nothing. Collective like
- * symcomm_ar_run (same nbytes on every rank), bounded the same way. */
-symcomm_status_t symcomm_ar_flagfree_all_gather(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
-                                                uint64_t nbytes, symcomm_stream_t stream);
+/* Flag-free all-gather(v): rank r's chunk of chunk_bytes[r] bytes (one entry per rank, the same
+ * array on every rank; each a multiple of 16 and at most the context's flag-free buffer size)
+ * goes from its `in` to offset chunk_bytes[0] + ... + chunk_bytes[r-1] of every rank's `out`.
+ * Equal chunks are the even all-gather. The flag-free all-reduce's protocol (push into peers'
+ * receive buffers, poll for the sentinel to vanish) and its buffers: calls of all three may
+ * follow each other in any order. dtype is SYMCOMM_FLOAT32, SYMCOMM_FLOAT16 or
+ * SYMCOMM_BFLOAT16, where the sentinel word 0xFFFFFFFF is a NaN; such a word arrives as the
+ * NaN 0x7FFF7FFF on every rank (own chunk included), every other word bit for bit. in and out
+ * are 16-byte aligned and either do not overlap or in is this rank's chunk of out. Chunks that
+ * add up to 0 enqueue nothing. Collective like symcomm_ar_run, bounded the same way. */
+symcomm_status_t symcomm_ar_flagfree_all_gatherv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
+                                                 const uint64_t* chunk_bytes, symcomm_stream_t stream);
 
-/* Flag-free reduce-scatter (sum): in holds world chunks of nbytes (limits as above); this rank
- * writes to out the fp32 rank-order sum of every rank's chunk `rank`, rounded once: the same
- * bits as that chunk of the flag-free all-reduce. Dtypes, alignment and overlap (out == in +
- * rank * nbytes, or none) as for symcomm_ar_flagfree_all_gather. */
-symcomm_status_t symcomm_ar_flagfree_reduce_scatter(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in,
-                                                    void* out, uint64_t nbytes, symcomm_stream_t stream);
+/* Flag-free reduce-scatter(v) (sum): `in` holds every rank's chunk back to back (chunk_bytes,
+ * limits as above); this rank writes to out the fp32 rank-order sum of every rank's chunk
+ * `rank`, rounded once (with equal chunks, the same bits as that chunk of the flag-free
+ * all-reduce). Dtypes, alignment and overlap (out is this rank's chunk of in, or disjoint) as
+ * for symcomm_ar_flagfree_all_gatherv. */
+symcomm_status_t symcomm_ar_flagfree_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in,
+                                                     void* out, const uint64_t* chunk_bytes, symcomm_stream_t stream);
 
 /* Most tensors one symcomm_ar_gatherv call moves. */
 #define SYMCOMM_AR_MAX_PIECES 8

@@ -92,11 +92,24 @@ def test_capacity_differs_by_kernel():
         assert "capacity" in custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(state)).why_not(over_staging)
 
 
+GATHERS = ("all_gather", "all_gatherv")
+
+
 def _collective(op, chunk_numel=1024, world=2, dtype=torch.bfloat16, redop="sum", in_ptr=1 << 30, out_ptr=2 << 30):
-    """An all_gather (x one chunk, out world chunks) or reduce_scatter (the reverse) call."""
+    """An all_gather(v) (x one chunk, out world chunks) or reduce_scatter(v) (the reverse) call;
+    the v-variants with every rank's size equal."""
     chunk, whole = torch.empty(chunk_numel, dtype=dtype), torch.empty(world * chunk_numel, dtype=dtype)
-    x, out = (chunk, whole) if op == "all_gather" else (whole, chunk)
-    return Call(op, [x], [out], [in_ptr], [out_ptr], None, None if op == "all_gather" else redop,
+    x, out = (chunk, whole) if op in GATHERS else (whole, chunk)
+    sizes = [chunk_numel] * world if op.endswith("v") else None
+    return Call(op, [x], [out], [in_ptr], [out_ptr], sizes, None if op in GATHERS else redop, whole.nbytes)
+
+
+def _uneven(op, sizes, row=8, dtype=torch.bfloat16, rank=0):
+    """An all_gatherv or reduce_scatterv with rows of ``row`` elements, ``sizes`` rows per rank."""
+    whole = torch.empty(sum(sizes), row, dtype=dtype)
+    part = whole[:sizes[rank]]
+    x, out = (part, whole) if op == "all_gatherv" else (whole, part)
+    return Call(op, [x], [out], [1 << 30], [2 << 30], list(sizes), None if op == "all_gatherv" else "sum",
                 whole.nbytes)
 
 
@@ -150,11 +163,31 @@ def test_flagfree_reduce_scatter_only_sums():
     assert "only sum" in _flagfree().why_not(_collective("reduce_scatter", redop="max"))
 
 
-def test_flagfree_serves_no_v_variants_and_other_kernels_no_gather():
+@pytest.mark.parametrize("op", ["all_gatherv", "reduce_scatterv"])
+def test_flagfree_v_variants_check_every_ranks_chunk(op):
+    """Uneven sizes: each rank's chunk must be whole vectors and fit one receive slot, and the
+    reason names the rank, so that every rank (which sees the same sizes) declines alike."""
+    path = _flagfree()
+    assert path.why_not(_uneven(op, [3, 5])) is None  # rows of 16 bytes
+    assert path.why_not(_uneven(op, [0, 5])) is None  # a rank with no rows still takes part
+    assert "rank 1's chunk of 24 bytes is not whole 16-byte vectors" in path.why_not(_uneven(op, [2, 3], row=4))
+    slot_rows = FLAGFREE_SLOT // 16
+    assert path.why_not(_uneven(op, [1, slot_rows])) is None
+    assert "rank 1's chunk" in path.why_not(_uneven(op, [1, slot_rows + 1])) and "receive slot" in path.why_not(
+        _uneven(op, [1, slot_rows + 1]))
+
+
+def test_flagfree_gatherv_moves_one_tensor_per_call():
     x = torch.empty(64, dtype=torch.bfloat16)
-    gatherv = Call("all_gatherv", [x], [torch.empty(128, dtype=torch.bfloat16)], [1 << 30], [2 << 30], [64, 64],
-                   None, 256)
-    assert "serves all_reduce, all_gather and reduce_scatter only" in _flagfree().why_not(gatherv)
+    two = Call("all_gatherv", [x, x], [torch.empty(128, dtype=torch.bfloat16)] * 2, [1 << 30] * 2, [2 << 30] * 2,
+               [64, 64], None, 512)
+    assert "one tensor per call" in _flagfree().why_not(two)
+
+
+def test_flagfree_serves_no_other_op_and_other_kernels_no_gather():
+    x = torch.empty(64, dtype=torch.bfloat16)
+    a2a = Call("all_to_allv", [x], [x], [1 << 30], [2 << 30], [32, 32], None, 128)
+    assert "serves all_reduce, all_gather(v) and reduce_scatter(v) only" in _flagfree().why_not(a2a)
     for algo in (ONESHOT, TWOSHOT):
         path = custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(FakeState()))
         assert "all_reduce only" in path.why_not(_collective("all_gather"))
@@ -170,17 +203,34 @@ class _RecordingLibrary:
         return lambda *args: self.calls.append((name, args)) or 0
 
 
-@pytest.mark.parametrize("op,fn", [("all_gather", "symcomm_ar_flagfree_all_gather"),
-                                   ("reduce_scatter", "symcomm_ar_flagfree_reduce_scatter")])
-def test_flagfree_collectives_launch_one_chunk(op, fn):
-    """The entry point takes one rank's chunk, not the call's nbytes (the whole message)."""
+FLAGFREE_ENTRY = {"all_gather": "symcomm_ar_flagfree_all_gatherv", "all_gatherv": "symcomm_ar_flagfree_all_gatherv",
+                  "reduce_scatter": "symcomm_ar_flagfree_reduce_scatterv",
+                  "reduce_scatterv": "symcomm_ar_flagfree_reduce_scatterv"}
+
+
+def _recorded_launch(call, world=2):
     state = FakeState()
+    state.world_size = world
     state.lib, state.ctx = _RecordingLibrary(), 7
     state.launch_stream = lambda session: 99
-    path = custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state))
-    call = _collective(op, 1024, world=4)
-    path.run(call)
-    assert state.lib.calls == [(fn, (7, _native.DTYPE_CODES[torch.bfloat16], 1 << 30, 2 << 30, 2048, 99))]
+    custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state)).run(call)
+    [(name, args)] = state.lib.calls
+    return name, args
+
+
+@pytest.mark.parametrize("op", custom_ar.FLAGFREE_OPS)
+def test_flagfree_collectives_launch_every_ranks_chunk(op):
+    """The entry point takes each rank's chunk in bytes, not the call's nbytes (the whole message)."""
+    name, args = _recorded_launch(_collective(op, 1024, world=4), world=4)
+    assert name == FLAGFREE_ENTRY[op]
+    assert args[:4] == (7, _native.DTYPE_CODES[torch.bfloat16], 1 << 30, 2 << 30) and args[5] == 99
+    assert list(args[4]) == [2048] * 4
+
+
+@pytest.mark.parametrize("op", ["all_gatherv", "reduce_scatterv"])
+def test_flagfree_v_variants_launch_their_sizes(op):
+    name, args = _recorded_launch(_uneven(op, [3, 0, 5, 1], row=8), world=4)
+    assert name == FLAGFREE_ENTRY[op] and list(args[4]) == [48, 0, 80, 16]
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -189,7 +239,7 @@ def test_builtin_table_names_the_flagfree_collectives_only_where_measured(world,
     """World 2: first to 1 MiB in all (measured on 2x H200), never above. Worlds 4 and 8: nowhere."""
     table = dispatch.DispatchTable(dispatch.BUILTIN[min(world, 4)], "builtin")
     for nbytes in (0, 1 << 10, 64 << 10, 1 << 20, (1 << 20) + 16, 16 << 20):
-        for key in (op, f"{op}:inplace"):
+        for key in (op,) if op.endswith("v") else (op, f"{op}:inplace"):  # v-calls have no in-place row
             order = table.preference(key, nbytes)
             if world == 2 and nbytes <= 1 << 20:
                 assert order[0] == FLAGFREE, (key, nbytes, order)
@@ -213,9 +263,8 @@ def test_equal_sizes_need_whole_vector_chunks_not_rows():
     assert offset_unit(_collective("all_gather", chunk_numel=0), torch.empty(0), 2) == 0
 
 
-@pytest.mark.parametrize("op,fn", [("all_gather", "symcomm_ar_flagfree_all_gather"),
-                                   ("reduce_scatter", "symcomm_ar_flagfree_reduce_scatter")])
-def test_flagfree_collectives_copy_a_misaligned_view_instead_of_declining(op, fn):
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_flagfree_collectives_copy_a_misaligned_view_instead_of_declining(op):
     """Alignment is rank-local: a misaligned input or output must not send this rank to another
     path than its peers. The kernel gets aligned copies; the result lands in the real output."""
     state = FakeState()
@@ -229,7 +278,7 @@ def test_flagfree_collectives_copy_a_misaligned_view_instead_of_declining(op, fn
     assert x.data_ptr() % 16 and out.data_ptr() % 16 and path.why_not(call) is None
     path.run(call)
     [(name, args)] = state.lib.calls
-    assert name == fn and args[2] % 16 == 0 and args[3] % 16 == 0
+    assert name == FLAGFREE_ENTRY[op] and args[2] % 16 == 0 and args[3] % 16 == 0
     assert args[2] != x.data_ptr() and args[3] != out.data_ptr()
 
 

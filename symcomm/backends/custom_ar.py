@@ -1,13 +1,16 @@
 """symcomm's own all-reduce kernels (csrc/custom_ar.cu) as three paths: ``custom-flagfree``,
 ``custom-oneshot`` and ``custom-twoshot``; one-shot also serves reduce-scatter(v), flag-free
-also all_gather and reduce_scatter of chunks up to its receive slot (the same push-and-poll
-protocol over the same buffers, csrc/custom_ar.cu's flag_free_gather / flag_free_scatter).
+also all_gather(v) and reduce_scatter(v) of chunks up to its receive slot (the same
+push-and-poll protocol over the same buffers, csrc/custom_ar.cu's flag_free_gather /
+flag_free_scatter, which take every rank's chunk).
 
 They share the communicator's PeerContext (symcomm/backends/peer_path.py), so dispatch treats each
 kernel as a path of its own. docs/architecture.md has the rules; csrc/custom_ar.cu explains the
 kernels and their memory ordering.
 """
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -19,10 +22,9 @@ from .peer_path import PeerPath, offset_unit
 
 ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}  # symcomm_ar_algo_t
 DTYPE_CODES = _native.DTYPE_CODES
-# The collectives custom-flagfree serves besides all_reduce, with their capture codes. Not the
-# v-variants: the kernels move one equal chunk per rank.
-FLAGFREE_OPS = {"all_gather": CAPTURE_CODES["custom-flagfree:all_gather"],
-                "reduce_scatter": CAPTURE_CODES["custom-flagfree:reduce_scatter"]}
+# The collectives custom-flagfree serves besides all_reduce, with their capture codes.
+FLAGFREE_OPS = {op: CAPTURE_CODES[f"custom-flagfree:{op}"]
+                for op in ("all_gather", "reduce_scatter", "all_gatherv", "reduce_scatterv")}
 # The world sizes at which those two have passed on real ranks. Their only world-4 run (4x H200,
 # 2026-11-28) never got a clean pass: one rank's test failed a tolerance against NCCL and skipped
 # a call, and since the flag-free protocol pairs calls by count alone, every later call paired
@@ -31,10 +33,16 @@ FLAGFREE_OPS = {"all_gather": CAPTURE_CODES["custom-flagfree:all_gather"],
 FLAGFREE_COLLECTIVE_WORLDS = (2,)
 
 
-def flagfree_chunk(call: Call) -> int:
-    """One rank's chunk of a flag-free all_gather / reduce_scatter in bytes: what each peer's
-    receive slot holds (the gather's input, the scatter's output)."""
-    return call.inputs[0].nbytes if call.op == "all_gather" else call.outputs[0].nbytes
+def flagfree_chunks(call: Call, world: int) -> list[int]:
+    """Every rank's chunk of a flag-free all_gather(v) / reduce_scatter(v) in bytes, in rank
+    order: what one peer's receive slot holds (a gather's input, a scatter's output). The same
+    list on every rank, since it follows the sizes every rank passes."""
+    whole = call.outputs[0] if call.op in ("all_gather", "all_gatherv") else call.inputs[0]
+    if call.sizes is None:
+        return [whole.nbytes // world] * world
+    total = sum(call.sizes)
+    row = whole.nbytes // total if total else 0
+    return [n * row for n in call.sizes]
 
 
 class AllReduceKernelPath(PeerPath):
@@ -55,7 +63,8 @@ class AllReduceKernelPath(PeerPath):
             return self._why_not_flagfree(call)
         if call.op != "all_reduce":
             return ("custom-oneshot serves reduce_scatter(v) and all_reduce only" if self.name == ONESHOT
-                    else "custom-flagfree serves all_reduce, all_gather and reduce_scatter only" if self.name == FLAGFREE
+                    else "custom-flagfree serves all_reduce, all_gather(v) and reduce_scatter(v) only"
+                    if self.name == FLAGFREE
                     else "custom kernels serve all_reduce only")
         if call.redop != "sum":
             return f"custom kernels only sum (op={call.redop!r})"
@@ -85,11 +94,14 @@ class AllReduceKernelPath(PeerPath):
         if call.dtype not in DTYPE_CODES:
             return (f"dtype {call.dtype} is unsupported by the flag-free {op} (float32, float16, bfloat16: "
                     f"the dtypes in which the receive buffers' 0xFFFFFFFF sentinel word is a NaN, not a value)")
-        chunk = flagfree_chunk(call)
-        if chunk % 16:
-            return f"one rank's chunk of {chunk} bytes is not whole 16-byte vectors"
-        if chunk > self.capacity:
-            return f"one rank's chunk of {chunk} bytes exceeds {self.name}'s receive slot of {self.capacity} bytes"
+        if len(call.inputs) > 1:
+            return f"the flag-free {op} moves one tensor per call, and this call has {len(call.inputs)}"
+        for rank, chunk in enumerate(flagfree_chunks(call, world)):
+            whose = "one rank's chunk" if call.sizes is None else f"rank {rank}'s chunk"
+            if chunk % 16:
+                return f"{whose} of {chunk} bytes is not whole 16-byte vectors"
+            if chunk > self.capacity:
+                return f"{whose} of {chunk} bytes exceeds {self.name}'s receive slot of {self.capacity} bytes"
         # Alignment is this rank's own business and must not decide the path (peers would wait
         # in another one): _run_flagfree copies a misaligned input or output instead.
         return None
@@ -158,21 +170,21 @@ class AllReduceKernelPath(PeerPath):
             context.check("custom reduce_scatterv launch", code)
 
     def _run_flagfree(self, call: Call) -> None:
-        """all_gather / reduce_scatter by push: each rank writes its chunks into the peers'
+        """all_gather(v) / reduce_scatter(v) by push: each rank writes its chunks into the peers'
         receive buffers, so no peer reads this rank's tensors and the input needs no slot or
         staging, in a graph or not (recorded as read directly)."""
         context, op = self._context, call.op
         _, _, _, session = context.input_of(call.in_ptrs[0], call.nbytes, FLAGFREE_OPS[op], peers_read=False)
-        chunk = flagfree_chunk(call)
-        fn = (context.lib.symcomm_ar_flagfree_all_gather if op == "all_gather"
-              else context.lib.symcomm_ar_flagfree_reduce_scatter)
+        chunks = (ctypes.c_uint64 * context.world_size)(*flagfree_chunks(call, context.world_size))
+        fn = (context.lib.symcomm_ar_flagfree_all_gatherv if op in ("all_gather", "all_gatherv")
+              else context.lib.symcomm_ar_flagfree_reduce_scatterv)
         # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided
         # the path) goes through aligned copies; an in-place call then runs out of place.
         in_ptr, out_ptr, out = call.in_ptrs[0], call.out_ptrs[0], call.outputs[0]
         copy = aligned(call.inputs[0]) if in_ptr % 16 else None
         target = torch.empty_like(out) if out_ptr % 16 else None
         code = fn(context.ctx, DTYPE_CODES[call.dtype], in_ptr if copy is None else copy.data_ptr(),
-                  out_ptr if target is None else target.data_ptr(), chunk, context.launch_stream(session))
+                  out_ptr if target is None else target.data_ptr(), chunks, context.launch_stream(session))
         if code:
             context.check(f"custom-flagfree {op} launch", code)
         if target is not None:

@@ -1,8 +1,8 @@
-"""custom-flagfree's all_gather and reduce_scatter on real ranks (run it at world 2, the size the
-open issue measures): bitwise against NCCL for the gather, bitwise against the flag-free
-all-reduce's chunk for the scatter, graph replay equal to eager, and auto picking them where the
-world-2 tables say. At other world sizes they decline (custom_ar.FLAGFREE_COLLECTIVE_WORLDS), and
-each test checks that instead.
+"""custom-flagfree's all_gather(v) and reduce_scatter(v) on real ranks (run it at world 2, the
+size the open issue measures): bitwise against NCCL for the gathers, bitwise against the
+flag-free all-reduce's chunk for the scatters, graph replay equal to eager, and auto picking them
+where the world-2 tables say. At other world sizes they decline
+(custom_ar.FLAGFREE_COLLECTIVE_WORLDS), and each test checks that instead.
 
 Run: torchrun --nproc-per-node=2 -m pytest tests/gpu/test_flagfree_collectives.py
 """
@@ -41,9 +41,12 @@ def _declined(c) -> bool:
     if c.world_size in FLAGFREE_COLLECTIVE_WORLDS:
         return False
     x = torch.ones(c.world_size * 8, dtype=torch.bfloat16, device="cuda")
-    for op, t in (("all_gather", x[:8]), ("reduce_scatter", x)):
+    sizes = [8] * c.world_size
+    for run in (lambda: c.all_gather(x[:8], algo=base.FLAGFREE), lambda: c.reduce_scatter(x, algo=base.FLAGFREE),
+                lambda: c.all_gatherv(x[:8], sizes, algo=base.FLAGFREE),
+                lambda: c.reduce_scatterv(x, sizes, algo=base.FLAGFREE)):
         with pytest.raises(symcomm.ArgumentError, match="world 2 only"):
-            getattr(c, op)(t, algo=base.FLAGFREE)
+            run()
     return True
 
 
@@ -195,3 +198,135 @@ def test_auto_picks_them_where_the_world_2_tables_do(fast_comm, op):
         x = torch.ones(c.world_size * n if op == "reduce_scatter" else n, dtype=torch.bfloat16, device="cuda")
         algo = c.select(op, x).algo
         assert (algo == base.FLAGFREE) == (c.world_size == 2), f"{op} of {nbytes} B at world {c.world_size}: {algo}"
+
+
+# Rows per rank (world 2 uses the first two, larger worlds repeat them): a rank with none, a
+# single row, odd counts, a rank holding a whole receive slot beside a small one. Rows of 7168
+# bf16 (one token of hidden 7168, 14 KiB) and of 8 values (16 bytes).
+UNEVEN = ((0, 3), (1, 70), (45, 2), (146, 1))
+
+
+def _sizes(c, pattern, row_bytes):
+    sizes = [pattern[r % len(pattern)] for r in range(c.world_size)]
+    return [min(n, SLOT // row_bytes) for n in sizes]  # every chunk fits one receive slot
+
+
+@pytest.mark.parametrize("width", (8, 7168))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", UNEVEN)
+def test_all_gatherv_is_bitwise_nccl(fast_comm, pattern, dtype, width):
+    c = fast_comm
+    if _declined(c):
+        return
+    rank = c.rank
+    sizes = _sizes(c, pattern, width * torch.finfo(dtype).bits // 8)
+    x = rank_input((sizes[rank], width), dtype, rank, seed=sum(sizes) % 997 + 3)
+    want = c.all_gatherv(x, sizes, algo="nccl")
+    got = c.all_gatherv(x, sizes, algo=base.FLAGFREE)
+    out = torch.empty_like(want)
+    first = sum(sizes[:rank])
+    mine = out[first:first + sizes[rank]]
+    mine.copy_(x)
+    c.all_gatherv(mine, sizes, out=out, algo=base.FLAGFREE)  # in place
+    # Asserts only after every collective (see test_all_gather_is_bitwise_nccl).
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), sizes
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), sizes
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", UNEVEN)
+def test_reduce_scatterv_is_the_flagfree_all_reduce_segment(fast_comm, pattern, dtype):
+    c = fast_comm
+    if _declined(c):
+        return
+    w, rank, width = c.world_size, c.rank, 7168
+    sizes = _sizes(c, pattern, width * torch.finfo(dtype).bits // 8)
+    total, first = sum(sizes), sum(sizes[:rank])
+    inputs = all_inputs((total, width), dtype, w, seed=total % 991 + 17)
+    x = inputs[rank]
+    # Every segment through the flag-free all-reduce, in rank order on every rank (each fits it).
+    starts = [sum(sizes[:j]) for j in range(w)]
+    mine = [c.all_reduce(x[starts[j]:starts[j] + sizes[j]], algo=base.FLAGFREE) if sizes[j] else None
+            for j in range(w)][rank]
+    got = c.reduce_scatterv(x, sizes, algo=base.FLAGFREE)
+    theirs = c.reduce_scatterv(x, sizes, algo="nccl")
+    y = x.clone()
+    c.reduce_scatterv(y, sizes, out=y[first:first + sizes[rank]], algo=base.FLAGFREE)  # in place
+    # Asserts only after every collective (see test_all_gather_is_bitwise_nccl).
+    assert got.shape == (sizes[rank], width)
+    if sizes[rank]:
+        parts = [t[first:first + sizes[rank]] for t in inputs]
+        assert torch.equal(got.view(torch.uint8), mine.view(torch.uint8)), sizes
+        assert torch.equal(y[first:first + sizes[rank]].view(torch.uint8), mine.view(torch.uint8)), sizes
+        assert_reduced(got, parts, f"reduce_scatterv {dtype} {sizes}")
+        assert_reduced(theirs, parts, f"NCCL's reduce_scatterv {dtype} {sizes}")
+
+
+@pytest.mark.parametrize("op", ("all_gatherv", "reduce_scatterv"))
+def test_uneven_graph_replay_equals_eager(fast_comm, op):
+    c = fast_comm
+    if _declined(c):
+        return
+    sizes = _sizes(c, (5, 77), 7168 * 2)
+    rows = sizes[c.rank] if op == "all_gatherv" else sum(sizes)
+    x = rank_input((rows, 7168), torch.bfloat16, c.rank, seed=29)
+    run = getattr(c, op)
+    eager = run(x, sizes, algo=base.FLAGFREE)
+    out = torch.empty_like(eager)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(x, sizes, out=out, algo=base.FLAGFREE)  # warm-up before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with c.graph_capture(), torch.cuda.graph(graph):
+        run(x, sizes, out=out, algo=base.FLAGFREE)
+    replays = []
+    for _ in range(4):  # more than three replays: the receive buffers rotate
+        out.fill_(float("nan"))
+        graph.replay()
+        replays.append(out.clone())
+    torch.cuda.synchronize()
+    for i, got in enumerate(replays):
+        assert torch.equal(got.view(torch.int16), eager.view(torch.int16)), f"replay {i}"
+
+
+def test_uneven_calls_between_even_ones(fast_comm):
+    """Uneven gathers and scatters leave receive-buffer slots of different lengths; 120 calls of
+    the five flag-free collectives, no synchronisation between them."""
+    c = fast_comm
+    if _declined(c):
+        return
+    w, rank, width = c.world_size, c.rank, 7168
+    results = []
+    for i in range(120):
+        sizes = _sizes(c, UNEVEN[i % len(UNEVEN)], width * 2)
+        total, first = sum(sizes), sum(sizes[:rank])
+        kind = i % 5
+        every = all_inputs((max(total, 1), width), torch.bfloat16, w, seed=i % 11)
+        x = every[rank]
+        if kind == 0:
+            got = c.all_reduce(x[:1], algo=base.FLAGFREE)
+        elif kind == 1:
+            got = c.all_gather(x[:1], algo=base.FLAGFREE)
+        elif kind == 2:
+            got = c.reduce_scatter(x[:w], algo=base.FLAGFREE)
+        elif kind == 3:
+            got = c.all_gatherv(x[first:first + sizes[rank]], sizes, algo=base.FLAGFREE)
+        else:
+            got = c.reduce_scatterv(x[:total], sizes, algo=base.FLAGFREE)
+        results.append((kind, sizes, every, got))
+    # Asserts only after every collective (see test_all_gather_is_bitwise_nccl).
+    for i, (kind, sizes, every, got) in enumerate(results):
+        total, first = sum(sizes), sum(sizes[:rank])
+        if kind == 0:
+            assert_reduced(got, [t[:1] for t in every], f"call {i} all_reduce")
+        elif kind == 1:
+            assert torch.equal(got, torch.cat([t[:1] for t in every])), f"call {i} all_gather"
+        elif kind == 2:
+            assert_reduced(got, [t[rank:rank + 1] for t in every], f"call {i} reduce_scatter")
+        elif kind == 3:
+            want = torch.cat([t[sum(sizes[:r]):sum(sizes[:r]) + sizes[r]] for r, t in enumerate(every)])
+            assert torch.equal(got, want), f"call {i} all_gatherv {sizes}"
+        elif sizes[rank]:
+            assert_reduced(got, [t[first:first + sizes[rank]] for t in every], f"call {i} reduce_scatterv {sizes}")

@@ -1,12 +1,16 @@
-"""The flag-free all-gather and reduce-scatter (csrc/custom_ar.cu, flag_free_gather and
+"""The flag-free all-gather(v) and reduce-scatter(v) (csrc/custom_ar.cu, flag_free_gather and
 flag_free_scatter) with W simulated ranks on ONE GPU (tests/gpu_sim/_sim.py).
 
-What this proves: their slot indexing, the sentinel swap, and that they share the flag-free
-all-reduce's receive buffers, turn and clear without corrupting one another when calls of the
-three kernels and of different sizes follow each other without a host synchronisation. Not
-NVLink behaviour or timing.
+What this proves: their slot indexing, uneven chunks (a rank with none, one with a whole
+receive slot), the sentinel swap, and that they share the flag-free all-reduce's receive
+buffers, turn and clear without corrupting one another when calls of the three kernels and of
+different sizes follow each other without a host synchronisation. Not NVLink behaviour or
+timing.
 """
 from __future__ import annotations
+
+import ctypes
+import random
 
 import pytest
 import torch
@@ -19,19 +23,27 @@ WORLDS = (2, 4, 8)
 # One rank's chunk in bytes: empty, one vector, an odd vector count, two pages and a vector,
 # the whole receive slot.
 CHUNKS = (0, 16, 1008, 4096 * 2 + 16, FLAGFREE_BYTES)
-GATHER, SCATTER = "symcomm_ar_flagfree_all_gather", "symcomm_ar_flagfree_reduce_scatter"
+GATHER, SCATTER = "symcomm_ar_flagfree_all_gatherv", "symcomm_ar_flagfree_reduce_scatterv"
 SENTINEL, NOT_SENTINEL = -1, 0x7FFF7FFF  # csrc/peer.cuh's kSentinel / kNotSentinel as int32 words
 
 
-def launch(sim: SimWorld, fn: str, dtype: torch.dtype, inputs, outputs, chunk_bytes: int) -> None:
+def chunk_array(world: int, chunk_bytes) -> ctypes.Array:
+    """The entry points' per-rank chunk sizes: one int (every rank alike) or a list."""
+    sizes = [chunk_bytes] * world if isinstance(chunk_bytes, int) else list(chunk_bytes)
+    return (ctypes.c_uint64 * world)(*sizes)
+
+
+def launch(sim: SimWorld, fn: str, dtype: torch.dtype, inputs, outputs, chunk_bytes) -> None:
     """One collective on every simulated rank, each on its own stream, ordered after the
-    current stream and before what follows on it (as SimWorld.launch does for all-reduce)."""
+    current stream and before what follows on it (as SimWorld.launch does for all-reduce).
+    ``chunk_bytes``: every rank's chunk, or one size for all."""
     here = torch.cuda.current_stream()
+    sizes = chunk_array(sim.world, chunk_bytes)
     for r in range(sim.world):
         stream = sim.streams[r]
         stream.wait_stream(here)
         code = getattr(sim.lib, fn)(sim.ctxs[r], _native.DTYPE_CODES[dtype], inputs[r].data_ptr(),
-                                    outputs[r].data_ptr(), chunk_bytes, stream.cuda_stream)
+                                    outputs[r].data_ptr(), sizes, stream.cuda_stream)
         _native.check(sim.lib, f"{fn}(rank {r})", code)
     for r in range(sim.world):
         here.wait_stream(sim.streams[r])
@@ -190,8 +202,141 @@ def test_entry_points_refuse_what_why_not_refuses():
         bf16 = _native.DTYPE_CODES[torch.bfloat16]
         for fn in (GATHER, SCATTER):
             f = getattr(sim.lib, fn)
-            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), 1000, stream) != 0
-            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), FLAGFREE_BYTES + 16, stream) != 0
-            assert f(sim.ctxs[0], bf16, x.data_ptr() + 8, y.data_ptr(), 16, stream) != 0
-            assert f(sim.ctxs[0], 999, x.data_ptr(), y.data_ptr(), 16, stream) != 0
-            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), 0, stream) == 0
+
+            def call(dtype, in_ptr, sizes):
+                return f(sim.ctxs[0], dtype, in_ptr, y.data_ptr(), chunk_array(2, sizes), stream)
+            assert call(bf16, x.data_ptr(), 1000) != 0
+            assert call(bf16, x.data_ptr(), [16, 1000]) != 0  # one rank's chunk is enough to refuse
+            assert call(bf16, x.data_ptr(), FLAGFREE_BYTES + 16) != 0
+            assert call(bf16, x.data_ptr(), [16, FLAGFREE_BYTES + 16]) != 0
+            assert call(bf16, x.data_ptr() + 8, 16) != 0
+            assert call(999, x.data_ptr(), 16) != 0
+            assert f(sim.ctxs[0], bf16, x.data_ptr(), y.data_ptr(), None, stream) != 0
+            assert call(bf16, x.data_ptr(), 0) == 0
+
+
+# Uneven chunks in bytes per rank (world 8; smaller worlds take the first W): empty ranks,
+# one vector, odd vector counts, a whole receive slot beside an empty one.
+UNEVEN = ([0, 16, 1008, 0, 4096 * 2 + 16, 48, 16, 0],
+          [FLAGFREE_BYTES, 0, 16, FLAGFREE_BYTES, 1024, 0, 65_552, 16],
+          [16, FLAGFREE_BYTES, 0, 0, 0, 0, 0, 32])
+
+
+def uneven_inputs(world: int, chunks, dtype: torch.dtype, gen: torch.Generator, each: bool):
+    """Per rank: its own chunk (each=False, a gather's input) or every rank's chunks back to
+    back (each=True, a scatter's input), from make_inputs' awkward data."""
+    total = sum(chunks)
+    whole = make_inputs(world, max(total, 16), dtype, gen)
+    size = torch.empty((), dtype=dtype).element_size()
+    if each:
+        return [w[:total // size].clone() for w in whole]
+    return [w[:chunks[r] // size].clone() for r, w in enumerate(whole)]
+
+
+def segments(x: torch.Tensor, chunks) -> list[torch.Tensor]:
+    size, at, out = x.element_size(), 0, []
+    for c in chunks:
+        out.append(x[at // size:(at + c) // size])
+        at += c
+    return out
+
+
+def check_scatterv(sim: SimWorld, dtype, outputs, inputs, chunks, what: str) -> None:
+    """Rank j's output is, bit for bit, the flag-free all-reduce of every rank's segment j."""
+    for j, out in enumerate(outputs):
+        if not chunks[j]:
+            continue
+        parts = [segments(x, chunks)[j] for x in inputs]
+        reduced = all_reduce(sim, dtype, parts)
+        torch.cuda.synchronize()
+        check_outputs(reduced, parts, f"{what} (the all-reduce of segment {j})")
+        differ = (_bits(out) != _bits(reduced[0])).nonzero().flatten()
+        assert differ.numel() == 0, f"{what}: rank {j} differs from the all-reduce of its segment at {differ[:8].tolist()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_gatherv_concatenates_uneven_chunks(world, dtype):
+    gen = torch.Generator().manual_seed(world * 30 + DTYPES.index(dtype))
+    with SimWorld(world) as sim:
+        for pattern in UNEVEN:
+            chunks = pattern[:world]
+            x = uneven_inputs(world, chunks, dtype, gen, each=False)
+            y = [torch.full((sum(chunks) // x[0].element_size(),), 7.0, dtype=dtype, device="cuda") for _ in x]
+            launch(sim, GATHER, dtype, x, y, chunks)
+            torch.cuda.synchronize()
+            check_gather(y, x, f"all_gatherv {dtype} world {world} chunks {chunks}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce_scatterv_sums_uneven_segments(world, dtype):
+    gen = torch.Generator().manual_seed(world * 40 + DTYPES.index(dtype))
+    with SimWorld(world) as sim:
+        for pattern in UNEVEN:
+            chunks = pattern[:world]
+            x = uneven_inputs(world, chunks, dtype, gen, each=True)
+            y = [torch.full((chunks[r] // x[0].element_size(),), 7.0, dtype=dtype, device="cuda")
+                 for r in range(world)]
+            launch(sim, SCATTER, dtype, x, y, chunks)
+            torch.cuda.synchronize()
+            check_scatterv(sim, dtype, y, x, chunks, f"reduce_scatterv {dtype} world {world} chunks {chunks}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_uneven_in_place(world):
+    """all_gatherv with x this rank's chunk of out; reduce_scatterv with out this rank's segment of x."""
+    gen = torch.Generator().manual_seed(world + 700)
+    dtype, chunks = torch.bfloat16, UNEVEN[1][:world]
+    x = uneven_inputs(world, chunks, dtype, gen, each=False)
+    with SimWorld(world) as sim:
+        y = [torch.full((sum(chunks) // 2,), 7.0, dtype=dtype, device="cuda") for _ in x]
+        for r in range(world):
+            segments(y[r], chunks)[r].copy_(x[r])
+        launch(sim, GATHER, dtype, [segments(y[r], chunks)[r] for r in range(world)], y, chunks)
+        torch.cuda.synchronize()
+        check_gather(y, x, f"in-place all_gatherv world {world}")
+
+        whole = uneven_inputs(world, chunks, dtype, gen, each=True)
+        kept = [t.clone() for t in whole]
+        outs = [segments(whole[r], chunks)[r] for r in range(world)]
+        launch(sim, SCATTER, dtype, whole, outs, chunks)
+        torch.cuda.synchronize()
+        check_scatterv(sim, dtype, outs, kept, chunks, f"in-place reduce_scatterv world {world}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_uneven_calls_in_a_row_with_the_even_ones(world):
+    """90 calls, back to back, synchronised once: uneven gathers and scatters between even
+    all-reduces. Each uneven call leaves its longest peer chunk in a receive buffer (a gather's
+    slots differ in length), which the clear two calls later must cover whatever kernel runs."""
+    rng = random.Random(world)
+    gen = torch.Generator().manual_seed(world + 1100)
+    dtype = torch.bfloat16
+    calls = []
+    with SimWorld(world) as sim:
+        for i in range(90):
+            kind = ("ar", "agv", "rsv")[i % 3]
+            chunks = [16 * rng.choice((0, 1, 63, 4097, FLAGFREE_BYTES // 16)) for _ in range(world)]
+            if kind == "ar":
+                x = make_inputs(world, 16 * rng.choice((1, 63, 4097)), dtype, gen)
+                y = [torch.full_like(t, 7.0) for t in x]
+                sim.launch(FLAGFREE, dtype, x, y)
+            elif kind == "agv":
+                x = uneven_inputs(world, chunks, dtype, gen, each=False)
+                y = [torch.full((sum(chunks) // 2,), 7.0, dtype=dtype, device="cuda") for _ in x]
+                launch(sim, GATHER, dtype, x, y, chunks)
+            else:
+                x = uneven_inputs(world, chunks, dtype, gen, each=True)
+                y = [torch.full((chunks[r] // 2,), 7.0, dtype=dtype, device="cuda") for r in range(world)]
+                launch(sim, SCATTER, dtype, x, y, chunks)
+            calls.append((kind, chunks, x, y))
+        torch.cuda.synchronize()
+        for i, (kind, chunks, x, y) in enumerate(calls):
+            what = f"world {world} call {i} {kind} chunks {chunks}"
+            if kind == "ar":
+                check_outputs(y, x, what)
+            elif kind == "agv":
+                check_gather(y, x, what)
+            else:
+                check_scatterv(sim, dtype, y, x, chunks, what)
