@@ -40,9 +40,10 @@ PLAIN_FIRST = ("nccl", "nccl-symm", "torch")
 # (odd size, over capacity) hands it to the next, and NCCL comes last.
 FLAGFREE_FIRST = ("custom-flagfree", "custom-oneshot", "custom-twoshot")
 ONESHOT_FIRST = ("custom-oneshot", "custom-twoshot", "custom-flagfree")
-# custom-flagfree also serves all_gather and reduce_scatter (one rank's chunk up to its receive
-# slot), at world 2 only (backends/custom_ar.py, FLAGFREE_COLLECTIVE_WORLDS): the world-2 rows
-# name it to 1 MiB, where it was measured on 2x H200, and no world-4 row names it.
+# custom-flagfree also serves all_gather(v) and reduce_scatter(v) (each rank's chunk up to its
+# receive slot), at world 2 only (backends/custom_ar.py, FLAGFREE_COLLECTIVE_WORLDS): the world-2
+# rows name it to 1 MiB, where it was measured on 2x H200 (the v-ops take those rows through
+# _ALIASES), and no world-4 row names it.
 TWOSHOT_FIRST = ("custom-twoshot", "custom-oneshot")
 INF = float("inf")
 PLAIN_ROW = ([INF], [PLAIN_FIRST])  # a key with no rules: plain NCCL first

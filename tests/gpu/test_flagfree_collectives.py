@@ -200,6 +200,19 @@ def test_auto_picks_them_where_the_world_2_tables_do(fast_comm, op):
         assert (algo == base.FLAGFREE) == (c.world_size == 2), f"{op} of {nbytes} B at world {c.world_size}: {algo}"
 
 
+@pytest.mark.parametrize("op", ("all_gatherv", "reduce_scatterv"))
+def test_auto_picks_them_for_uneven_calls_at_world_2(fast_comm, op):
+    """The uneven calls too: the shipped H200 world-2 table ranks custom-flagfree first to 2 MiB,
+    and the built-in table (other GPUs) takes the even ops' rows, first to 1 MiB."""
+    c = fast_comm
+    for rows in (1, 8, 24):  # of 7168 bf16 per rank r: (r + 1) * rows, under 1 MiB in all at world 2
+        sizes = [(r + 1) * rows for r in range(c.world_size)]
+        x = torch.ones(sizes[c.rank] if op == "all_gatherv" else sum(sizes), 7168, dtype=torch.bfloat16,
+                       device="cuda")
+        algo = c.select(op, x, sizes).algo
+        assert (algo == base.FLAGFREE) == (c.world_size == 2), f"{op} of {sizes} rows at world {c.world_size}: {algo}"
+
+
 # Rows per rank (world 2 uses the first two, larger worlds repeat them): a rank with none, a
 # single row, odd counts, a rank holding a whole receive slot beside a small one. Rows of 7168
 # bf16 (one token of hidden 7168, 14 KiB) and of 8 values (16 bytes).
