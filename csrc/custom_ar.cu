@@ -169,6 +169,12 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
 // Both take every rank's chunk (Chunks), so the uneven all_gatherv / reduce_scatterv are the
 // same kernels as the even collectives, whose chunks are equal. Each chunk is at most one
 // receive slot (slot_vecs), and the counts are the same on every rank.
+//
+// The three-buffer rotation (see flag_free) holds only if every call carries data from every
+// rank to every peer: a peer must not finish call k+1 before this rank has finished call k,
+// whose clear it would otherwise race with its call k+2 writes. An empty chunk breaks that (a
+// rank that sends nothing lets its peers run ahead), so a rank with no rows for a peer sends it
+// one placeholder vector, which the peer waits for and drops (sent()).
 struct Chunks {
   size_t count[kMaxRanks];  // rank r's chunk, in 16-byte vectors
   size_t start[kMaxRanks];  // where it starts: in the gathered output, or in the scattered input
@@ -185,6 +191,9 @@ __device__ __forceinline__ size_t of_rank(const size_t (&a)[kMaxRanks], int rank
   return v;
 }
 
+// The vectors a chunk of `count` puts on the wire: the chunk, or one placeholder when empty.
+__device__ __forceinline__ size_t sent(size_t count) { return count > 0 ? count : 1; }
+
 // All-gather. A copy, so the sentinel rule costs exactness in one case only: a word of
 // 0xFFFFFFFF arrives as kNotSentinel. The host serves only fp32/fp16/bf16 here, where that
 // word is a NaN (both halves, for 16-bit types) and stays one; this rank's own chunk goes
@@ -193,11 +202,11 @@ template <int W>
 __global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv, const uint4* in, uint4* out,
                                                              Chunks c, size_t slot_vecs) {
   const int rank = s.rank;
-  size_t most = 0, received = 0;  // the longest chunk; the longest a peer writes into our slots
+  size_t most = 0, received = 0;  // the longest send; the longest a peer writes into our slots
 #pragma unroll
   for (int r = 0; r < W; ++r) {
-    most = c.count[r] > most ? c.count[r] : most;
-    if (r != rank) received = c.count[r] > received ? c.count[r] : received;
+    most = sent(c.count[r]) > most ? sent(c.count[r]) : most;
+    if (r != rank) received = sent(c.count[r]) > received ? sent(c.count[r]) : received;
   }
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
@@ -206,8 +215,8 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv,
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t mine = of_rank<W>(c.count, rank);
-  for (size_t i = first; i < mine; i += stride) {
-    const uint4 v = without_sentinel(in[i]);
+  for (size_t i = first; i < sent(mine); i += stride) {
+    const uint4 v = i < mine ? without_sentinel(in[i]) : uint4{};
 #pragma unroll
     for (int p = 0; p < W; ++p)
       if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = v;
@@ -218,13 +227,13 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv,
     unsigned senders = 0;
 #pragma unroll
     for (int r = 0; r < W; ++r)
-      if (i < c.count[r]) senders |= 1u << r;
+      if (i < sent(c.count[r])) senders |= 1u << r;
     uint4 v[W];
     const uint4 own = i < mine ? without_sentinel(in[i]) : uint4{};
     if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, own, v, senders)) return;
 #pragma unroll
     for (int r = 0; r < W; ++r)
-      if (senders >> r & 1) out[c.start[r] + i] = v[r];
+      if (i < c.count[r]) out[c.start[r] + i] = v[r];
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
@@ -238,31 +247,32 @@ template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) flag_free_scatter(Sync s, Peers recv, const uint4* in, uint4* out,
                                                               Chunks c, size_t slot_vecs) {
   const int rank = s.rank;
-  size_t sent = 0;  // the longest chunk this rank sends
+  size_t longest = 0;  // the longest send to a peer
 #pragma unroll
   for (int p = 0; p < W; ++p)
-    if (p != rank) sent = c.count[p] > sent ? c.count[p] : sent;
+    if (p != rank) longest = sent(c.count[p]) > longest ? sent(c.count[p]) : longest;
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
   const size_t mine = of_rank<W>(c.count, rank), at = of_rank<W>(c.start, rank);
-  flagfree_turn(s, mine, &buf, &prev, &stopped);  // every peer writes our chunk's length
+  flagfree_turn(s, sent(mine), &buf, &prev, &stopped);  // every peer sends us our chunk's length
   if (stopped) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (size_t i = first; i < sent; i += stride) {
+  for (size_t i = first; i < longest; i += stride) {
     // Every chunk's load before any store: W-1 independent loads in flight per thread.
     uint4 v[W];
 #pragma unroll
     for (int p = 0; p < W; ++p)
-      if (p != rank && i < c.count[p]) v[p] = in[c.start[p] + i];
+      if (p != rank) v[p] = i < c.count[p] ? in[c.start[p] + i] : uint4{};
 #pragma unroll
     for (int p = 0; p < W; ++p)
-      if (p != rank && i < c.count[p]) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = without_sentinel(v[p]);
+      if (p != rank && i < sent(c.count[p])) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = without_sentinel(v[p]);
   }
-  for (size_t i = first; i < mine; i += stride) {
+  for (size_t i = first; i < sent(mine); i += stride) {
     uint4 v[W];
-    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[at + i]), v)) return;
-    out[i] = sum_in_rank_order<T, W>(v);
+    const uint4 own = i < mine ? without_sentinel(in[at + i]) : uint4{};
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, own, v)) return;
+    if (i < mine) out[i] = sum_in_rank_order<T, W>(v);
   }
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }

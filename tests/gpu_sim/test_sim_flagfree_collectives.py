@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from _sim import DTYPES, FLAGFREE_BYTES, SimWorld, _bits, check_outputs, make_inputs
+from _sim import DTYPES, FLAGFREE_BYTES, LATE_CYCLES, SimWorld, _bits, check_outputs, make_inputs
 from symcomm import _native
 from symcomm.base import FLAGFREE
 
@@ -340,3 +340,49 @@ def test_uneven_calls_in_a_row_with_the_even_ones(world):
                 check_gather(y, x, what)
             else:
                 check_scatterv(sim, dtype, y, x, chunks, what)
+
+
+@pytest.mark.parametrize("op", ("gather", "scatter"))
+def test_a_rank_with_nothing_to_send_does_not_run_ahead(op):
+    """Chunks (0, n): in a gather rank 0 has nothing for rank 1, in a scatter rank 1 has nothing
+    for rank 0. Without a placeholder vector the rank that receives nothing finishes its calls
+    without waiting for its peer, and with the peer held up by a long kernel it writes its third
+    call into a receive buffer the peer has yet to clear: the peer's clear then erases that
+    call's data and the peer waits for it until its bound. Three calls per rank are enqueued
+    with no wait between ranks, the receiving rank late; every output must be right and no
+    rank may give up."""
+    world, dtype, n = 2, torch.bfloat16, 4096
+    chunks = [0, n]
+    fn = GATHER if op == "gather" else SCATTER
+    late = 0 if op == "gather" else 1  # the rank whose peer has something for it
+    gen = torch.Generator().manual_seed(1300)
+    with SimWorld(world) as sim:
+        def make():
+            x = uneven_inputs(world, chunks, dtype, gen, each=op == "scatter")
+            size = sum(chunks) if op == "gather" else None
+            y = [torch.full(((size if size is not None else chunks[r]) // 2,), 7.0, dtype=dtype, device="cuda")
+                 for r in range(world)]
+            return x, y
+        first = make()
+        launch(sim, fn, dtype, *first, chunks)  # sets each rank's record of what to clear
+        calls = [make() for _ in range(3)]
+        here, sizes = torch.cuda.current_stream(), chunk_array(world, chunks)
+        for r in range(world):
+            stream = sim.streams[r]
+            stream.wait_stream(here)
+            if r == late:
+                with torch.cuda.stream(stream):
+                    torch.cuda._sleep(LATE_CYCLES)
+            for x, y in calls:
+                code = getattr(sim.lib, fn)(sim.ctxs[r], _native.DTYPE_CODES[dtype], x[r].data_ptr(), y[r].data_ptr(),
+                                            sizes, stream.cuda_stream)
+                _native.check(sim.lib, f"{fn}(rank {r})", code)
+        for r in range(world):
+            here.wait_stream(sim.streams[r])
+        torch.cuda.synchronize()
+        assert [sim.alarm(r) for r in range(world)] == [0, 0]
+        for i, (x, y) in enumerate([first, *calls]):
+            if op == "gather":
+                check_gather(y, x, f"all_gatherv call {i}")
+            else:
+                check_scatterv(sim, dtype, y, x, chunks, f"reduce_scatterv call {i}")
