@@ -41,7 +41,8 @@ class Communicator(OperationMethods):
     (docs/architecture.md, "The device rule") unless given. ``symmetric_capacity`` bytes are
     reserved and registered as NCCL symmetric windows up front; ``reserve_symmetric`` adds
     more, also collectively. ``custom_ar_capacity`` bounds the messages symcomm's own
-    all-reduce kernels take (0 turns them off, as does SYMCOMM_DISABLE_CUSTOM_AR=1). ``check``
+    all-reduce kernels take (0 turns off every peer-memory path, as SYMCOMM_DISABLE_CUSTOM_AR=1
+    does: the all-reduce kernels, custom-push, fused-push and peer-push). ``check``
     overrides SYMCOMM_CHECK, ``timeout_s`` SYMCOMM_TIMEOUT_S (default: the group's own
     timeout). ``graph_communicators`` makes the first graph_capture() open a second NCCL
     communicator per NCCL path for captured launches (docs/memory.md: hundreds of MiB, for a

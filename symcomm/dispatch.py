@@ -61,7 +61,8 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
         # Flag-free to 1 MiB (bench/results/2026-11-28_nvidia-h200-x4_w2_baseline): 0.64-0.77x
         # nccl-tests' faster mode for all_gather, 0.58-1.01x for reduce_scatter, 2x faster than
         # symcomm's NCCL paths.
-        # Behind it, where it declines (odd sizes, all_gatherv), the 2026-11-22 NCCL order.
+        # Behind it, where it declines (odd sizes, chunks over its receive slot), the 2026-11-22
+        # NCCL order.
         "all_gather": [(128 * _KiB, (FLAGFREE,) + SYMM_FIRST), (512 * _KiB, (FLAGFREE,) + PLAIN_FIRST),
                        (1 * _MiB, (FLAGFREE,) + SYMM_FIRST), (16 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
         # In place, the symmetric kernel keeps winning up to 128 MiB (220 vs 225 us), unlike
