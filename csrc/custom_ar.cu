@@ -162,9 +162,9 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
 
 // The flag-free all-gather and reduce-scatter are the all-reduce's protocol with other
 // payloads: the same receive buffers, slot layout, turn (flagfree_turn) and clear, so calls of
-// all three may follow each other in any order. Each records as `prev` the vectors its peers
-// wrote into each of its slots, which is exactly what the clear two calls later resets,
-// whichever kernel runs then.
+// all three may follow each other in any order. Each records as `prev` the most vectors any
+// peer wrote into one of its slots (exact for the scatter, an upper bound for an uneven
+// gather), which is what the clear two calls later resets, whichever kernel runs then.
 //
 // Both take every rank's chunk (Chunks), so the uneven all_gatherv / reduce_scatterv are the
 // same kernels as the even collectives, whose chunks are equal. Each chunk is at most one

@@ -78,7 +78,7 @@ struct Signal {
   uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
   uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
   uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
-  uint32_t flagfree_prev[kMaxBlocks];  // vectors per rank in block b's previous call
+  uint32_t flagfree_prev[kMaxBlocks];  // most vectors a peer wrote per slot in block b's previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
 };
 

@@ -89,7 +89,7 @@ class AllReduceKernelPath(PeerPath):
         if world not in FLAGFREE_COLLECTIVE_WORLDS:
             return (f"the flag-free {op} is proven on real ranks at world 2 only (its one world-4 run never "
                     f"passed cleanly); this world has {world} ranks")
-        if op == "reduce_scatter" and call.redop != "sum":
+        if op in SCATTERING_OPS and call.redop != "sum":
             return f"custom kernels only sum (op={call.redop!r})"
         if call.dtype not in DTYPE_CODES:
             return (f"dtype {call.dtype} is unsupported by the flag-free {op} (float32, float16, bfloat16: "
