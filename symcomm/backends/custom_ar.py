@@ -25,7 +25,7 @@ DTYPE_CODES = _native.DTYPE_CODES
 # The collectives custom-flagfree serves besides all_reduce, with their capture codes.
 FLAGFREE_OPS = {op: CAPTURE_CODES[f"custom-flagfree:{op}"]
                 for op in ("all_gather", "reduce_scatter", "all_gatherv", "reduce_scatterv")}
-# The world sizes at which those two have passed on real ranks. Their only world-4 run (4x H200,
+# The world sizes at which those collectives have passed on real ranks. Their only world-4 run (4x H200,
 # 2026-11-28) never got a clean pass: one rank's test failed a tolerance against NCCL and skipped
 # a call, and since the flag-free protocol pairs calls by count alone, every later call paired
 # with the wrong one (wrong sums, then a bounded wait). 4 and 8 simulated ranks pass. Until a
@@ -37,7 +37,7 @@ def flagfree_chunks(call: Call, world: int) -> list[int]:
     """Every rank's chunk of a flag-free all_gather(v) / reduce_scatter(v) in bytes, in rank
     order: what one peer's receive slot holds (a gather's input, a scatter's output). The same
     list on every rank, since it follows the sizes every rank passes."""
-    whole = call.outputs[0] if call.op in ("all_gather", "all_gatherv") else call.inputs[0]
+    whole = call.inputs[0] if call.op in SCATTERING_OPS else call.outputs[0]
     if call.sizes is None:
         return [whole.nbytes // world] * world
     total = sum(call.sizes)
@@ -51,10 +51,12 @@ class AllReduceKernelPath(PeerPath):
     def __init__(self, name: str, shared=None) -> None:
         self._algo = ALGO_CODES[name]
         self.capacity = 0
+        self._chunk_bytes = (ctypes.c_uint64 * 0)()  # the flag-free launches' per-rank chunks, refilled per call
         super().__init__(name, shared)
 
     def attached(self, context: PeerContext) -> None:
         self.capacity = context.flagfree_bytes if self.name == FLAGFREE else context.staging_bytes
+        self._chunk_bytes = (ctypes.c_uint64 * context.world_size)()
 
     def why_not(self, call: Call) -> str | None:
         if call.op in SCATTERING_OPS and self.name == ONESHOT:
@@ -94,16 +96,24 @@ class AllReduceKernelPath(PeerPath):
         if call.dtype not in DTYPE_CODES:
             return (f"dtype {call.dtype} is unsupported by the flag-free {op} (float32, float16, bfloat16: "
                     f"the dtypes in which the receive buffers' 0xFFFFFFFF sentinel word is a NaN, not a value)")
+        # Alignment is this rank's own business and must not decide the path (peers would wait
+        # in another one): _run_flagfree copies a misaligned input or output instead.
+        if call.sizes is None:  # even: every rank's chunk is this rank's (the hot path, checked once)
+            return self._chunk_problem((call.outputs[0] if op in SCATTERING_OPS else call.inputs[0]).nbytes,
+                                       "one rank's chunk")
         if len(call.inputs) > 1:
             return f"the flag-free {op} moves one tensor per call, and this call has {len(call.inputs)}"
         for rank, chunk in enumerate(flagfree_chunks(call, world)):
-            whose = "one rank's chunk" if call.sizes is None else f"rank {rank}'s chunk"
-            if chunk % 16:
-                return f"{whose} of {chunk} bytes is not whole 16-byte vectors"
-            if chunk > self.capacity:
-                return f"{whose} of {chunk} bytes exceeds {self.name}'s receive slot of {self.capacity} bytes"
-        # Alignment is this rank's own business and must not decide the path (peers would wait
-        # in another one): _run_flagfree copies a misaligned input or output instead.
+            if chunk % 16 or chunk > self.capacity:  # worded only when there is a reason
+                return self._chunk_problem(chunk, f"rank {rank}'s chunk")
+        return None
+
+    def _chunk_problem(self, chunk: int, whose: str) -> str | None:
+        """Why a flag-free chunk of ``chunk`` bytes cannot go, or None."""
+        if chunk % 16:
+            return f"{whose} of {chunk} bytes is not whole 16-byte vectors"
+        if chunk > self.capacity:
+            return f"{whose} of {chunk} bytes exceeds {self.name}'s receive slot of {self.capacity} bytes"
         return None
 
     def _why_not_scatter(self, call: Call) -> str | None:
@@ -175,9 +185,10 @@ class AllReduceKernelPath(PeerPath):
         staging, in a graph or not (recorded as read directly)."""
         context, op = self._context, call.op
         _, _, _, session = context.input_of(call.in_ptrs[0], call.nbytes, FLAGFREE_OPS[op], peers_read=False)
-        chunks = (ctypes.c_uint64 * context.world_size)(*flagfree_chunks(call, context.world_size))
-        fn = (context.lib.symcomm_ar_flagfree_all_gatherv if op in ("all_gather", "all_gatherv")
-              else context.lib.symcomm_ar_flagfree_reduce_scatterv)
+        chunks = self._chunk_bytes  # read by the entry point before it returns: one array serves every call
+        chunks[:] = flagfree_chunks(call, context.world_size)
+        fn = (context.lib.symcomm_ar_flagfree_reduce_scatterv if op in SCATTERING_OPS
+              else context.lib.symcomm_ar_flagfree_all_gatherv)
         # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided
         # the path) goes through aligned copies; an in-place call then runs out of place.
         in_ptr, out_ptr, out = call.in_ptrs[0], call.out_ptrs[0], call.outputs[0]
