@@ -34,6 +34,27 @@ def _numel(nbytes: int, dtype: torch.dtype) -> int:
     return nbytes // (torch.finfo(dtype).bits // 8)
 
 
+def _graph_replays(c, launch, out: torch.Tensor) -> list[torch.Tensor]:
+    """``launch(out)`` once eagerly on a side stream (the warm-up before capture), captured in
+    a graph inside graph_capture(), then replayed four times, more than the three receive
+    buffers rotate through: each replay's output, copied, after a synchronisation."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with c.graph_capture(), torch.cuda.graph(graph):
+        launch(out)
+    replays = []
+    for _ in range(4):
+        out.fill_(float("nan"))
+        graph.replay()
+        replays.append(out.clone())
+    torch.cuda.synchronize()
+    return replays
+
+
 def _declined(c) -> bool:
     """Outside FLAGFREE_COLLECTIVE_WORLDS (world 2) both collectives decline when forced, with the
     reason, before any communication: checked here, and the caller's test then has nothing else
@@ -168,21 +189,7 @@ def test_graph_replay_equals_eager(fast_comm, op):
     x = rank_input(w * n if op == "reduce_scatter" else n, torch.bfloat16, c.rank, seed=23)
     run = getattr(c, op)
     eager = run(x, algo=base.FLAGFREE)
-    out = torch.empty_like(eager)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run(x, out=out, algo=base.FLAGFREE)  # warm-up before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with c.graph_capture(), torch.cuda.graph(graph):
-        run(x, out=out, algo=base.FLAGFREE)
-    replays = []
-    for _ in range(4):  # more than three replays: the receive buffers rotate
-        out.fill_(float("nan"))
-        graph.replay()
-        replays.append(out.clone())
-    torch.cuda.synchronize()
+    replays = _graph_replays(c, lambda out: run(x, out=out, algo=base.FLAGFREE), torch.empty_like(eager))
     for i, got in enumerate(replays):  # after every replay (see test_all_gather_is_bitwise_nccl)
         assert torch.equal(got.view(torch.int16), eager.view(torch.int16)), f"replay {i}"
 
@@ -285,21 +292,7 @@ def test_uneven_graph_replay_equals_eager(fast_comm, op):
     x = rank_input((rows, 7168), torch.bfloat16, c.rank, seed=29)
     run = getattr(c, op)
     eager = run(x, sizes, algo=base.FLAGFREE)
-    out = torch.empty_like(eager)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run(x, sizes, out=out, algo=base.FLAGFREE)  # warm-up before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with c.graph_capture(), torch.cuda.graph(graph):
-        run(x, sizes, out=out, algo=base.FLAGFREE)
-    replays = []
-    for _ in range(4):  # more than three replays: the receive buffers rotate
-        out.fill_(float("nan"))
-        graph.replay()
-        replays.append(out.clone())
-    torch.cuda.synchronize()
+    replays = _graph_replays(c, lambda out: run(x, sizes, out=out, algo=base.FLAGFREE), torch.empty_like(eager))
     for i, got in enumerate(replays):
         assert torch.equal(got.view(torch.int16), eager.view(torch.int16)), f"replay {i}"
 

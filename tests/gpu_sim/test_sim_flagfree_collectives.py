@@ -55,16 +55,6 @@ def all_reduce(sim: SimWorld, dtype: torch.dtype, inputs) -> list[torch.Tensor]:
     return outputs
 
 
-def all_reduce_chunks(sim: SimWorld, dtype: torch.dtype, inputs) -> list[list[torch.Tensor]]:
-    """The flag-free all-reduce of each rank-sized chunk j of the inputs, one call per chunk.
-
-    A reduce-scatter's limit is one chunk per receive slot, so its whole input may exceed the
-    all-reduce's capacity while every chunk fits."""
-    world = len(inputs)
-    n = inputs[0].numel() // world
-    return [all_reduce(sim, dtype, [x[j * n:(j + 1) * n] for x in inputs]) for j in range(world)]
-
-
 def words(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.int32)
 
@@ -81,17 +71,6 @@ def check_gather(outputs, inputs, what: str) -> None:
     for r, out in enumerate(outputs):
         differ = (words(out) != want).nonzero().flatten()
         assert differ.numel() == 0, f"{what}: rank {r} differs at words {differ[:8].tolist()}"
-
-
-def check_scatter(outputs, inputs, reduced, what: str) -> None:
-    """Rank j's output is, bit for bit, the flag-free all-reduce of chunk j (all_reduce_chunks);
-    and (check_outputs) that all-reduce is the rank-order fp32 sum."""
-    world, n = len(inputs), outputs[0].numel()
-    assert world * n == inputs[0].numel()
-    for j, out in enumerate(outputs):
-        check_outputs(reduced[j], [x[j * n:(j + 1) * n] for x in inputs], f"{what} (the all-reduce of chunk {j})")
-        differ = (_bits(out) != _bits(reduced[j][0])).nonzero().flatten()
-        assert differ.numel() == 0, f"{what}: rank {j} differs from the all-reduce of its chunk at {differ[:8].tolist()}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -124,9 +103,7 @@ def test_reduce_scatter_is_the_all_reduce_chunk(world, dtype):
             torch.cuda.synchronize()
             if chunk == 0:
                 continue
-            reduced = all_reduce_chunks(sim, dtype, x)
-            torch.cuda.synchronize()
-            check_scatter(y, x, reduced, f"reduce_scatter {dtype} world {world} chunk {chunk} B")
+            check_scatterv(sim, dtype, y, x, [chunk] * world, f"reduce_scatter {dtype} world {world} chunk {chunk} B")
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -146,13 +123,11 @@ def test_in_place(world):
         check_gather(y, x, f"in-place all_gather world {world}")
 
         whole = make_inputs(world, world * chunk, dtype, gen)
-        reduced = all_reduce_chunks(sim, dtype, whole)
-        torch.cuda.synchronize()
         kept = [t.clone() for t in whole]
         outs = [whole[r][r * n:(r + 1) * n] for r in range(world)]
         launch(sim, SCATTER, dtype, whole, outs, chunk)
         torch.cuda.synchronize()
-        check_scatter(outs, kept, reduced, f"in-place reduce_scatter world {world}")
+        check_scatterv(sim, dtype, outs, kept, [chunk] * world, f"in-place reduce_scatter world {world}")
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -187,9 +162,7 @@ def test_many_calls_in_a_row_alternating_with_the_all_reduce(world):
             elif kind == "ag":
                 check_gather(y, x, what)
             else:
-                reduced = all_reduce_chunks(sim, dtype, x)
-                torch.cuda.synchronize()
-                check_scatter(y, x, reduced, what)
+                check_scatterv(sim, dtype, y, x, [chunk] * world, what)
 
 
 def test_entry_points_refuse_what_why_not_refuses():
@@ -242,7 +215,10 @@ def segments(x: torch.Tensor, chunks) -> list[torch.Tensor]:
 
 
 def check_scatterv(sim: SimWorld, dtype, outputs, inputs, chunks, what: str) -> None:
-    """Rank j's output is, bit for bit, the flag-free all-reduce of every rank's segment j."""
+    """Rank j's output is, bit for bit, the flag-free all-reduce of every rank's segment j (one
+    all-reduce per segment: a reduce-scatter's limit is one chunk per receive slot, so its whole
+    input may exceed the all-reduce's capacity while every segment fits); and (check_outputs)
+    that all-reduce is the rank-order fp32 sum. Equal chunks are the even reduce_scatter."""
     for j, out in enumerate(outputs):
         if not chunks[j]:
             continue
