@@ -336,3 +336,24 @@ def test_uneven_calls_between_even_ones(fast_comm):
             assert torch.equal(got, want), f"call {i} all_gatherv {sizes}"
         elif sizes[rank]:
             assert_reduced(got, [t[first:first + sizes[rank]] for t in every], f"call {i} reduce_scatterv {sizes}")
+
+
+@pytest.mark.parametrize("op", ("max", "min", "avg"))
+def test_non_sum_reduce_scatters_do_not_take_the_summing_kernel(fast_comm, op):
+    """The flag-free kernel only sums: a reduce_scatter(v) with another reduction, at a size its
+    table row ranks it first, must go elsewhere and still be right (reduce_scatterv once took
+    it and summed)."""
+    c = fast_comm
+    w, rank = c.world_size, c.rank
+    sizes = [(r + 1) * 2 for r in range(w)]
+    total, first = sum(sizes), sum(sizes[:rank])
+    every = all_inputs((total, 64), torch.float32, w, seed=41)
+    x = every[rank]
+    for name, run, rows in (("reduce_scatterv", lambda: c.reduce_scatterv(x, sizes, op=op), slice(first, first + sizes[rank])),
+                            ("reduce_scatter", lambda: c.reduce_scatter(x[:w * 2], op=op), slice(rank * 2, rank * 2 + 2))):
+        args = (x, sizes) if name == "reduce_scatterv" else (x[:w * 2],)
+        assert c.select(name, *args, op=op).algo != base.FLAGFREE
+        got = run()
+        stacked = torch.stack([t[:total if name == "reduce_scatterv" else w * 2][rows] for t in every])
+        want = {"max": stacked.amax(0), "min": stacked.amin(0), "avg": stacked.mean(0)}[op]
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=f"{name} op={op}")
