@@ -140,7 +140,8 @@ def test_many_calls_in_a_row_alternating_with_the_all_reduce(world):
     calls = []
     with SimWorld(world) as sim:
         for i in range(150):
-            kind, dtype, chunk = ("ar", "ag", "rs")[i % 3], DTYPES[(i // 3) % 3], chunks[i % len(chunks)]
+            # A period of four kinds over three rotating buffers: every kernel meets every buffer.
+            kind, dtype, chunk = ("ar", "ag", "rs", "ag")[i % 4], DTYPES[(i // 4) % 3], chunks[i % len(chunks)]
             if kind == "ar":
                 x = make_inputs(world, chunk, dtype, gen)
                 y = [torch.full_like(t, 7.0) for t in x]
@@ -292,7 +293,7 @@ def test_uneven_calls_in_a_row_with_the_even_ones(world):
     calls = []
     with SimWorld(world) as sim:
         for i in range(90):
-            kind = ("ar", "agv", "rsv")[i % 3]
+            kind = ("ar", "agv", "rsv", "agv")[i % 4]  # four kinds over three buffers: all pairs meet
             chunks = [16 * rng.choice((0, 1, 63, 4097, FLAGFREE_BYTES // 16)) for _ in range(world)]
             if kind == "ar":
                 x = make_inputs(world, 16 * rng.choice((1, 63, 4097)), dtype, gen)
