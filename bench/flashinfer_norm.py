@@ -46,6 +46,24 @@ from symcomm.bench.timing import Timer
 EPS = 1e-6
 
 
+def table_lines(rows: list[dict], columns: list[str], ours: str, fi_columns: tuple[str, str],
+                with_auto: bool) -> list[str]:
+    """One table: the header, then per row each column's time, [the path auto took,] the time of
+    ``ours`` over the faster of ``fi_columns``, and whether both FlashInfer columns matched
+    symcomm's results."""
+    lines = [f"{'tokens':>6s} {'bytes':>9s} " + " ".join(f"{c:>14s}" for c in columns)
+             + (f" {'auto':>14s}" if with_auto else "") + f" {'vs best fi':>10s}  fi_ok"]
+    for r in rows:
+        us = r["us"]
+        best_fi = min(us.get(c, float("inf")) for c in fi_columns)
+        cells = " ".join(f"{us[c]:14.2f}" if c in us else f"{'-':>14s}" for c in columns)
+        auto = f" {r['auto']:>14s}" if with_auto else ""
+        ok = all(r.get(f"{c}_ok", True) for c in fi_columns)
+        ratio = f"{us[ours] / best_fi:10.2f}" if best_fi < float("inf") else f"{'-':>10s}"
+        lines.append(f"{r['tokens']:6d} {r['bytes']:9d} {cells}{auto} {ratio}  {ok}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", default="1,4,16,64,128,256,512,1024,2048")
@@ -152,26 +170,11 @@ def main() -> None:
         print(f"# all-reduce + residual + RMSNorm, world {world}, {torch.cuda.get_device_name()}, hidden {hidden}, "
               f"bf16, torch {torch.__version__}, flashinfer {flashinfer.__version__}; graph replay, 20 calls "
               f"per graph, 10 replays, median of {args.rounds} rounds, slowest rank; us")
-        print(f"{'tokens':>6s} {'bytes':>9s} " + " ".join(f"{c:>14s}" for c in columns)
-              + f" {'auto':>14s} {'vs best fi':>10s}  fi_ok")
-        for r in rows_out:
-            us = r["us"]
-            best_fi = min(us.get("fi-oneshot", float("inf")), us.get("fi-twoshot", float("inf")))
-            cells = " ".join(f"{us[c]:14.2f}" if c in us else f"{'-':>14s}" for c in columns)
-            ok = all(r.get(f"{n}_ok", True) for n in ("fi-oneshot", "fi-twoshot"))
-            ratio = f"{us['symcomm'] / best_fi:10.2f}" if best_fi < float("inf") else f"{'-':>10s}"
-            print(f"{r['tokens']:6d} {r['bytes']:9d} {cells} {r['auto']:>14s} {ratio}  {ok}")
-        ar_columns = ["ar-symcomm", "ar-fi-oneshot", "ar-fi-twoshot"]
+        print("\n".join(table_lines(rows_out, columns, "symcomm", ("fi-oneshot", "fi-twoshot"), with_auto=True)))
         print("# all-reduce alone (FlashInfer's kernel with pattern kAllReduce; symcomm's all_reduce, auto): us; "
               "'vs best fi' = symcomm / the faster FlashInfer column")
-        print(f"{'tokens':>6s} {'bytes':>9s} " + " ".join(f"{c:>14s}" for c in ar_columns) + f" {'vs best fi':>10s}  fi_ok")
-        for r in rows_out:
-            us = r["us"]
-            best_fi = min(us.get("ar-fi-oneshot", float("inf")), us.get("ar-fi-twoshot", float("inf")))
-            cells = " ".join(f"{us[c]:14.2f}" if c in us else f"{'-':>14s}" for c in ar_columns)
-            ok = all(r.get(f"{n}_ok", True) for n in ("ar-fi-oneshot", "ar-fi-twoshot"))
-            ratio = f"{us['ar-symcomm'] / best_fi:10.2f}" if best_fi < float("inf") else f"{'-':>10s}"
-            print(f"{r['tokens']:6d} {r['bytes']:9d} {cells} {ratio}  {ok}")
+        print("\n".join(table_lines(rows_out, ["ar-symcomm", "ar-fi-oneshot", "ar-fi-twoshot"], "ar-symcomm",
+                                     ("ar-fi-oneshot", "ar-fi-twoshot"), with_auto=False)))
         for r in rows_out:
             if r["errors"]:
                 print(f"# tokens {r['tokens']}: refused: {r['errors']}")
