@@ -70,16 +70,16 @@ class Call:
     row counts for the v-variants and is None otherwise; ``redop`` is None for gathers.
     ``nbytes`` is the size that selects a path: the tensor for all_reduce, the whole output for
     gathers, the whole input for reduce-scatters (nccl-tests' convention, so tuning tables read
-    like its output). ``table_key`` is the tuning-table row: the op, or ``op:inplace`` where
-    in place measured differently.
+    like its output). ``op`` is also the dispatch table's row: in place or not, every call of an
+    op reads the same row (rank-local facts must not choose the path: dispatch.py says why).
     """
 
     __slots__ = ("op", "inputs", "outputs", "in_ptrs", "out_ptrs", "sizes", "redop", "nbytes", "dtype",
-                 "table_key", "single", "symmetric")
+                 "single", "symmetric")
 
     def __init__(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                  in_ptrs: Sequence[int], out_ptrs: Sequence[int], sizes: list[int] | None,
-                 redop: str | None, nbytes: int, table_key: str | None = None) -> None:
+                 redop: str | None, nbytes: int) -> None:
         self.op = op
         self.inputs = inputs
         self.outputs = outputs
@@ -89,7 +89,6 @@ class Call:
         self.redop = redop
         self.nbytes = nbytes
         self.dtype = inputs[0].dtype
-        self.table_key = table_key or op
         self.single = True  # all_gatherv: given one tensor (not a list), so it returns one
         self.symmetric: bool | None = None  # memo of the symmetric path's window test (backends/nccl.py)
 

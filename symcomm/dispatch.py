@@ -6,8 +6,13 @@ are upper bounds in bytes (inclusive), in nccl-tests' byte convention (see Call.
 
 Where the numbers come from: bench/results/ (graph-replay timing, 2x and 4x H200, NVLS off);
 docs/measuring.md has the NCCL-only picture that motivated the shape: symmetric kernels halve
-latency up to ~64 KiB and lose 25-35% from 16 MiB up. Rows are keyed by Call.table_key:
-the op, or "op:inplace" for in-place calls where in place measured differently.
+latency up to ~64 KiB and lose 25-35% from 16 MiB up.
+
+Rows are keyed by the op alone. The choice may depend only on what every rank of a correct
+program agrees on (op, dtype, sizes, reduction; the pool rule of docs/guide.md), never on a
+fact of this rank alone such as whether its call is in place: NCCL lets one rank call in place
+while another does not, and two ranks on different paths wait for each other until the
+timeout (on NCCL's communicators, for ever).
 
 A measured table (``symcomm-bench tune``) replaces the built-in one: see load_table for the
 order in which tables are looked for, and check_tuning for the file format.
@@ -65,9 +70,6 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
         # NCCL order.
         "all_gather": [(128 * _KiB, (FLAGFREE,) + SYMM_FIRST), (512 * _KiB, (FLAGFREE,) + PLAIN_FIRST),
                        (1 * _MiB, (FLAGFREE,) + SYMM_FIRST), (16 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
-        # In place, the symmetric kernel keeps winning up to 128 MiB (220 vs 225 us), unlike
-        # out of place (304 vs 234 us).
-        "all_gather:inplace": [(1 * _MiB, (FLAGFREE,) + SYMM_FIRST), (128 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
         "reduce_scatter": [(64 * _KiB, (FLAGFREE,) + SYMM_FIRST), (1 * _MiB, (FLAGFREE,) + PLAIN_FIRST),
                            (4 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
     },
@@ -77,16 +79,12 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
         "all_reduce": [(64 * _KiB, FLAGFREE_FIRST + SYMM_FIRST), (512 * _KiB, FLAGFREE_FIRST + PLAIN_FIRST), (1 * _MiB, TWOSHOT_FIRST + PLAIN_FIRST),
                        (8 * _MiB, TWOSHOT_FIRST + SYMM_FIRST), (INF, PLAIN_FIRST)],
         "all_gather": [(INF, SYMM_FIRST)],
-        # In place (x is this rank's slice of out), NCCL's symmetric all-gather loses from
-        # 64 MiB: 181 vs 174 us there, 682 vs 606 us at 256 MiB.
-        "all_gather:inplace": [(32 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
         "reduce_scatter": [(128 * _KiB, SYMM_FIRST), (512 * _KiB, PLAIN_FIRST), (8 * _MiB, SYMM_FIRST), (INF, PLAIN_FIRST)],
     },
 }
 # Rows a table may leave out, and the row that stands in: the v-variants with equal sizes
 # are the plain collectives (with unequal sizes the symmetric backend declines by itself).
-_ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter", "all_gather:inplace": "all_gather",
-            "all_reduce:inplace": "all_reduce", "reduce_scatter:inplace": "reduce_scatter"}
+_ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter"}
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,7 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
     """
     if algo == "auto":
         preference = (operation.order(table, call) if operation is not None
-                      else table.preference(call.table_key, call.nbytes))
+                      else table.preference(call.op, call.nbytes))
         if not explain:
             for name in preference:
                 path = paths.get(name)
@@ -149,7 +147,7 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
             if reason is None and chosen is None and name in preference:
                 chosen = path
             elif name not in rejected and (chosen is None or name != chosen.name):
-                rejected[name] = reason or (f"not in the {table.source} table's row for {call.table_key}"
+                rejected[name] = reason or (f"not in the {table.source} table's row for {call.op}"
                                             if name not in preference else f"ranked below {chosen.name} {ranking}")
         if chosen is None:
             raise ArgumentError(f"no path can serve this {call.op}: "
@@ -233,10 +231,11 @@ def builtin_table(world_size: int) -> DispatchTable:
 TUNING_ENV = "SYMCOMM_TUNING_FILE"
 TUNING_VERSION = 1
 PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
-INPLACE_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
 # The rows a table may hold: the collectives'; a Communicator accepts a row named after any of
 # its operations too.
-TABLE_KEYS = (*OPS, *INPLACE_KEYS)
+TABLE_KEYS = tuple(OPS)
+# Rows of tables written before in-place calls lost their own rows (see the module's docstring).
+RETIRED_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -276,6 +275,10 @@ def check_tuning(payload: Any, keys: Sequence[str] = TABLE_KEYS) -> TuningFile:
 
 
 def _check_steps(key: str, steps: Any, keys: Sequence[str]) -> list[tuple[float, tuple[str, ...]]]:
+    if key in RETIRED_KEYS:
+        raise ValueError(f"rule key {key!r} is retired: in-place calls take the op's own row, so that ranks "
+                         f"that differ only in calling in place take one path; delete the row, or run "
+                         f"`symcomm-bench tune` again")
     if key not in keys:
         raise ValueError(f"unknown rule key {key!r} (known: {', '.join(keys)})")
     if not isinstance(steps, list) or not steps:

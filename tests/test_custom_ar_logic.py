@@ -245,12 +245,11 @@ def test_builtin_table_names_the_flagfree_collectives_only_where_measured(world,
     """World 2: first to 1 MiB in all (measured on 2x H200), never above. Worlds 4 and 8: nowhere."""
     table = dispatch.DispatchTable(dispatch.BUILTIN[min(world, 4)], "builtin")
     for nbytes in (0, 1 << 10, 64 << 10, 1 << 20, (1 << 20) + 16, 16 << 20):
-        for key in (op,) if op.endswith("v") else (op, f"{op}:inplace"):  # v-calls have no in-place row
-            order = table.preference(key, nbytes)
-            if world == 2 and nbytes <= 1 << 20:
-                assert order[0] == FLAGFREE, (key, nbytes, order)
-            else:
-                assert FLAGFREE not in order, (key, nbytes, order)
+        order = table.preference(op, nbytes)
+        if world == 2 and nbytes <= 1 << 20:
+            assert order[0] == FLAGFREE, (op, nbytes, order)
+        else:
+            assert FLAGFREE not in order, (op, nbytes, order)
 
 
 def test_equal_sizes_need_whole_vector_chunks_not_rows():

@@ -39,15 +39,7 @@ def test_malformed_rules_are_rejected():
         DispatchTable({"all_reduce": [(1024, SYMM_FIRST)]}, "bad")
 
 
-def test_in_place_all_gather_has_its_own_row_with_fallback():
-    table = DispatchTable({"all_gather": [(64, SYMM_FIRST), (INF, PLAIN_FIRST)]}, "test")
-    assert table.preference("all_gather:inplace", 64) == SYMM_FIRST  # no row of its own: the op's row
-    w4 = builtin_table(4)
-    assert w4.preference("all_gather", 256 << 20) == SYMM_FIRST
-    assert w4.preference("all_gather:inplace", 256 << 20) == PLAIN_FIRST  # measured: in place differs
-
-
-def test_validation_marks_in_place_gathers():
+def test_validation_takes_this_ranks_slice_in_place_and_refuses_other_overlaps():
     import torch
 
     from symcomm import errors as symcomm_errors
@@ -55,9 +47,8 @@ def test_validation_marks_in_place_gathers():
     cpu = torch.device("cpu")
     out = torch.zeros(6, 3)
     in_place = collectives.all_gather_call(out[2:4], out, 1, 3, cpu)
-    assert in_place.table_key == "all_gather:inplace"
     elsewhere = collectives.all_gather_call(out[0:2].clone(), out, 1, 3, cpu)
-    assert elsewhere.table_key == "all_gather"
+    assert in_place.op == elsewhere.op == "all_gather" and in_place.nbytes == elsewhere.nbytes
     with pytest.raises(symcomm_errors.ArgumentError, match="not this rank's slice"):
         collectives.all_gather_call(out[0:2], out, 1, 3, cpu)  # rank 1's slot is rows 2:4, not 0:2
 
@@ -116,6 +107,7 @@ BAD_RULES = [
     ({"all_reduce": [[None, ["nccl", "nccl"]]]}, "listed twice"),
     ({"all_reduce": [[None]]}, r"\[max_bytes, \[paths\]\]"),
     ({"alltoall": [[None, ["nccl"]]]}, "unknown rule key 'alltoall'"),
+    ({"all_reduce:inplace": [[None, ["nccl"]]]}, "'all_reduce:inplace' is retired: in-place calls take the op's own row"),
     ({"all_reduce": []}, "non-empty list"),
 ]
 

@@ -139,15 +139,21 @@ def _world(rank, world, out_dir):
     Path(out_dir, f"w{world}_r{rank}.json").write_text(json.dumps(results, indent=0, sort_keys=True))
 
 
-@pytest.mark.parametrize("world", (2, 4))
-def test_select_choices_match_the_golden_record(world, tmp_path):
-    run_world(_world, world, str(tmp_path), timeout_s=600)
-    # Rank 0 and the last rank: in-place calls sit at rank-dependent offsets.
-    got = {f"w{world}_r{r}": json.loads((tmp_path / f"w{world}_r{r}.json").read_text()) for r in (0, world - 1)}
+@pytest.fixture(scope="module", params=(2, 4))
+def recorded(request, tmp_path_factory):
+    """(world, {"w<W>_r<R>": {table: {call: choice}}}) for rank 0 and the last rank: in-place
+    calls sit at rank-dependent offsets."""
+    world, out = request.param, tmp_path_factory.mktemp(f"select_w{request.param}")
+    run_world(_world, world, str(out), timeout_s=600)
+    return world, {f"w{world}_r{r}": json.loads((out / f"w{world}_r{r}.json").read_text()) for r in (0, world - 1)}
+
+
+def test_select_choices_match_the_golden_record(recorded):
+    _, got = recorded
     if os.environ.get("SYMCOMM_RECORD_GOLDEN") == "1":
-        recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-        recorded.update(got)
-        GOLDEN.write_text(json.dumps(recorded, separators=(",", ":"), sort_keys=True) + "\n")
+        golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        golden.update(got)
+        GOLDEN.write_text(json.dumps(golden, separators=(",", ":"), sort_keys=True) + "\n")
     golden = json.loads(GOLDEN.read_text())
     for key, results in got.items():
         for table, choices in results.items():
@@ -156,3 +162,18 @@ def test_select_choices_match_the_golden_record(world, tmp_path):
             missing = sorted(set(expect) - set(choices))
             assert not differ and not missing, (f"{key} {table}: {len(differ)} choices changed, e.g. "
                                                 f"{list(differ.items())[:3]}; missing {missing[:3]}")
+
+
+def test_in_place_and_out_of_place_calls_take_one_path(recorded):
+    """Calling in place is this rank's own business (NCCL allows one rank in place and another
+    not): it must never change the path, or the ranks would wait in different ones."""
+    _, got = recorded
+    compared = 0
+    for key, results in got.items():
+        for table, choices in results.items():
+            for call, choice in choices.items():
+                if ":inplace " in call:
+                    twin = call.replace(":inplace ", " ", 1)
+                    assert choice[0] == choices[twin][0], (key, table, call, choice[0], choices[twin][0])
+                    compared += 1
+    assert compared >= 2 * 2 * len(SIZES) * 2 * 2 * 4  # ranks, tables, sizes, dtypes, memories, calls

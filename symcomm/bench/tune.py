@@ -23,10 +23,12 @@ from . import ops, report
 from .config import TUNE_OPS, BenchError, TuneConfig
 from .runner import Runner, progress_mode, sweep
 
-# Dispatch key -> (op measured, in-place column?). In-place calls dispatch by rows of their own
-# (Call.table_key): at world 2, 16 MiB, in-place one-shot took 74.13 us against two-shot's 68.79
-# while out of place one-shot won (bench/results/2026-11-22_session3_4xH200/all_reduce_w2.txt). A row equal to its out-of-place one is left out (the table
-# falls back to the op's row).
+# Recorded column -> (op measured, in-place column?). The file keeps both columns of the even ops
+# as a record, but a call takes its op's row whether in place or not (symcomm/dispatch.py says
+# why), and the row ranks by the out-of-place column: the common call (serving and training code
+# all-reduce into a new tensor). What in-place calls give up, from the shipped world-2 table's
+# own columns: one-shot stages an in-place input, so at 4 MiB in-place one-shot takes 22.6 us
+# where two-shot takes 20.8, while out of place one-shot wins (19.9 against 20.8).
 KEYS: dict[str, tuple[str, bool]] = {
     "all_reduce": ("all_reduce", False),
     "all_reduce:inplace": ("all_reduce", True),
@@ -66,17 +68,19 @@ def merge(sizes: Sequence[int], prefs: Sequence[list[str]]) -> list[list]:
 
 def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, dict[str, list[int]]],
                 paths: Sequence[str]) -> dict[str, list[list]]:
-    """key -> merged rules, from per-key, per-path times (see KEYS)."""
+    """op -> merged rules, from the out-of-place column's per-path times (see KEYS). A path
+    wrong in place is left out of the op's row too: it would serve in-place calls."""
     rules = {}
     for key, per_path in times.items():
+        op, inplace = KEYS[key]
+        if inplace:
+            continue
+        columns = [k for k in times if KEYS[k][0] == op]
         prefs = []
         for i in range(len(sizes)):
-            bad = {p for p, counts in wrong.get(key, {}).items() if counts[i]}
+            bad = {p for k in columns for p, counts in wrong.get(k, {}).items() if counts[i]}
             prefs.append(ranking({p: t[i] for p, t in per_path.items()}, bad, paths))
-        rules[key] = merge(sizes, prefs)
-    for key, (op, inplace) in KEYS.items():
-        if inplace and key in rules and rules.get(op) == rules[key]:
-            del rules[key]
+        rules[op] = merge(sizes, prefs)
     return rules
 
 

@@ -45,7 +45,7 @@ def all_reduce_view(x: torch.Tensor) -> Call:
     """The all-reduce of x as the op makes it (out of place), without allocating an output: what
     check mode compares."""
     ptr = x.data_ptr()
-    return Call("all_reduce", (x,), (x,), (ptr,), (ptr,), None, "sum", x.nbytes, "all_reduce")
+    return Call("all_reduce", (x,), (x,), (ptr,), (ptr,), None, "sum", x.nbytes)
 
 
 def _decode_quant(v: int) -> str | None:

@@ -89,7 +89,7 @@ class Operation:
     def order(self, table: DispatchTable, call: Call) -> tuple[str, ...]:
         """The paths auto tries, best first: the table's row for the call (plain NCCL first
         where the table has none). A path the row leaves out is never chosen by auto."""
-        return table.preference(call.table_key, call.nbytes) or PLAIN_FIRST
+        return table.preference(call.op, call.nbytes) or PLAIN_FIRST
 
     def ranking(self, table: DispatchTable, call: Call) -> str:
         """Who ranked the paths, for select()'s "ranked below" reasons."""

@@ -46,9 +46,7 @@ def all_reduce_call(x: object, out: object, op: object, device: torch.device) ->
         out_ptr = out.data_ptr()
         if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
             validate.in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)  # raises: partial overlap
-    # In place measured differently (one-shot stages an in-place input): its own table row.
-    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes,
-                "all_reduce:inplace" if out_ptr == x_ptr else None)
+    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, op, nbytes)
 
 
 def all_gather_call(x: object, out: object, rank: int, world_size: int, device: torch.device) -> Call:
@@ -56,10 +54,8 @@ def all_gather_call(x: object, out: object, rank: int, world_size: int, device: 
     n = validate.rows("x", x)
     out = validate.output("out", out, (world_size * n, *x.shape[1:]), x)
     x_ptr, out_ptr, nbytes = x.data_ptr(), out.data_ptr(), out.nbytes
-    call = Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, nbytes)
-    if validate.in_place("x", x_ptr, x.nbytes, "out", out_ptr, nbytes, out_ptr + rank * x.nbytes):
-        call.table_key = "all_gather:inplace"
-    return call
+    validate.in_place("x", x_ptr, x.nbytes, "out", out_ptr, nbytes, out_ptr + rank * x.nbytes)
+    return Call("all_gather", (x,), (out,), (x_ptr,), (out_ptr,), None, None, nbytes)
 
 
 def reduce_scatter_call(x: object, out: object, op: object, rank: int, world_size: int,
@@ -71,9 +67,8 @@ def reduce_scatter_call(x: object, out: object, op: object, rank: int, world_siz
         raise ArgumentError(f"x.shape[0] ({n}) must be divisible by the world size ({world_size})")
     out = validate.output("out", out, (n // world_size, *x.shape[1:]), x)
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    inplace = validate.in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
-    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes,
-                "reduce_scatter:inplace" if inplace else None)
+    validate.in_place("out", out_ptr, out.nbytes, "x", x_ptr, x.nbytes, x_ptr + rank * out.nbytes)
+    return Call("reduce_scatter", (x,), (out,), (x_ptr,), (out_ptr,), None, op, x.nbytes)
 
 
 def tensor_lists(tensors: object, out: object) -> tuple[bool, list, list]:
@@ -129,8 +124,7 @@ def make_all_reduce(x: torch.Tensor, out: torch.Tensor) -> Call:
     """The sum all-reduce of ``x`` into ``out`` (already valid: same shape and dtype, contiguous,
     on the communicator's device, not partly overlapping), as a composite op runs it."""
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, "sum", x.nbytes,
-                "all_reduce:inplace" if out_ptr == x_ptr else None)
+    return Call("all_reduce", (x,), (out,), (x_ptr,), (out_ptr,), None, "sum", x.nbytes)
 
 
 def make_all_gather(x: torch.Tensor, out: torch.Tensor) -> Call:
