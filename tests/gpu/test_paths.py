@@ -189,7 +189,7 @@ def test_disabled_context_allocates_ordinary_memory(comm):
 @pytest.mark.parametrize("nbytes", (1 << 10, 64 << 20))
 def test_in_place_gather_and_scatter(comm, algo, nbytes):
     """x as this rank's slice of out (and out as this rank's slice of x): right results, the
-    in-place table row, and no false alarm from check mode (on for the session comm)."""
+    op's own table row, and no false alarm from check mode (on for the session comm)."""
     w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
     numel = nbytes // 2
     part = numel // w
@@ -207,6 +207,40 @@ def test_in_place_gather_and_scatter(comm, algo, nbytes):
                    [t[rank * part:(rank + 1) * part] for t in all_inputs(numel, dtype, w, 42)], "in-place rs")
     expected = comm.table.preference("all_gather", nbytes)[0]  # in place takes the op's row
     assert choice.algo == expected, (choice, expected)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("nbytes", (32 << 10, 4 << 20, 16 << 20))
+def test_ranks_differing_only_in_calling_in_place_take_one_path(comm, op, nbytes):
+    """NCCL lets rank 0 call in place while the others do not. On ordinary tensors (the pool's
+    offset rule already fixes where pool tensors sit) that must not change the path: every rank
+    takes the same one and the result is right. Before in-place calls lost their table rows, the
+    world-2 table sent a 4 MiB in-place all_reduce to two-shot and the others' to one-shot."""
+    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
+    numel = nbytes // 2
+    part = numel // w
+    in_place = rank == 0
+    if op == "all_reduce":
+        x = rank_input(numel, dtype, rank, 44)
+        out = x if in_place else torch.empty_like(x)
+    elif op == "all_gather":
+        out = torch.empty(numel, dtype=dtype, device=comm.device)
+        x = out[rank * part:(rank + 1) * part] if in_place else torch.empty(part, dtype=dtype, device=comm.device)
+        x.copy_(rank_input(part, dtype, rank, 44))
+    else:
+        x = rank_input(numel, dtype, rank, 44)
+        out = x[rank * part:(rank + 1) * part] if in_place else torch.empty(part, dtype=dtype, device=comm.device)
+    algos = [None] * w
+    torch.distributed.all_gather_object(algos, comm.select(op, x, out=out).algo)
+    assert len(set(algos)) == 1, f"{op} of {nbytes} bytes, rank 0 in place: ranks chose {algos}"
+    getattr(comm, op)(x, out=out)
+    if op == "all_gather":
+        assert torch.equal(out, torch.cat(all_inputs(part, dtype, w, 44))), f"{op} of {nbytes} bytes"
+    elif op == "all_reduce":
+        assert_reduced(out, all_inputs(numel, dtype, w, 44), f"{op} of {nbytes} bytes, rank 0 in place")
+    else:
+        assert_reduced(out, [t[rank * part:(rank + 1) * part] for t in all_inputs(numel, dtype, w, 44)],
+                       f"{op} of {nbytes} bytes, rank 0 in place")
 
 
 def test_communicator_over_an_nccl_only_group(dist_env):
