@@ -85,6 +85,8 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
 # Rows a table may leave out, and the row that stands in: the v-variants with equal sizes
 # are the plain collectives (with unequal sizes the symmetric backend declines by itself).
 _ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter"}
+# Rows of tables written before in-place calls lost their own rows (see the module's docstring).
+RETIRED_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class DispatchTable:
         # key -> (ascending inclusive bounds, preference per bound); bisected per call.
         self.rows: dict[str, tuple[list[float], list[tuple[str, ...]]]] = {}
         for key, steps in rules.items():
+            if key in RETIRED_KEYS:
+                raise ValueError(f"rule key {key!r} is retired: in-place calls take the op's own row")
             bounds = [b for b, _ in steps]
             if bounds != sorted(bounds) or bounds[-1] != INF:
                 raise ValueError(f"tuning rules for {key} must ascend and end at infinity")
@@ -234,8 +238,6 @@ PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
 # The rows a table may hold: the collectives'; a Communicator accepts a row named after any of
 # its operations too.
 TABLE_KEYS = tuple(OPS)
-# Rows of tables written before in-place calls lost their own rows (see the module's docstring).
-RETIRED_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 

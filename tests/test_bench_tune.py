@@ -7,7 +7,7 @@ import pytest
 
 from symcomm.bench import report as rp
 from symcomm.bench import tune
-from symcomm.dispatch import INF, check_tuning
+from symcomm.dispatch import INF, PACKAGED_DIR, check_tuning
 
 from test_bench_cli import bench, table_rows
 
@@ -44,7 +44,7 @@ def test_table_rules_per_key_with_a_wrong_path_left_out():
     ]}
 
 
-def test_split_rows_gives_every_op_its_in_place_row():
+def test_split_rows_records_every_op_in_place_column():
     rows = [rp.SizeRow("nccl", 1024, 256, rp.Timing(9.0, 0), rp.Timing(8.0, 0)),
             rp.SizeRow("nccl-symm", 1024, 256, rp.Timing(4.0, 0), rp.Timing(math.nan, None)),
             rp.SizeRow("nccl", 2048, 512, rp.Timing(9.5, 2), rp.Timing(8.5, 0))]
@@ -79,6 +79,17 @@ def test_a_path_wrong_in_place_is_left_out_of_the_op_row():
     rules = tune.table_rules([1024, 2048], times, wrong, paths)
     assert rules == {"all_gather": [[1024, ["nccl-symm", "nccl", "torch"]],
                                     [None, ["nccl", "torch"]]]}  # wrong in place at 2 KiB: out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in PACKAGED_DIR.glob("*.json")))
+def test_shipped_tables_rules_are_what_tune_derives_from_their_own_times(name):
+    """A shipped table's rules are tune's ranking of the times it records (never edited by hand):
+    table_rules over its times_us and wrong, with the measured paths in recorded order and
+    torch, which tune does not measure on GPUs, last."""
+    payload = json.loads((PACKAGED_DIR / name).read_text())
+    paths = [*payload["times_us"]["all_reduce"], "torch"]
+    derived = tune.table_rules(payload["sizes"], payload["times_us"], payload["wrong"] or {}, paths)
+    assert derived == payload["rules"]
 
 
 def test_default_output_is_the_packaged_name():

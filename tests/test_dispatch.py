@@ -37,6 +37,8 @@ def test_malformed_rules_are_rejected():
         DispatchTable({"all_reduce": [(2048, SYMM_FIRST), (1024, PLAIN_FIRST), (INF, PLAIN_FIRST)]}, "bad")
     with pytest.raises(ValueError, match="infinity"):
         DispatchTable({"all_reduce": [(1024, SYMM_FIRST)]}, "bad")
+    with pytest.raises(ValueError, match="retired"):  # what comm.table = ... would otherwise ignore
+        DispatchTable({"all_gather:inplace": [(INF, SYMM_FIRST)]}, "bad")
 
 
 def test_validation_takes_this_ranks_slice_in_place_and_refuses_other_overlaps():

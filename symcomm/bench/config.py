@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 # the runner checks each against the communicator's algorithms(). This only rejects what cannot
 # be a name at all.
 ALGO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-# What `tune` measures; the even ops also yield their in-place rows ("all_reduce:inplace", ...).
+# What `tune` measures; the even ops also yield their in-place columns ("all_reduce:inplace", ...),
+# recorded beside the out-of-place ones that rank the op's row.
 # The v-variants are measured with the benchmark's uneven split (sizes.Rows), so that
 # their rows rank the paths that serve uneven counts (custom-push, one-shot, NCCL's schedules)
 # as DP attention uses them; without such a row they fall back to the even op's.

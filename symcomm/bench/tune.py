@@ -86,7 +86,7 @@ def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, 
 
 def split_rows(rows: Iterable[report.SizeRow], sizes: Sequence[int], op: str,
                measured: Sequence[str]) -> tuple[dict[str, Times], dict[str, dict[str, list[int]]]]:
-    """Rank-averaged rows of one op -> (times, wrong) for each of its dispatch keys."""
+    """Rank-averaged rows of one op -> (times, wrong) for each of its recorded columns (KEYS)."""
     index = {(r.algo, r.nbytes): r for r in rows}
     times: dict[str, Times] = {}
     wrong: dict[str, dict[str, list[int]]] = {}
