@@ -92,6 +92,13 @@ def test_shipped_tables_rules_are_what_tune_derives_from_their_own_times(name):
     assert derived == payload["rules"]
 
 
+def test_no_table_where_every_path_was_wrong():
+    times = {"all_reduce": {"nccl": [1.0, 1.0]}, "all_reduce:inplace": {"nccl": [1.0, 1.0]}}
+    wrong = {"all_reduce:inplace": {"nccl": [0, 5]}}
+    with pytest.raises(ValueError, match="every path returned wrong results for all_reduce at 2048 bytes"):
+        tune.table_rules([1024, 2048], times, wrong, ["nccl"])
+
+
 def test_default_output_is_the_packaged_name():
     assert tune.default_output("NVIDIA H200", 4) == "nvidia_h200_w4.json"
     assert tune.default_output("cpu", 2) == "cpu_w2.json"

@@ -69,7 +69,8 @@ def merge(sizes: Sequence[int], prefs: Sequence[list[str]]) -> list[list]:
 def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, dict[str, list[int]]],
                 paths: Sequence[str]) -> dict[str, list[list]]:
     """op -> merged rules, from the out-of-place column's per-path times (see KEYS). A path
-    wrong in place is left out of the op's row too: it would serve in-place calls."""
+    wrong in place is left out of the op's row too: it would serve in-place calls. Raises
+    ValueError where every path was wrong at some size: no table could serve it."""
     rules = {}
     for key, per_path in times.items():
         op, inplace = KEYS[key]
@@ -80,6 +81,8 @@ def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, 
         for i in range(len(sizes)):
             bad = {p for k in columns for p, counts in wrong.get(k, {}).items() if counts[i]}
             prefs.append(ranking({p: t[i] for p, t in per_path.items()}, bad, paths))
+            if not prefs[-1]:
+                raise ValueError(f"every path returned wrong results for {op} at {sizes[i]} bytes")
         rules[op] = merge(sizes, prefs)
     return rules
 
@@ -181,7 +184,10 @@ def run(cfg: TuneConfig, comm) -> int:
 
     # Paths tune did not measure (torch on CUDA) stay at the end of every list as the last resort.
     paths = [*runner.algos, *(a for a in comm.algorithms() if a not in runner.algos)]
-    rules = table_rules(cfg.sizes, times, wrong, paths)
+    try:
+        rules = table_rules(cfg.sizes, times, wrong, paths)
+    except ValueError as exc:
+        raise BenchError(f"tune: {exc}; no table written") from None
     if emit.lead:
         output = cfg.output or default_output(gpu, base.world)
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
