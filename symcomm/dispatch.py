@@ -85,8 +85,11 @@ BUILTIN: dict[int, dict[str, list[tuple[float, tuple[str, ...]]]]] = {
 # Rows a table may leave out, and the row that stands in: the v-variants with equal sizes
 # are the plain collectives (with unequal sizes the symmetric backend declines by itself).
 _ALIASES = {"all_gatherv": "all_gather", "reduce_scatterv": "reduce_scatter"}
-# Rows of tables written before in-place calls lost their own rows (see the module's docstring).
+# Rows of tables written before in-place calls lost their own rows (see the module's docstring),
+# refused by DispatchTable and by check_tuning alike, with this reason.
 RETIRED_KEYS = ("all_reduce:inplace", "all_gather:inplace", "reduce_scatter:inplace")
+RETIRED_REASON = ("is retired: in-place calls take the op's own row, so that ranks that differ only in "
+                  "calling in place take one path; delete the row, or run `symcomm-bench tune` again")
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class DispatchTable:
         self.rows: dict[str, tuple[list[float], list[tuple[str, ...]]]] = {}
         for key, steps in rules.items():
             if key in RETIRED_KEYS:
-                raise ValueError(f"rule key {key!r} is retired: in-place calls take the op's own row")
+                raise ValueError(f"rule key {key!r} {RETIRED_REASON}")
             bounds = [b for b, _ in steps]
             if bounds != sorted(bounds) or bounds[-1] != INF:
                 raise ValueError(f"tuning rules for {key} must ascend and end at infinity")
@@ -237,7 +240,7 @@ TUNING_VERSION = 1
 PACKAGED_DIR = Path(__file__).resolve().parent / "tuning"
 # The rows a table may hold: the collectives'; a Communicator accepts a row named after any of
 # its operations too.
-TABLE_KEYS = tuple(OPS)
+TABLE_KEYS = OPS
 _PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -278,9 +281,7 @@ def check_tuning(payload: Any, keys: Sequence[str] = TABLE_KEYS) -> TuningFile:
 
 def _check_steps(key: str, steps: Any, keys: Sequence[str]) -> list[tuple[float, tuple[str, ...]]]:
     if key in RETIRED_KEYS:
-        raise ValueError(f"rule key {key!r} is retired: in-place calls take the op's own row, so that ranks "
-                         f"that differ only in calling in place take one path; delete the row, or run "
-                         f"`symcomm-bench tune` again")
+        raise ValueError(f"rule key {key!r} {RETIRED_REASON}")
     if key not in keys:
         raise ValueError(f"unknown rule key {key!r} (known: {', '.join(keys)})")
     if not isinstance(steps, list) or not steps:
