@@ -72,6 +72,17 @@ class NormCall(Call):
         self.h: torch.Tensor | None = None
         self.inner_algo = "auto"  # the all-reduce path algo= forced
 
+    def all_reduce_out(self) -> torch.Tensor:
+        """Where the all-reduce of x lands: h itself where no residual is added (h = a there), else
+        a new buffer. Never the new residual when there is an old one, even where it could be:
+        it cannot be when residual_out is residual, and calling in place is each rank's own
+        business (NCCL's rule), so it must not decide on one rank alone which memory, pool or
+        ordinary, the inner all-reduce writes (that picks its path), or what this rank allocates
+        in the pool. A buffer of its own also lets the kernel spread a row over several blocks
+        at decode sizes (csrc/rmsnorm.cuh's row_parts), which it will not do in place."""
+        assert self.h is not None, "build() sets h before any path runs"
+        return self.h if self.residual is None else torch.empty_like(self.x)
+
     @property
     def tokens(self) -> int:
         return self.x.shape[0]
@@ -318,15 +329,6 @@ def launch_reference(a: torch.Tensor, call: NormCall, residual_out: torch.Tensor
     out.view(torch.uint8).copy_(ref.out.view(torch.uint8))
     if scales is not None:
         scales.view(torch.uint8).copy_(ref.scales.view(torch.uint8))
-
-
-def kernel_splits_rows(tokens: int, hidden: int, sms: int) -> bool:
-    """Whether csrc/rmsnorm.cu may spread [tokens, hidden] rows over several blocks each on a GPU
-    of ``sms`` SMs (rows x 2 <= SMs, and more than one THREADS x VEC stretch a row:
-    csrc/rmsnorm.cuh's row_parts), which it does only where the new residual is not its input:
-    callers that would write the input into the new residual give it a buffer of its own there
-    (a few rows, so a few KiB to a MiB), and keep the memory saving where rows are many."""
-    return hidden > THREADS * VEC and tokens * 2 <= sms
 
 
 def kernel_available(device: torch.device) -> str | None:

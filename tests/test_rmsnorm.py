@@ -293,12 +293,6 @@ def test_rows_split_over_blocks_only_where_h_aliases_nothing_the_kernel_reads():
     assert parts(1, 2048, sms, a, res, h) == 1  # one 256 x 8 stretch a row: nothing to split
     assert parts(1, 4096, sms, a, res, h) == 2
     assert parts(1, 5120, sms, a, res, h) == 2  # three stretches: a fourth block would only sum
-    # The unfused path's rule for giving the kernel an input of its own is the same split rule.
-    for tokens in (1, 33, 34, 66, 67, 500):
-        for width in (1024, 2048, 2064, 4096, 7168, 8192):
-            splits = parts(tokens, width, sms, a, res, h) > 1
-            assert fn.kernel_splits_rows(tokens, width, sms) == splits, (tokens, width)
-    assert not fn.kernel_splits_rows(1, 7168, 0)  # no GPU: the reference path never splits
 
 
 @needs_native
@@ -427,3 +421,46 @@ def test_the_kernel_serves_where_it_runs_and_the_reference_elsewhere(monkeypatch
     # naming an all-reduce path runs that all-reduce, then the same norm
     path, ar_algo, _ = _choose(router, _norm_call(4), ONESHOT)
     assert (path.name, ar_algo) == ("unfused", ONESHOT)
+
+
+def test_where_a_residual_is_added_the_all_reduce_lands_in_a_buffer_of_its_own():
+    """Calling in place (residual_out=residual) is each rank's own business: it must not change
+    which memory the inner all-reduce writes (pool or ordinary memory picks its path), so every
+    rank that adds a residual reduces into a new buffer, never into residual_out, in place or
+    not; without a residual, h is the all-reduce's output. Each call's results match the
+    reference (one rank: the all-reduce of x is x)."""
+    seen = []
+
+    def run(call):
+        seen.append(call.outputs[0])
+        call.outputs[0].copy_(call.inputs[0])
+
+    router = Router(DispatchTable({"all_reduce": [(INF, (ONESHOT,))]}, "test"),
+                    {op.name: op for op in (ALL_REDUCE, ALL_REDUCE_RMSNORM)}, 0)
+    router.add(SimpleNamespace(name=ONESHOT, ops=frozenset({"all_reduce"}), why_not=lambda call: None, run=run), None)
+    path = reference_norm()
+    assert path.open(SimpleNamespace(dispatcher=router, device=CPU)) is None
+    router.add(path, None)
+    x, w = rows(3, 64, torch.bfloat16, 5), weight_for(64, torch.bfloat16, 5)
+    for residual_given, in_place, given_out in ((True, True, False), (True, False, True), (True, False, False),
+                                                (False, False, True), (False, False, False)):
+        residual = rows(3, 64, torch.bfloat16, 6) if residual_given else None
+        want = fn.reference_add_rmsnorm(x, w, residual)
+        residual_out = residual if in_place else torch.empty_like(x) if given_out else None
+        call = ALL_REDUCE_RMSNORM.build(SimpleNamespace(device=CPU), x, w, residual=residual,
+                                        residual_out=residual_out)
+        chosen, _ = router.choose(ALL_REDUCE_RMSNORM, call, "auto")
+        seen.clear()
+        chosen.run(call)
+        what = f"residual {residual_given}, in place {in_place}, residual_out given {given_out}"
+        assert len(seen) == 1, what
+        if residual_given:
+            start, end = seen[0].data_ptr(), seen[0].data_ptr() + seen[0].nbytes
+            assert all(t.data_ptr() + t.nbytes <= start or end <= t.data_ptr() for t in (x, call.h, residual)), what
+        else:
+            assert seen[0] is call.h, what
+        got = ALL_REDUCE_RMSNORM.result(call)
+        assert_bitwise(got.residual, want.residual, what)
+        assert_bitwise(got.out, want.out, what)
+        if residual_out is not None:
+            assert got.residual is residual_out, what

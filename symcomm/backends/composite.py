@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
 
 from .. import fp4, rmsnorm
 from ..base import Call, Path, Setup
@@ -57,12 +56,6 @@ class UnfusedNormPath(CompositePath):
     def __init__(self, name: str, local: Callable[..., None], needs_kernel: bool) -> None:
         super().__init__()
         self.name, self._local, self._needs_kernel = name, local, needs_kernel
-        self._sms = 0  # the device's SM count where the kernel runs (read once, at open)
-
-    def open(self, setup: Setup) -> str | None:
-        if self._needs_kernel and setup.device.type == "cuda":
-            self._sms = torch.cuda.get_device_properties(setup.device).multi_processor_count
-        return super().open(setup)
 
     def why_not(self, call: rmsnorm.NormCall) -> str | None:
         return rmsnorm.kernel_available(call.x.device) if self._needs_kernel else None
@@ -71,15 +64,9 @@ class UnfusedNormPath(CompositePath):
         return self._inner_offsets(all_reduce_view(call.x), call.inner_algo, "x")
 
     def run(self, call: rmsnorm.NormCall) -> None:
-        x, residual, h = call.x, call.residual, call.h
-        in_place = residual is not None and h.data_ptr() == residual.data_ptr()
-        # The all-reduce lands in the new residual itself (h = a + residual is computed over it
-        # element by element), except when that is the old residual, still to be read, or when
-        # the kernel would split rows over blocks, which it does only on an input of its own.
-        own = in_place or (residual is not None and rmsnorm.kernel_splits_rows(x.shape[0], x.shape[1], self._sms))
-        a = torch.empty_like(x) if own else h
-        self._run_inner(make_all_reduce(x, a), call.inner_algo)
-        self._local(a, call, None if residual is None and a is h else h, call.y, call.y_scales)
+        a = call.all_reduce_out()
+        self._run_inner(make_all_reduce(call.x, a), call.inner_algo)
+        self._local(a, call, None if a is call.h else call.h, call.y, call.y_scales)
 
 
 class UnfusedFp4Path(CompositePath):

@@ -85,7 +85,7 @@ class AllReduceRmsnorm(Operation):
     def inner_choice(self, call: NormCall, path: Path, dispatcher: Dispatcher) -> Choice | None:
         if call.inner_algo != "auto":
             return Choice(call.inner_algo, {})
-        return dispatcher.explain_inner(make_all_reduce(call.x, torch.empty_like(call.x)), "auto")
+        return dispatcher.explain_inner(make_all_reduce(call.x, call.all_reduce_out()), "auto")
 
     def explain(self, choice: Choice, inner: Choice | None) -> NormChoice:
         return NormChoice(choice.algo, choice.rejected, inner)

@@ -70,6 +70,29 @@ def test_captured_norm_replays_the_eager_bits(comm, tokens):
     del graph
 
 
+@pytest.mark.parametrize("tokens", (1, 64, 2048))
+def test_ranks_differing_only_in_calling_the_norm_in_place_stay_in_step(comm, tokens):
+    """Rank 0 passes residual_out=residual, the others a residual_out of their own, inside
+    use_symmetric_memory with x in the pool. Every rank must take the same norm and all-reduce
+    paths, allocate the same pool blocks (a later pool tensor sits at one offset everywhere),
+    and give the bits of its all-reduce followed by the norm kernel."""
+    x, residual, weight = _norm_inputs(comm, tokens, True, 80 + tokens)
+    want = symcomm.rmsnorm.add_rmsnorm(comm.all_reduce(x), weight, residual=residual)
+    res = residual.clone()
+    residual_out = res if comm.rank == 0 else torch.empty_like(res)
+    choice = comm.select("all_reduce_rmsnorm", x, weight=weight, residual=res, residual_out=residual_out)
+    with symcomm.use_symmetric_memory(comm):
+        got = comm.all_reduce_rmsnorm(x, weight, residual=res, residual_out=residual_out)
+        later = torch.empty(4096, device=comm.device)
+    seen = [None] * comm.world_size
+    torch.distributed.all_gather_object(seen, (choice.algo, choice.all_reduce.algo,
+                                               comm.symmetric_pool.locate(later.data_ptr())))
+    assert len(set(seen)) == 1, f"{tokens} tokens, rank 0 in place: ranks saw {seen}"
+    assert seen[0][2] != (-1, -1), "the later tensor is not in the pool"
+    assert got.residual is residual_out
+    _same(got, want, f"tokens={tokens}, rank 0 in place")
+
+
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
 def test_all_to_allv_matches_the_reference(comm, dtype):
     w, rank = comm.world_size, comm.rank
