@@ -27,12 +27,12 @@ symcomm-auto runs moe_dispatch/moe_combine on the peer-memory kernels; symcomm-n
 (custom_ar_capacity=0), so the same calls take the a2a path over NCCL, which reads counts on the
 host and, like torch.distributed's EP step, cannot be captured: those two run eagerly (CUDA
 events around --iters eager steps; the table says "eager").
-On GPUs each (variant, tokens) is one CUDA graph of one step, captured per bucket into one
-shared pool, replayed --iters times between two events, --rounds times; the table gives the
-median round, the slowest rank. ``comm`` is step minus local, so the communication's share is
-measured by difference: it includes the DP variants' FP4 quantize/dequantize (symcomm) and
-whatever overlap the collectives cost or allow. On the CPU (--cpu, gloo) the steps run eagerly
-and the timings mean nothing: it only proves that every variant runs.
+On GPUs each (variant, tokens) is one CUDA graph of one step, captured per bucket into one shared
+pool, replayed --iters times between two events (after one untimed replay that lines the ranks up),
+--rounds times; the table gives the median round, the slowest rank. ``comm`` is step minus local, so
+the communication's share is measured by difference: it includes the DP variants' FP4
+quantize/dequantize (symcomm) and whatever overlap the collectives cost or allow. On the CPU (--cpu,
+gloo) the steps run eagerly and the timings mean nothing: it only proves that every variant runs.
 """
 from __future__ import annotations
 
@@ -282,13 +282,17 @@ def time_cpu(step, hidden, iters: int, rounds: int) -> float:
 
 
 def timed_rounds(once, iters: int, rounds: int) -> float:
-    """Median over rounds of the time per ``once()``, CUDA events around ``iters`` of them, the
-    slowest rank's."""
+    """Median over rounds of the time per ``once()``, CUDA events around ``iters`` of them (after
+    one untimed), the slowest rank's."""
     samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(rounds):
         dist.barrier()
         torch.cuda.synchronize()
+        # The ranks leave the barrier at different host times; one untimed step, whose
+        # collectives wait for the last rank, lines them up before the clock starts, so the
+        # skew is not charged to the round.
+        once()
         start.record()
         for _ in range(iters):
             once()

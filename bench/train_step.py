@@ -15,11 +15,11 @@ per rank). Only their collectives change between variants:
               over its all_reduce
     local     every collective replaced by a local stand-in of the same shape: compute alone
 
-On GPUs each (step, variant, tokens) is one CUDA graph of a whole step (static inputs and
-gradients, as examples/train_utils.py captures), every graph of a variant in one pool,
-replayed --iters times between two events, --rounds times; the table gives the median round,
-the slowest rank, and ``comm`` = step minus local. On the CPU (--cpu) the steps run eagerly and
-the timings mean nothing: it only proves that every variant runs.
+On GPUs each (step, variant, tokens) is one CUDA graph of a whole step (static inputs and gradients,
+as examples/train_utils.py captures), every graph of a variant in one pool, replayed --iters times
+between two events (after one untimed replay that lines the ranks up), --rounds times; the table
+gives the median round, the slowest rank, and ``comm`` = step minus local. On the CPU (--cpu) the
+steps run eagerly and the timings mean nothing: it only proves that every variant runs.
 """
 from __future__ import annotations
 
@@ -128,6 +128,7 @@ def time_gpu(comm, model, cfg, tokens_list, iters, rounds) -> dict[int, float]:
         samples = []
         for _ in range(rounds):
             dist.barrier(group=comm.group)
+            graphs[t].replay()  # untimed: its collectives line the ranks up after the barrier's skew
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):
