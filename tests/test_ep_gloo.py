@@ -123,6 +123,34 @@ def test_all_to_allv_moves_uneven_rows(world):
     run_world(_all_to_allv_world, world, timeout_s=180)
 
 
+def _idle_rank_world(rank, world):
+    """Rank 0 sends and receives nothing; every other rank sends rows to itself only. Each rank's
+    own bytes differ, so they must not decide whether it takes part: the torch path's
+    all_to_all_single (and the a2a MoE path's inner one) is a collective every rank joins."""
+    comm = symcomm.Communicator(timeout_s=30)
+    send = [0] * world
+    if rank:
+        send[rank] = 3
+    x = torch.arange(4.0 * send[rank]).view(send[rank], 4) + 100 * rank
+    assert torch.equal(comm.all_to_allv(x, send, send), x)
+    after = comm.all_to_allv(torch.full((world, 4), float(rank)), [1] * world, [1] * world)
+    assert after[:, 0].tolist() == [float(q) for q in range(world)], "the next call met its own partners"
+    # MoE over a2a, decode with an idle rank: rank 0 has no tokens, the others pick their own experts
+    experts, hidden = 2 * world, 16
+    n = 0 if rank == 0 else 3
+    tokens = torch.randn(n, hidden)
+    ids = torch.tensor([[2 * rank, 2 * rank + 1]] * n, dtype=torch.int32).view(n, 2)
+    got = comm.moe_dispatch(tokens, ids, torch.ones(n, 2), experts, max_tokens=4)
+    y = comm.moe_combine(got.x, got.handle)
+    assert torch.equal(y, (tokens.double() * 2).to(tokens.dtype)), "each token comes back from its two experts"
+    comm.close()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_rank_with_nothing_to_send_or_receive_still_takes_part(world):
+    run_world(_idle_rank_world, world, timeout_s=120)
+
+
 def _bad_inputs(rank, world):
     comm = symcomm.Communicator(timeout_s=30)
     E, H = 2 * world, 32

@@ -46,8 +46,7 @@ class CompositePath(Path):
         return (keep,) if path.needs_equal_offsets and keep in path.equal_offsets else ()
 
     def _run_inner(self, inner: Call, algo: str) -> None:
-        if inner.nbytes:
-            self._dispatcher.choose_inner(inner, algo).run(inner)
+        self._dispatcher.run_inner(inner, algo)
 
 
 class UnfusedNormPath(CompositePath):

@@ -15,6 +15,7 @@ dispatch and combine (moe_dispatch.py, moe_combine.py) run it inside their ``a2a
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +26,12 @@ from ..base import Call
 from ..errors import ArgumentError, PeerMismatchError
 from ..registry import lookup
 from .autograd import Backward, library_op
-from .base import CallContext, Operation, into
+from .base import PLAIN_FIRST, CallContext, Operation, into
 from .collectives import tensor_lists
 
 if TYPE_CHECKING:
     from ..base import Path
+    from ..dispatch import DispatchTable
     from ..peers import Peers
 
 OP = "all_to_allv"
@@ -79,6 +81,17 @@ class AllToAllv(Operation):
     name = OP
     bench = None  # measured inside moe_dispatch_combine's columns (symcomm/bench/moe_spec.py)
     window_rule = None
+    # A call's bytes are this rank's own sends and receives, which differ between ranks, so
+    # they decide nothing every rank must agree on: a rank with none still runs its path (the
+    # torch path's all_to_all_single is a collective every rank joins), and the table's row is
+    # read at one size for every call.
+    skips_empty = False
+
+    def order(self, table: DispatchTable, call: AllToAllvCall) -> tuple[str, ...]:
+        return table.preference(OP, math.inf) or PLAIN_FIRST
+
+    def ranking(self, table: DispatchTable, call: AllToAllvCall) -> str:
+        return f"by the {table.source} table at every size (each rank's bytes are its own)"
 
     def build(self, ctx: CallContext, tensors: Any, send_sizes: Any, recv_sizes: Any, out: Any = None) -> Call:
         return all_to_allv_call(tensors, send_sizes, recv_sizes, out, ctx.rank, ctx.world_size, ctx.device)
