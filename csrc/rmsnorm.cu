@@ -51,8 +51,8 @@ constexpr int min_blocks(int iters, bool residual) {
 // cost 1.9x bf16's time at one row (H100, bench/NOTES.md). Block b takes row b / parts, loads
 // and sums all of it (the same order, so the same rinv in every block), and stores h and y for
 // the iterations i with i % parts == b % parts; never where h overlaps a or the residual
-// (row_parts says why; all_reduce_rmsnorm hands the kernel an a of its own wherever a residual
-// is added, symcomm/rmsnorm.py's NormCall.all_reduce_out).
+// (row_parts says why; all_reduce_rmsnorm hands the kernel an a of its own,
+// symcomm/rmsnorm.py's NormCall.all_reduce_out).
 enum DependentSignal : int { kSignalEarly = 0, kSignalLate = 1, kSignalNever = 2 };
 
 template <typename T, int kIters, int kQuant, bool kResidual>

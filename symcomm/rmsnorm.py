@@ -73,15 +73,14 @@ class NormCall(Call):
         self.inner_algo = "auto"  # the all-reduce path algo= forced
 
     def all_reduce_out(self) -> torch.Tensor:
-        """Where the all-reduce of x lands: h itself where no residual is added (h = a there), else
-        a new buffer. Never the new residual when there is an old one, even where it could be:
-        it cannot be when residual_out is residual, and calling in place is each rank's own
-        business (NCCL's rule), so it must not decide on one rank alone which memory, pool or
-        ordinary, the inner all-reduce writes (that picks its path), or what this rank allocates
-        in the pool. A buffer of its own also lets the kernel spread a row over several blocks
-        at decode sizes (csrc/rmsnorm.cuh's row_parts), which it will not do in place."""
-        assert self.h is not None, "build() sets h before any path runs"
-        return self.h if self.residual is None else torch.empty_like(self.x)
+        """Where the all-reduce of x lands: a new buffer of x's shape on every rank, never h or
+        the caller's residual_out, though h could hold it where no residual is added or the
+        call is not in place. Whether a rank passed residual_out, and whether in place, is its
+        own business (NCCL's rule), so it must not decide on one rank alone which memory, pool or
+        ordinary, the inner all-reduce writes: that picks its path. (The op allocates it where
+        its path runs, outside the pool.) A buffer of its own also lets the kernel spread a row
+        over several blocks at decode sizes (csrc/rmsnorm.cuh's row_parts)."""
+        return torch.empty_like(self.x)
 
     @property
     def tokens(self) -> int:

@@ -65,7 +65,7 @@ class UnfusedNormPath(CompositePath):
     def run(self, call: rmsnorm.NormCall) -> None:
         a = call.all_reduce_out()
         self._run_inner(make_all_reduce(call.x, a), call.inner_algo)
-        self._local(a, call, None if a is call.h else call.h, call.y, call.y_scales)
+        self._local(a, call, call.h, call.y, call.y_scales)
 
 
 class UnfusedFp4Path(CompositePath):
