@@ -311,6 +311,19 @@ def _pool_placement(rank, world):
             comm.all_gather(x).backward(torch.ones(2 * world, 3, dtype=F64))
             assert torch.equal(x.grad, torch.full_like(x, float(world))), (full, sym, x.grad)
             assert entered == ([full] if sym else []), (full, sym, entered)
+            # A backward whose shapes are this rank's own never goes to the pool: an uneven
+            # gather's (its reduce-scatterv output has this rank's rows), all_to_allv's.
+            for sizes in ([2] * world, [1 + r for r in range(world)]):
+                entered.clear()
+                x = rand((sizes[rank], 3), rank).requires_grad_()
+                comm.all_gatherv(x, sizes).backward(torch.ones(sum(sizes), 3, dtype=F64))
+                assert torch.equal(x.grad, torch.full_like(x, float(world))), (sizes, x.grad)
+                even = len(set(sizes)) == 1
+                assert entered == ([full] if sym and even else []), (full, sym, sizes, entered)
+            entered.clear()
+            x = rand((world, 3), rank).requires_grad_()
+            comm.all_to_allv(x, [1] * world, [1] * world).backward(torch.ones(world, 3, dtype=F64))
+            assert torch.equal(x.grad, torch.ones_like(x)) and entered == [], (full, sym, entered)
     comm.close()
 
 

@@ -143,7 +143,7 @@ class AllToAllv(Operation):
                 full = g.contiguous() if g is not None else torch.zeros((sum(recv), *x.shape[1:]), dtype=x.dtype,
                                                                         device=x.device)
                 return _all_to_allv([full], list(recv), list(send), grad.comm_key, "auto")[0]
-            return grad.pooled(exchange)
+            return exchange()  # never pooled: its shapes are this rank's counts (gradient_pooled's rule)
 
         return {"xs": [returned(g, x) if x.needs_grad else None for g, x in zip(gs, grad.args["xs"])]}
 

@@ -64,8 +64,9 @@ def gradient_pooled(comm_key: int, symmetric: bool, make: Callable[[], T]) -> T:
     """Run ``make()`` (a backward's collectives) with its allocations in the symmetric pool when
     the forward's input was symmetric, so that a collective fed by these gradients can take the
     zero-copy paths; else, and inside a CUDA-graph capture always, in torch's allocator (the
-    graph's pool, whose lifetime the replays rely on). Ranks allocate the same shapes in the same
-    order (the backward is SPMD), which keeps pool offsets equal, and run out of pool alike: then
+    graph's pool, whose lifetime the replays rely on). Only for a backward whose allocations have
+    the same shapes on every rank, in the same order (the backward is SPMD), which keeps pool
+    offsets equal (not an uneven gather's, nor all_to_allv's); those ranks run out of pool alike: then
     the call runs again outside it, since the pool only makes it faster. The failed attempt
     communicated nothing (allocation comes before any communication)."""
     comm = lookup(comm_key)

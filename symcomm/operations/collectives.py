@@ -246,7 +246,9 @@ def gathered_grad(grad: Backward, g: torch.Tensor | None, x: Given, sizes: list[
         full = g.contiguous() if g is not None else torch.zeros((sum(sizes), *x.shape[1:]), dtype=x.dtype,
                                                                 device=x.device)
         return reduce_scatterv_op(full, sizes, grad.comm_key, "sum", "auto")
-    return grad.pooled(scatter)
+    # Its output has this rank's rows: with uneven sizes, shapes that differ between ranks,
+    # which the pool's equal offsets cannot take (gradient_pooled's rule).
+    return grad.pooled(scatter) if len(set(sizes)) == 1 else scatter()
 
 
 def _differentiable_op(name: str, grad: Backward) -> str:
