@@ -287,6 +287,29 @@ def test_flagfree_collectives_copy_a_misaligned_view_instead_of_declining(op):
     assert args[2] != x.data_ptr() and args[3] != out.data_ptr()
 
 
+@pytest.mark.parametrize("op", ["reduce_scatter", "reduce_scatterv"])
+def test_oneshot_scatter_takes_a_misaligned_ordinary_view_instead_of_declining(op):
+    """One-shot's reduce-scatter stages an ordinary input by a copy (any alignment) and writes a
+    misaligned output through an aligned buffer, so this rank's addresses never send it to
+    another path than its peers. A pool input's alignment is the same on every rank (one
+    offset everywhere): that one may still decline."""
+    state = FakeState()
+    state.lib, state.ctx = _RecordingLibrary(), 7
+    state.launch_stream = lambda session: 99
+    state.rank = 1
+    path = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state))
+    x = torch.zeros(2048 + 1, dtype=torch.bfloat16)[1:]
+    out = torch.zeros(1024 + 1, dtype=torch.bfloat16)[1:]
+    call = Call(op, [x], [out], [x.data_ptr()], [out.data_ptr()], None if op == "reduce_scatter" else [1024, 1024],
+                "sum", x.nbytes)
+    assert x.data_ptr() % 16 and out.data_ptr() % 16 and path.why_not(call) is None
+    path.run(call)
+    [(name, args)] = state.lib.calls
+    assert name == "symcomm_ar_reduce_scatterv"
+    assert args[2] == x.data_ptr() and args[9] == 1, "the ordinary input is staged by a copy"
+    assert args[7] % 16 == 0 and args[7] != out.data_ptr(), "the kernel writes an aligned buffer"
+
+
 def test_flagfree_collectives_decline_above_world_2():
     """custom_ar.FLAGFREE_COLLECTIVE_WORLDS: the flag-free gather and scatter have passed on real
     ranks at world 2 only, so elsewhere both decline, saying why."""

@@ -125,9 +125,14 @@ class AllReduceKernelPath(PeerPath):
         if unit % 16:
             what = "one rank's chunk" if call.even else "a row"
             return f"{what} of {unit} bytes is not whole 16-byte vectors"
-        if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
-            return "input or output is not 16-byte aligned"
-        if call.nbytes > self.capacity and self._context.region_of(call.in_ptrs[0]) is None:
+        # Only what is equal on every rank decides. A pool input sits at one offset everywhere,
+        # so its alignment is the same on every rank. An ordinary input is staged by a copy
+        # (any alignment) and a misaligned output is written through an aligned buffer
+        # (_run_scatter): their addresses are this rank's own business.
+        in_pool = self._context.region_of(call.in_ptrs[0]) is not None
+        if in_pool and call.in_ptrs[0] & 15:
+            return "the input sits in the symmetric pool but not on a 16-byte boundary"
+        if call.nbytes > self.capacity and not in_pool:
             return (f"{call.nbytes} bytes exceeds the staging capacity of {self.capacity} bytes "
                     f"(an input in the symmetric pool is read in place, with no limit)")
         return None
@@ -172,12 +177,16 @@ class AllReduceKernelPath(PeerPath):
                 session.record(IN_REGION, SCATTER_CODE, call.nbytes, context.region_numbers[region[0]], offset)
             else:
                 session.record(STAGED, SCATTER_CODE, call.nbytes)
+        out = call.outputs[0]
+        target = torch.empty_like(out) if call.out_ptrs[0] % 16 else None  # why_not says why
         code = context.lib.symcomm_ar_reduce_scatterv(
             context.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot, offset, call.nbytes,
-            sum(sizes[:context.rank]) * row_bytes, call.out_ptrs[0], sizes[context.rank] * row_bytes,
-            0 if region else 1, context.launch_stream(session))
+            sum(sizes[:context.rank]) * row_bytes, call.out_ptrs[0] if target is None else target.data_ptr(),
+            sizes[context.rank] * row_bytes, 0 if region else 1, context.launch_stream(session))
         if code:
             context.check("custom reduce_scatterv launch", code)
+        if target is not None:
+            out.copy_(target)
 
     def _run_flagfree(self, call: Call) -> None:
         """all_gather(v) / reduce_scatter(v) by push: each rank writes its chunks into the peers'

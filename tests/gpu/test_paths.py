@@ -243,6 +243,25 @@ def test_ranks_differing_only_in_calling_in_place_take_one_path(comm, op, nbytes
                        f"{op} of {nbytes} bytes, rank 0 in place")
 
 
+@pytest.mark.parametrize("nbytes", (32 << 10, 4 << 20))
+def test_ranks_differing_only_in_output_alignment_take_one_reduce_scatter_path(comm, nbytes):
+    """An ordinary output's address is each rank's own: odd ranks pass a view 2 bytes off a
+    16-byte boundary. Every rank must take the same path (one-shot and flag-free write such an
+    output through an aligned buffer) and get the right sums."""
+    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
+    numel = nbytes // 2
+    part = numel // w
+    x = rank_input(numel, dtype, rank, 45)
+    raw = torch.empty(part + 8, dtype=dtype, device=comm.device)
+    out = raw[rank % 2:][:part]
+    algos = [None] * w
+    torch.distributed.all_gather_object(algos, comm.select("reduce_scatter", x, out=out).algo)
+    assert len(set(algos)) == 1, f"reduce_scatter of {nbytes} bytes, odd ranks misaligned: ranks chose {algos}"
+    comm.reduce_scatter(x, out=out)
+    assert_reduced(out, [t[rank * part:(rank + 1) * part] for t in all_inputs(numel, dtype, w, 45)],
+                   f"reduce_scatter of {nbytes} bytes into a misaligned view")
+
+
 def test_communicator_over_an_nccl_only_group(dist_env):
     """Bootstrap over an NCCL group: ids and votes travel as CUDA tensors."""
     group = torch.distributed.new_group(backend="nccl")
