@@ -97,8 +97,9 @@ class Communicator(OperationMethods):
             table = load_table(self.peers.world_size, self.device, keys=(*TABLE_KEYS, *self.operations))
             self.router = Router(table, self.operations, self.peers.rank)
             # The first vote: every rank is here, and agrees on what must be equal everywhere.
-            self.peers.agree(_SETUP, "Communicator(): every rank must pass the same arguments and settings",
-                             {"check mode": int(self.check), **{name: int(value) for name, value in options.items()}})
+            self.peers.agree(_SETUP, "Communicator(): every rank must pass the same arguments and settings", {
+                "check mode": int(self.check), **{name: int(value) for name, value in options.items()},
+                f"the dispatch table (a digest; this rank's: {table.source})": table.digest()})
             setup = Setup(self.peers, self.device, self.timeout_s, options, dispatcher=self.router)
             open_paths(PATHS if paths is None else paths, setup, self._opened, self._reasons)
         except BaseException as exc:
@@ -127,8 +128,7 @@ class Communicator(OperationMethods):
         return self._pool
 
     def outside_pool(self) -> contextlib.AbstractContextManager[None]:
-        """This thread's allocations are ordinary in this context, even inside use_symmetric_memory:
-        for what only this rank reads (SymmetricPool.outside says why)."""
+        """Ordinary allocations here, even inside use_symmetric_memory (SymmetricPool.outside)."""
         pool = self._pool
         return pool.outside() if pool is not None and pool.entered_here() else contextlib.nullcontext()
 

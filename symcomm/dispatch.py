@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,13 @@ class DispatchTable:
     def preference(self, key: str, nbytes: int) -> tuple[str, ...]:
         bounds, prefs = self.rows.get(key, PLAIN_ROW)
         return prefs[bisect.bisect_left(bounds, nbytes)]
+
+    def digest(self) -> int:
+        """A 31-bit checksum of the rows: the Communicator's first vote compares it, since a
+        table is read per rank (a tuning file, the GPU's name) and ranks with different tables
+        would take different paths for one call."""
+        text = repr(sorted((key, bounds, prefs) for key, (bounds, prefs) in self.rows.items()))
+        return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
 def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str], call: Call,
