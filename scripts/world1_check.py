@@ -169,10 +169,10 @@ def outside_the_pool(comm: symcomm.Communicator) -> None:
        and not pool.entered_here())
     x, res, w = rand((8, 4096), torch.bfloat16, 91), rand((8, 4096), torch.bfloat16, 92), rand(4096, torch.bfloat16, 93)
     want = symcomm.rmsnorm.add_rmsnorm(x, w, residual=res)
-    before, given = pool.bytes_in_use, res.clone()
+    before = pool.bytes_in_use
     with symcomm.use_symmetric_memory(comm):
         got = [comm.all_reduce_rmsnorm(x, w, residual=res), comm.all_reduce_rmsnorm(x, w),
-               comm.all_reduce_rmsnorm(x, w, residual=res, residual_out=given)]
+               comm.all_reduce_rmsnorm(x, w, residual=res, residual_out=res.clone())]
     ok("all_reduce_rmsnorm inside use_symmetric_memory: its results and buffers are ordinary memory",
        pool.bytes_in_use == before and not any(comm.is_symmetric(t) for g in got for t in (g.out, g.residual)),
        (before, pool.bytes_in_use))
