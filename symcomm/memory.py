@@ -10,10 +10,8 @@ def use_symmetric_memory(comm, disabled: bool = False):
     Tensors from the pool are registered NCCL windows, so collectives on ``comm`` can run
     NCCL's symmetric (zero-copy) kernels on them. Symmetric kernels need every rank's tensor at
     the same window offset: allocate the same shapes in the same order on every rank (use
-    SYMCOMM_CHECK=1 to verify). Contexts of one communicator nest: an inner one changes nothing.
-    What symcomm itself allocates for one rank only (a path's temporaries, an op's local results)
-    stays outside the pool even here. With ``disabled=True``, or where symmetric memory is off,
-    this returns a shared no-op context and allocations go to torch's normal allocator.
+    SYMCOMM_CHECK=1 to verify). With ``disabled=True``, or where symmetric memory is off, this
+    returns a shared no-op context and allocations go to torch's normal allocator.
     """
     pool = None if disabled else comm.symmetric_pool
     return NULL_CONTEXT if pool is None else SymmetricContext(pool)

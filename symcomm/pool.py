@@ -117,16 +117,14 @@ class SymmetricPool:
         sizes, or whether they exist at all, may differ between ranks, and a pool block that one
         rank allocates and another does not moves every later pool tensor of that rank to
         another offset than its peers'."""
-        contexts = getattr(self._open, "contexts", None)
-        if not contexts:
-            yield
-            return
-        routing = contexts[0]  # the outermost: the only one that routes (SymmetricContext.__enter__)
-        routing.pause()
+        contexts = list(getattr(self._open, "contexts", ()))
+        for context in reversed(contexts):  # nested contexts of this pool: every one routes here
+            context.pause()
         try:
             yield
         finally:
-            routing.resume()
+            for context in contexts:
+                context.resume()
 
     @property
     def capacity(self) -> int:
@@ -247,14 +245,10 @@ class SymmetricContext:
         self._previous = -1
 
     def __enter__(self) -> SymmetricPool:
+        self.resume()
         contexts = getattr(self._pool._open, "contexts", None)
         if contexts is None:
             contexts = self._pool._open.contexts = []
-        # torch routes a thread to one pool once (a second use_mem_pool of it raises): inside
-        # an open context of this pool, another one is only counted, so code that allocates
-        # under use_symmetric_memory can be called from code that already does.
-        if not contexts:
-            self.resume()
         contexts.append(self)
         return self._pool
 
@@ -272,12 +266,10 @@ class SymmetricContext:
             self._native.symcomm_pool_set_active(self._previous)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        contexts = self._pool._open.contexts
         try:
-            if contexts[0] is self:
-                self.pause(exc_type, exc, tb)
+            self.pause(exc_type, exc, tb)
         finally:
-            contexts.remove(self)
+            self._pool._open.contexts.remove(self)
         if exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError):
             failed = self._pool.take_failed_request()
             if failed:
