@@ -154,35 +154,6 @@ def backward(comm: symcomm.Communicator) -> None:
     del graph, captured_grad, x
 
 
-def outside_the_pool(comm: symcomm.Communicator) -> None:
-    """What symcomm allocates for one rank only (an op's own results, its temporaries) stays out
-    of the pool inside use_symmetric_memory; SymmetricPool.outside() with nested contexts."""
-    pool = comm.symmetric_pool
-    with symcomm.use_symmetric_memory(comm):
-        with symcomm.use_symmetric_memory(comm):
-            with pool.outside():
-                plain = torch.empty(1 << 20, device="cuda")
-            inner = torch.empty(1 << 20, device="cuda")
-        outer = torch.empty(1 << 20, device="cuda")
-    ok("pool.outside(): ordinary inside it, the pool again after it, nested contexts included",
-       not comm.is_symmetric(plain) and comm.is_symmetric(inner) and comm.is_symmetric(outer)
-       and not pool.entered_here())
-    x, res, w = rand((8, 4096), torch.bfloat16, 91), rand((8, 4096), torch.bfloat16, 92), rand(4096, torch.bfloat16, 93)
-    want = symcomm.rmsnorm.add_rmsnorm(x, w, residual=res)
-    before = pool.bytes_in_use
-    with symcomm.use_symmetric_memory(comm):
-        got = [comm.all_reduce_rmsnorm(x, w, residual=res), comm.all_reduce_rmsnorm(x, w),
-               comm.all_reduce_rmsnorm(x, w, residual=res, residual_out=res.clone())]
-    ok("all_reduce_rmsnorm inside use_symmetric_memory: its results and buffers are ordinary memory",
-       pool.bytes_in_use == before and not any(comm.is_symmetric(t) for g in got for t in (g.out, g.residual)),
-       (before, pool.bytes_in_use))
-    plain_norm = symcomm.rmsnorm.add_rmsnorm(x, w)
-    ok("all_reduce_rmsnorm at world 1 gives add_rmsnorm's bits, with and without a residual",
-       torch.equal(got[0].out, want.out) and torch.equal(got[0].residual, want.residual)
-       and torch.equal(got[2].out, want.out) and torch.equal(got[1].out, plain_norm.out)
-       and torch.equal(got[1].residual, x))
-
-
 def memory_loop(rounds: int) -> None:
     """Open, capture on, and close a communicator ``rounds`` times: device memory must come
     back each time (NCCL's own one-time state settles after the first round)."""
@@ -249,7 +220,6 @@ def main() -> None:
     print("select:", choice, flush=True)
     ok("select names a path and explains the rest", bool(choice.algo) and bool(choice.rejected))
 
-    outside_the_pool(comm)
     graphs(comm, "default")
     backward(comm)
 
