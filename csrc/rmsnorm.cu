@@ -20,7 +20,7 @@ using namespace symcomm::norm;
 
 // One block of kThreads per row, the reduction order's virtual block. Every load of the row is
 // issued before its first store: a store to the new residual may alias a later vector of the
-// input (in place, or the all-reduce written straight into the new residual), and a
+// input (an in-place update, or a caller of add_rmsnorm passing its input as residual_out), and a
 // load-add-store loop waited out one memory round trip per vector (sm_90 SASS, 2026-11-25).
 // The weight goes to shared memory with cp.async alongside: held in registers across the row's
 // sum it pushed the 7168-wide kernel from 64 registers to 139, and read from global memory after

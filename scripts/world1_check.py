@@ -154,6 +154,35 @@ def backward(comm: symcomm.Communicator) -> None:
     del graph, captured_grad, x
 
 
+def pool_context_and_norm(comm: symcomm.Communicator) -> None:
+    """use_symmetric_memory does not nest (torch routes a pool once), and says so in symcomm's
+    words; all_reduce_rmsnorm with and without a residual and residual_out gives add_rmsnorm's
+    bits (at world 1 the all-reduce of x is x)."""
+    nested = None
+    with symcomm.use_symmetric_memory(comm):
+        try:
+            with symcomm.use_symmetric_memory(comm):
+                pass
+        except symcomm.SymmetricMemoryError as exc:
+            nested = str(exc)
+        inside = torch.empty(4096, device="cuda")
+    after = torch.empty(4096, device="cuda")
+    ok("a nested use_symmetric_memory raises SymmetricMemoryError; the open one still routes to the pool",
+       nested is not None and "already open" in nested and comm.is_symmetric(inside)
+       and not comm.is_symmetric(after), nested)
+    x, res, w = rand((8, 4096), torch.bfloat16, 91), rand((8, 4096), torch.bfloat16, 92), rand(4096, torch.bfloat16, 93)
+    want, plain = symcomm.rmsnorm.add_rmsnorm(x, w, residual=res), symcomm.rmsnorm.add_rmsnorm(x, w)
+    given = torch.empty_like(x)
+    got = [comm.all_reduce_rmsnorm(x, w, residual=res), comm.all_reduce_rmsnorm(x, w),
+           comm.all_reduce_rmsnorm(x, w, residual=res, residual_out=given),
+           comm.all_reduce_rmsnorm(x, w, residual_out=torch.empty_like(x))]
+    ok("all_reduce_rmsnorm at world 1: add_rmsnorm's bits with and without a residual and residual_out",
+       torch.equal(got[0].out, want.out) and torch.equal(got[0].residual, want.residual)
+       and torch.equal(got[2].out, want.out) and got[2].residual is given and torch.equal(given, want.residual)
+       and torch.equal(got[1].out, plain.out) and torch.equal(got[1].residual, x)
+       and torch.equal(got[3].out, plain.out) and torch.equal(got[3].residual, x))
+
+
 def memory_loop(rounds: int) -> None:
     """Open, capture on, and close a communicator ``rounds`` times: device memory must come
     back each time (NCCL's own one-time state settles after the first round)."""
@@ -220,6 +249,7 @@ def main() -> None:
     print("select:", choice, flush=True)
     ok("select names a path and explains the rest", bool(choice.algo) and bool(choice.rejected))
 
+    pool_context_and_norm(comm)
     graphs(comm, "default")
     backward(comm)
 

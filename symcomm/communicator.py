@@ -127,11 +127,6 @@ class Communicator(OperationMethods):
         """The pool behind use_symmetric_memory, or None where symmetric memory is off."""
         return self._pool
 
-    def outside_pool(self) -> contextlib.AbstractContextManager[None]:
-        """Ordinary allocations here, even inside use_symmetric_memory (SymmetricPool.outside)."""
-        pool = self._pool
-        return pool.outside() if pool is not None and pool.entered_here() else contextlib.nullcontext()
-
     def is_symmetric(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies in a registered symmetric window. O(1): one dict lookup."""
         find = self._find
@@ -209,8 +204,7 @@ class Communicator(OperationMethods):
         operation = self._operation(op)
         call = operation.build(self, *args, **kwargs)
         path, choice = self.router.choose(operation, call, algo, explain=True)
-        with self.outside_pool():  # as a composite's run allocates its inner call's buffers
-            return operation.explain(choice, operation.inner_choice(call, path, self.router))
+        return operation.explain(choice, operation.inner_choice(call, path, self.router))
 
     def _run(self, operation: Operation, args: tuple, algo: str, kwargs: dict[str, Any] | None = None) -> Call:
         """Every operation's one way: validate once -> choose -> check mode -> run."""
@@ -227,12 +221,7 @@ class Communicator(OperationMethods):
         if self.check and self.checking():
             self._verify(operation, call, path)
         if call.nbytes or not operation.skips_empty:
-            pool = self._pool
-            if pool is not None and pool.entered_here():  # inline: every eager call's path
-                with pool.outside():
-                    path.run(call)
-            else:
-                path.run(call)
+            path.run(call)
         return call
 
     def checking(self) -> bool:
@@ -263,9 +252,7 @@ class Communicator(OperationMethods):
         operation = self._operation(op)
         if _is_compiling() or records(*args, *kwargs.values()):
             return operation.compiled(self, *args, algo=algo, **kwargs)
-        call = self._run(operation, args, algo, kwargs)
-        with self.outside_pool():  # what result() allocates is this rank's (all_gatherv_fp4's decoded rows)
-            return operation.result(call)
+        return operation.result(self._run(operation, args, algo, kwargs))
 
     # ------------------------------------------------------------ CUDA graphs
     def graph_capture(self) -> contextlib.AbstractContextManager[None]:

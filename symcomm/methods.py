@@ -69,9 +69,8 @@ class OperationMethods:
         layout of the scales, ``out`` preallocated outputs (symcomm/operations/all_gatherv_fp4.py)."""
         if _is_compiling() or records(x, extra):
             return ALL_GATHERV_FP4.compiled(self, x, sizes, global_scale, extra, dequantize, swizzle, out, algo)
-        call = self._run(ALL_GATHERV_FP4, (x, sizes, global_scale, extra, dequantize, swizzle, out), algo)
-        with self.outside_pool():  # the decoded rows and swizzled scales: asked for per rank
-            return ALL_GATHERV_FP4.result(call)
+        return ALL_GATHERV_FP4.result(self._run(ALL_GATHERV_FP4,
+                                                (x, sizes, global_scale, extra, dequantize, swizzle, out), algo))
 
     def all_reduce_rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Tensor | None = None,
                            eps: float = 1e-6, out: Any = None, residual_out: torch.Tensor | None = None,

@@ -9,11 +9,8 @@ Rules this module enforces (docs/symmetric-memory.md):
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -103,28 +100,6 @@ class SymmetricPool:
         self.mempool = torch.cuda.MemPool(allocator.allocator())
         self.index = SegmentIndex()
         self.regions: dict[int, Region] = {}  # keyed by base
-        self._open = threading.local()  # .contexts: this thread's SymmetricContexts not yet left, innermost last
-
-    def entered_here(self) -> bool:
-        """Whether this thread is inside use_symmetric_memory of this pool (torch routes its
-        allocations here)."""
-        return bool(getattr(self._open, "contexts", None))
-
-    @contextlib.contextmanager
-    def outside(self) -> Iterator[None]:
-        """Allocations on this thread go to torch's own allocator inside the block, even within
-        use_symmetric_memory. For what only this rank reads (temporaries, local results): their
-        sizes, or whether they exist at all, may differ between ranks, and a pool block that one
-        rank allocates and another does not moves every later pool tensor of that rank to
-        another offset than its peers'."""
-        contexts = list(getattr(self._open, "contexts", ()))
-        for context in reversed(contexts):  # nested contexts of this pool: every one routes here
-            context.pause()
-        try:
-            yield
-        finally:
-            for context in contexts:
-                context.resume()
 
     @property
     def capacity(self) -> int:
@@ -245,31 +220,28 @@ class SymmetricContext:
         self._previous = -1
 
     def __enter__(self) -> SymmetricPool:
-        self.resume()
-        contexts = getattr(self._pool._open, "contexts", None)
-        if contexts is None:
-            contexts = self._pool._open.contexts = []
-        contexts.append(self)
+        torch_ctx = torch.cuda.use_mem_pool(self._pool.mempool, self._pool._device)
+        try:
+            torch_ctx.__enter__()
+        except RuntimeError as exc:
+            # torch routes a pool to one thread at a time, once: a context of this pool already
+            # open (nested here, or on another thread, such as autograd's while backward runs
+            # inside one) makes it refuse with an internal message.
+            if "already recording" not in str(exc):
+                raise
+            raise SymmetricMemoryError(
+                "use_symmetric_memory(comm) is already open for this communicator (here, or on another "
+                "thread: torch routes a memory pool to one thread at a time); allocate inside the open "
+                "one instead of nesting") from exc
+        self._torch_ctx = torch_ctx
+        self._previous = self._native.symcomm_pool_set_active(self._pool.pool_id)
         return self._pool
 
-    def resume(self) -> None:
-        """Route this thread's allocations to the pool (entering, or after pause())."""
-        self._previous = self._native.symcomm_pool_set_active(self._pool.pool_id)
-        self._torch_ctx = torch.cuda.use_mem_pool(self._pool.mempool, self._pool._device)
-        self._torch_ctx.__enter__()
-
-    def pause(self, exc_type=None, exc=None, tb=None) -> None:
-        """Stop routing them there (SymmetricPool.outside, and leaving)."""
+    def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             self._torch_ctx.__exit__(exc_type, exc, tb)
         finally:
             self._native.symcomm_pool_set_active(self._previous)
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            self.pause(exc_type, exc, tb)
-        finally:
-            self._pool._open.contexts.remove(self)
         if exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError):
             failed = self._pool.take_failed_request()
             if failed:

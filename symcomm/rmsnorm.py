@@ -66,20 +66,21 @@ class NormCall(Call):
         self.x, self.weight, self.residual, self.eps = x, weight, residual, eps  # eps rounded to fp32
         self.quant, self.scale, self.swizzle = quant, scale, swizzle
         self.out, self.scales_out, self.residual_out = out, scales_out, residual_out
-        # Where y, its NVFP4 block scales and h go: the caller's tensors or new ones (allocate).
+        # Where y, its NVFP4 block scales and h go: the caller's tensors or new ones (allocate;
+        # h stays None where the all-reduce's own buffer will be h, all_reduce_out).
         self.y: torch.Tensor | None = None
         self.y_scales: torch.Tensor | None = None
         self.h: torch.Tensor | None = None
         self.inner_algo = "auto"  # the all-reduce path algo= forced
 
     def all_reduce_out(self) -> torch.Tensor:
-        """Where the all-reduce of x lands: a new buffer of x's shape on every rank, never h or
-        the caller's residual_out, though h could hold it where no residual is added or the
-        call is not in place. Whether a rank passed residual_out, and whether in place, is its
-        own business (NCCL's rule), so it must not decide on one rank alone which memory, pool or
-        ordinary, the inner all-reduce writes: that picks its path. (The op allocates it where
-        its path runs, outside the pool.) A buffer of its own also lets the kernel spread a row
-        over several blocks at decode sizes (csrc/rmsnorm.cuh's row_parts)."""
+        """Where the all-reduce of x lands: a new buffer of x's shape on every rank, never the
+        caller's residual_out, even where it could be. Whether a rank passes residual_out, and
+        whether in place (residual_out=residual), is its own business (NCCL's rule), so it must
+        not decide on one rank alone which memory, pool or ordinary, the inner all-reduce
+        writes: that picks its path. Where neither a residual nor residual_out is given, the
+        buffer is h itself (build leaves h None). A buffer of its own also lets the kernel
+        spread a row over several blocks at decode sizes (csrc/rmsnorm.cuh's row_parts)."""
         return torch.empty_like(self.x)
 
     @property

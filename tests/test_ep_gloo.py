@@ -299,3 +299,20 @@ def _single_rank(rank, world):
 
 def test_a_world_of_one_places_rows_on_the_device():
     run_world(_single_rank, 1, timeout_s=120)
+
+
+def test_nccl_symm_declines_every_all_to_allv_the_empty_one_included():
+    """An all_to_allv's bytes are this rank's own: nccl-symm's answer must not depend on them,
+    or an idle rank would be told yes where its peers are told no."""
+    from _gpu_like import FAKE_NCCL, Pool
+
+    from symcomm.backends.nccl_symm import NcclSymmPath
+    from symcomm.operations.all_to_allv import make_all_to_allv
+    path = NcclSymmPath()
+    path.attach(FAKE_NCCL, 2, 0, torch.device("cpu"))
+    path._granules = Pool().granules
+    empty = make_all_to_allv([torch.empty(0, 4)], [torch.empty(0, 4)], [0, 0], [0, 0])
+    busy = make_all_to_allv([torch.ones(3, 4)], [torch.empty(3, 4)], [0, 3], [0, 3])
+    assert empty.nbytes == 0 and busy.nbytes
+    for call in (empty, busy):
+        assert "no all-to-all" in path.why_not(call)

@@ -3,7 +3,6 @@
 cast and symcomm's codec, every argument rule, and the op over gloo at two ranks."""
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -427,10 +426,10 @@ def test_the_kernel_serves_where_it_runs_and_the_reference_elsewhere(monkeypatch
 def test_the_all_reduce_lands_in_a_buffer_of_its_own_whatever_the_rank_passes():
     """Whether a rank passes residual_out, and whether in place (residual_out=residual), is its
     own business: it must not change which memory the inner all-reduce writes (pool or ordinary
-    memory picks its path), so every rank reduces into a new buffer, never into h or the
-    caller's residual_out; the op's allocations are made outside the pool. Each call's results
-    match the reference (one rank: the all-reduce of x is x)."""
-    seen, outside = [], []
+    memory picks its path), so every rank reduces into a new buffer, never into the caller's
+    residual_out; with neither a residual nor residual_out, that buffer is h. Each call's
+    results match the reference (one rank: the all-reduce of x is x)."""
+    seen = []
 
     def run(call):
         seen.append(call.outputs[0])
@@ -442,30 +441,25 @@ def test_the_all_reduce_lands_in_a_buffer_of_its_own_whatever_the_rank_passes():
     path = reference_norm()
     assert path.open(SimpleNamespace(dispatcher=router, device=CPU)) is None
     router.add(path, None)
-
-    @contextlib.contextmanager
-    def outside_pool():
-        outside.append(True)
-        yield
-
-    ctx = SimpleNamespace(device=CPU, outside_pool=outside_pool)
     x, w = rows(3, 64, torch.bfloat16, 5), weight_for(64, torch.bfloat16, 5)
     for residual_given, in_place, given_out in ((True, True, False), (True, False, True), (True, False, False),
                                                 (False, False, True), (False, False, False)):
         residual = rows(3, 64, torch.bfloat16, 6) if residual_given else None
         want = fn.reference_add_rmsnorm(x, w, residual)
         residual_out = residual if in_place else torch.empty_like(x) if given_out else None
-        outside.clear()
-        call = ALL_REDUCE_RMSNORM.build(ctx, x, w, residual=residual, residual_out=residual_out)
-        what = f"residual {residual_given}, in place {in_place}, residual_out given {given_out}"
-        assert outside == [True], f"{what}: the op's allocations are made outside the pool"
+        call = ALL_REDUCE_RMSNORM.build(SimpleNamespace(device=CPU), x, w, residual=residual,
+                                        residual_out=residual_out)
         chosen, _ = router.choose(ALL_REDUCE_RMSNORM, call, "auto")
         seen.clear()
         chosen.run(call)
+        what = f"residual {residual_given}, in place {in_place}, residual_out given {given_out}"
         assert len(seen) == 1, what
-        start, end = seen[0].data_ptr(), seen[0].data_ptr() + seen[0].nbytes
-        others = [t for t in (x, call.h, residual) if t is not None]
-        assert all(t.data_ptr() + t.nbytes <= start or end <= t.data_ptr() for t in others), what
+        if residual_given or given_out:  # never the caller's residual_out, nor the residual, nor x
+            start, end = seen[0].data_ptr(), seen[0].data_ptr() + seen[0].nbytes
+            others = [t for t in (x, call.h, residual) if t is not None]
+            assert all(t.data_ptr() + t.nbytes <= start or end <= t.data_ptr() for t in others), what
+        else:  # no residual and no residual_out: h is the all-reduce's own buffer
+            assert seen[0] is call.h, what
         got = ALL_REDUCE_RMSNORM.result(call)
         assert_bitwise(got.residual, want.residual, what)
         assert_bitwise(got.out, want.out, what)

@@ -220,16 +220,19 @@ def _memory_options(rank, world):
     with pytest.raises(symcomm.PeerMismatchError, match="nccl_max_ctas"):
         symcomm.Communicator(timeout_s=30, nccl_max_ctas=8 if rank == 0 else 16)
     # A tuning file on one rank only: its table would send that rank down other paths.
-    if rank == 0:
-        path = os.path.join(tempfile.mkdtemp(), "tuning.json")
-        with open(path, "w") as f:
-            json.dump({"version": 1, "gpu": "cpu", "world_size": world, "nccl": None, "torch": torch.__version__,
-                       "date": "2026-11-29T00:00:00+00:00", "command": "test",
-                       "rules": {"all_reduce": [[None, ["torch", "nccl"]]]}}, f)
-        os.environ["SYMCOMM_TUNING_FILE"] = path
-    with pytest.raises(symcomm.PeerMismatchError, match=r"the dispatch table \(a digest; this rank's: "):
-        symcomm.Communicator(timeout_s=30)
-    os.environ.pop("SYMCOMM_TUNING_FILE", None)
+    with tempfile.TemporaryDirectory() as folder:
+        if rank == 0:
+            path = os.path.join(folder, "tuning.json")
+            with open(path, "w") as f:
+                json.dump({"version": 1, "gpu": "cpu", "world_size": world, "nccl": None, "torch": torch.__version__,
+                           "date": "2026-11-29T00:00:00+00:00", "command": "test",
+                           "rules": {"all_reduce": [[None, ["torch", "nccl"]]]}}, f)
+            os.environ["SYMCOMM_TUNING_FILE"] = path
+        try:
+            with pytest.raises(symcomm.PeerMismatchError, match=r"the dispatch table \(a digest; this rank's: "):
+                symcomm.Communicator(timeout_s=30)
+        finally:
+            os.environ.pop("SYMCOMM_TUNING_FILE", None)
     comm = symcomm.Communicator(timeout_s=30, graph_communicators=True, nccl_max_ctas=4)
     memory = comm.capabilities()["memory"]
     # On the CPU nothing is measured: no component, and nothing beyond a pool that is not there.

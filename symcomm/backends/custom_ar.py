@@ -178,7 +178,8 @@ class AllReduceKernelPath(PeerPath):
             else:
                 session.record(STAGED, SCATTER_CODE, call.nbytes)
         out = call.outputs[0]
-        target = torch.empty_like(out) if call.out_ptrs[0] % 16 else None  # why_not says why
+        # A misaligned output is this rank's own (why_not takes it): the kernel writes an aligned copy.
+        target = torch.empty_like(out) if call.out_ptrs[0] % 16 else None
         code = context.lib.symcomm_ar_reduce_scatterv(
             context.ctx, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot, offset, call.nbytes,
             sum(sizes[:context.rank]) * row_bytes, call.out_ptrs[0] if target is None else target.data_ptr(),

@@ -220,10 +220,12 @@ class NcclPath(Path):
         # (device, contiguity, shapes).
         if call.redop is not None and call.dtype not in self._reduce_codes:
             return self._unreducible(call.dtype)
-        if self._granules is None or call.nbytes == 0:
-            return None  # plain NCCL takes any buffer; an empty call touches no memory
-        if call.op == "all_to_allv":
+        if self._granules is None:
+            return None  # plain NCCL takes any buffer
+        if call.op == "all_to_allv":  # first: an all_to_allv's bytes are this rank's own
             return "NCCL's symmetric kernels have no all-to-all: nccl runs its sends and receives"
+        if call.nbytes == 0:
+            return None  # an empty call touches no memory
         if call.op in SCATTERING_OPS and call.outputs[0].nbytes % 16:
             # Measured 2026-11-21, NCCL 2.28.9, 2x/4x H200: the symmetric reduce-scatter kernels
             # got one element wrong on odd ranks when a rank's chunk was 14 bytes (7 bf16), and

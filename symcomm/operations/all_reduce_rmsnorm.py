@@ -63,12 +63,11 @@ class AllReduceRmsnorm(Operation):
     def build(self, ctx: CallContext, x: Any, weight: Any, residual: Any = None, eps: Any = 1e-6, out: Any = None,
               residual_out: Any = None, quant: Any = None, scale: Any = None, swizzle: Any = False) -> NormCall:
         call = check_args(ctx.device, x, weight, residual, eps, out, residual_out, quant, scale, swizzle)
-        # The results are this rank's own (written locally, never read by a peer), and whether
-        # a rank passed out= or residual_out= is its own business: what the op allocates for
-        # them stays out of the pool, where it would move this rank's later pool tensors.
-        with ctx.outside_pool():
-            call.y, call.y_scales = allocate(call)
-            call.h = call.residual_out if call.residual_out is not None else torch.empty_like(call.x)
+        call.y, call.y_scales = allocate(call)
+        if call.residual_out is not None:
+            call.h = call.residual_out
+        elif call.residual is not None:
+            call.h = torch.empty_like(call.x)  # else h is the all-reduce's own buffer (all_reduce_out)
         return call
 
     def result(self, call: NormCall) -> NormedResult:

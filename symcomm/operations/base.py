@@ -24,7 +24,6 @@ of the dispatch table:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -49,8 +48,6 @@ class CallContext(Protocol):
     rank: int
     world_size: int
     device: torch.device
-
-    def outside_pool(self) -> AbstractContextManager[None]: ...
 
 
 class Dispatcher(Protocol):

@@ -234,7 +234,8 @@ class ReduceScatterv(Operation):
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
         """As reduce_scatter's, with the forward's sizes: an all-gatherv."""
         op = _differentiable_op(self.name, grad)
-        got = grad.pooled(lambda: all_gatherv_op([g.contiguous()], grad.args["sizes"], grad.comm_key, "auto")[0])
+        g = g.contiguous()  # this rank's rows: made outside the pool, whose shapes must be alike
+        got = grad.pooled(lambda: all_gatherv_op([g], grad.args["sizes"], grad.comm_key, "auto")[0])
         return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
 
 
