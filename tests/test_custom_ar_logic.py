@@ -357,7 +357,7 @@ def no_library_needed(monkeypatch):
 
 def test_setup_disabled_by_environment_still_votes(monkeypatch):
     monkeypatch.setenv("SYMCOMM_DISABLE_CUSTOM_AR", "1")
-    ex = Exchange([[[0, peer_setup.host_identity(), *SIZES]]])
+    ex = Exchange([[[0, peer_setup.host_identity(), *SIZES, 1]]])
     state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "SYMCOMM_DISABLE_CUSTOM_AR" in reason
     assert ex.sent[0][0] == 1  # the peers learn this rank is out, so they don't wait for it
@@ -365,9 +365,9 @@ def test_setup_disabled_by_environment_still_votes(monkeypatch):
 
 def test_setup_falls_back_when_a_peer_votes_no_or_ranks_span_hosts(no_library_needed):
     here = peer_setup.host_identity()
-    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), Exchange([[[1, here, *SIZES]]]), 30.0, None)
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), Exchange([[[1, here, *SIZES, 1]]]), 30.0, None)
     assert state is None and "another rank" in reason
-    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, *SIZES]]]), 30.0, None)
+    state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), Exchange([[[0, here + 1, *SIZES, 1]]]), 30.0, None)
     assert state is None and "span hosts" in reason
 
 
@@ -376,14 +376,14 @@ def test_ranks_with_different_buffer_sizes_turn_the_kernels_off_everywhere(no_li
     would land outside its buffers, so every rank falls back, naming the sizes."""
     here = peer_setup.host_identity()
     other = [peer_context.DEFAULT_STAGING_BYTES // 2, *SIZES[1:]]
-    ex = Exchange([[[0, here, *other]]])
+    ex = Exchange([[[0, here, *other, 1]]])
     state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "disagree on the buffer sizes" in reason and f"rank 1: {other}" in reason
-    assert ex.sent[0][2:] == SIZES
+    assert ex.sent[0][2:5] == SIZES and ex.sent[0][5] in (0, 1)
 
 
 def test_unsupported_world_size_votes_no():
-    ex = Exchange([[[1, 0, *SIZES]] * 2])
+    ex = Exchange([[[1, 0, *SIZES, 1]] * 2])
     state, reason = peer_setup.open_context(0, 3, torch.device("cuda", 0), ex, 30.0, None)
     assert state is None and "world size 3" in reason and ex.sent[0][0] == 1
 
@@ -516,7 +516,7 @@ def test_check_mode_compares_alignment_and_signatures_share_one_length():
 def test_a_rank_that_turned_the_kernels_off_still_votes(no_library_needed):
     """custom_ar_capacity=0 on one rank only: that rank still joins the vote (saying no), so
     peers with kernels on fall back instead of waiting for it in the exchange."""
-    ex = Exchange([[[0, peer_setup.host_identity(), *SIZES]]])
+    ex = Exchange([[[0, peer_setup.host_identity(), *SIZES, 1]]])
     state, reason = peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None,
                                          off="turned off (custom_ar_capacity=0)")
     assert state is None and "custom_ar_capacity=0" in reason and ex.sent[0][0] == 1
@@ -621,3 +621,16 @@ def test_abort_codes_name_the_peer_and_the_way_out(code, words):
     for word in words:
         assert word in text, text
     assert "close() it" in text
+
+
+@pytest.mark.parametrize("conf,mappable", [("", 1), ("expandable_segments:True", 0),
+                                           ("backend:cudaMallocAsync", 0), ("max_split_size_mb:64", 1)])
+def test_the_first_vote_carries_whether_captured_inputs_can_be_mapped(monkeypatch, no_library_needed, conf, mappable):
+    """Whether a captured input is mapped or staged follows this rank's allocator setting, and
+    the ranks compare how each captured call reads its input: so it is part of the first vote
+    (and open_context makes every rank stage if any must)."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
+    here = peer_setup.host_identity()
+    ex = Exchange([[[1, here, *SIZES, 1]]])  # a peer votes no: the vote is all this test needs
+    peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None)
+    assert ex.sent[0][5] == mappable

@@ -84,10 +84,8 @@ class PeerContext:
         self.region_problem: str | None = None
         self.channel: FdChannel | None = None  # passes pool-region descriptors to peers
         self.capture: CaptureSession | None = None
-        # Only cudaMalloc'd memory has CUDA IPC handles: torch's expandable segments (cuMem) and
-        # its cudaMallocAsync backend do not, so captured inputs there are staged instead.
-        conf = settings.torch_allocator_conf()
-        self.can_register = "expandable_segments:true" not in conf and "backend:cudamallocasync" not in conf
+        # Whether captured inputs can be mapped (open_context makes it every rank's answer).
+        self.can_register = allocator_has_ipc_handles()
 
     def check(self, what: str, code: int) -> None:
         if code:
@@ -281,6 +279,13 @@ class PeerContext:
         else:
             self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
 
+
+
+def allocator_has_ipc_handles() -> bool:
+    """Only cudaMalloc'd memory has CUDA IPC handles: torch's expandable segments (cuMem) and its
+    cudaMallocAsync backend do not, so captured inputs there are staged instead."""
+    conf = settings.torch_allocator_conf()
+    return "expandable_segments:true" not in conf and "backend:cudamallocasync" not in conf
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from ..peers import Exchange
 from ..pool import Region
 from .capture import CALL_FIELDS, CaptureSession
 from .context import (DEFAULT_FLAGFREE_BYTES, DEFAULT_GRAPH_SLOTS, DEFAULT_STAGING_BYTES, HANDLE_BYTES, PeerContext,
-                      handle_ints, ints_handle)
+                      allocator_has_ipc_handles, handle_ints, ints_handle)
 
 _c = ctypes
 SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
@@ -83,15 +83,15 @@ def open_context(rank: int, world_size: int, device: torch.device, exchange: Exc
     # Peers' staging, scratch, flag-free and slot addresses are computed from these sizes, so
     # ranks that disagree would write outside each other's buffers: they are part of the vote.
     sizes = [staging_bytes, flagfree_bytes, graph_slots]
-    votes = exchange([0 if reason is None else 1, host_identity(), *sizes])
+    votes = exchange([0 if reason is None else 1, host_identity(), *sizes, int(allocator_has_ipc_handles())])
     if reason is not None:
         return None, reason
     if any(row[0] for row in votes):
         return None, "unavailable on another rank: " + ", ".join(str(r) for r, row in enumerate(votes) if row[0])
     if len({row[1] for row in votes}) > 1:
         return None, "the ranks span hosts (CUDA IPC needs one host)"
-    if any(row[2:] != sizes for row in votes):
-        per_rank = ", ".join(f"rank {r}: {row[2:]}" for r, row in enumerate(votes))
+    if any(row[2:5] != sizes for row in votes):
+        per_rank = ", ".join(f"rank {r}: {row[2:5]}" for r, row in enumerate(votes))
         return None, (f"ranks disagree on the buffer sizes [staging, flag-free, graph slots] ({per_rank}); "
                       f"pass the same custom_ar_capacity on every rank")
 
@@ -104,6 +104,10 @@ def open_context(rank: int, world_size: int, device: torch.device, exchange: Exc
     rows = exchange([code, *handle_ints(handle.raw)])
     context = PeerContext(lib, ctx.value or 0, rank, world_size, device, staging_bytes, flagfree_bytes,
                             graph_slots, granules, timeout_s)
+    # A captured input is mapped or staged by this answer, and the ranks compare how each
+    # captured call reads its input: one rank's allocator setting (PYTORCH_CUDA_ALLOC_CONF)
+    # must not make it stage where its peers map, so every rank stages if any must.
+    context.can_register = all(row[5] for row in votes)
     failed = [r for r, row in enumerate(rows) if row[0]]
     if failed:
         _quiet_destroy(context)
