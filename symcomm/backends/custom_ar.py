@@ -129,12 +129,14 @@ class AllReduceKernelPath(PeerPath):
         # so its alignment is the same on every rank. An ordinary input is staged by a copy
         # (any alignment) and a misaligned output is written through an aligned buffer
         # (_run_scatter): their addresses are this rank's own business.
-        in_pool = self._context.region_of(call.in_ptrs[0]) is not None
-        if in_pool and call.in_ptrs[0] & 15:
-            return "the input sits in the symmetric pool but not on a 16-byte boundary"
-        if call.nbytes > self.capacity and not in_pool:
-            return (f"{call.nbytes} bytes exceeds the staging capacity of {self.capacity} bytes "
-                    f"(an input in the symmetric pool is read in place, with no limit)")
+        in_ptr = call.in_ptrs[0]
+        if in_ptr & 15 or call.nbytes > self.capacity:  # the common call looks up nothing
+            in_pool = self._context.region_of(in_ptr) is not None
+            if in_pool and in_ptr & 15:
+                return "the input sits in the symmetric pool but not on a 16-byte boundary"
+            if not in_pool and call.nbytes > self.capacity:
+                return (f"{call.nbytes} bytes exceeds the staging capacity of {self.capacity} bytes "
+                        f"(an input in the symmetric pool is read in place, with no limit)")
         return None
 
     def run(self, call: Call) -> None:
