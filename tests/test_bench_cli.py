@@ -307,7 +307,7 @@ def test_a_dtype_no_path_takes_is_one_line_before_the_header(world_of_one, capsy
 def test_short_refusal_keeps_the_open_paths_reasons():
     from symcomm.bench.runner import short_refusal
 
-    message = ("no path can serve this all_reduce: custom-oneshot: custom all-reduce: needs NCCL; "
+    message = ("no path can serve this all_reduce: custom-oneshot: symcomm's peer-memory kernels are off: needs NCCL; "
                "nccl: the device is the CPU; torch: cannot reduce fp8; a; b; custom-push: off")
     paths = ["custom-oneshot", "nccl", "torch", "custom-push"]
     assert short_refusal(message, paths, ["torch"]) == "torch: cannot reduce fp8; a; b"

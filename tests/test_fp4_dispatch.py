@@ -216,7 +216,7 @@ def test_fused_path_says_why_it_declines(case, fragment):
         call = _call(extra=extra, gathered=[_alone((9, 8), torch.int32)] * 7)
         state = FakeState([t for _, t in call.named_outputs()])
     elif case == "world_size":
-        off = "custom all-reduce: world size 3 is unsupported (the kernels serve 2, 4, 6, 8 ranks)"
+        off = "symcomm's peer-memory kernels are off: world size 3 is unsupported (the kernels serve 2, 4, 6, 8 ranks)"
     elif case == "not_symmetric":
         call, state = _case(in_pool=False)
     elif case == "one_output_outside":

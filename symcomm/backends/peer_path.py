@@ -39,7 +39,7 @@ class PeerPath(Path):
         if shared is None:
             shared = setup.shared[SHARED_KEY] = SharedContext.open(setup)
         if shared.context is None:
-            return f"custom all-reduce: {shared.reason}"
+            return f"symcomm's peer-memory kernels are off: {shared.reason}"
         self._attach(shared)
         return None
 

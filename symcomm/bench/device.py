@@ -48,7 +48,7 @@ def resolve(requested: str, local_ranks: int | None) -> DeviceChoice:
     has_cuda = torch.cuda.is_available()
     if requested == "cuda":
         if not has_cuda:
-            raise BenchError(f"--device cuda, but {_no_gpu()}")
+            raise BenchError(f"--device cuda, but {_no_gpu()}: run --device cpu for ranks over gloo")
         return DeviceChoice("cuda")
     if requested != "auto":
         raise BenchError(f"--device {requested!r}: choose from {', '.join(CHOICES)}")
