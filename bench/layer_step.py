@@ -426,8 +426,8 @@ def run(args, device: torch.device) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"# {'layer':<10}{'tokens':>7}  {'variant':<18}{'step(us)':>10}{'comm(us)':>10}{'comm%':>7}{'vs torch':>9}"
-    lines = [head]
+    head = f"# {'layer':<10}{'tokens':>7}  {'variant':<18}{'step(us)':>10}{'comm(us)':>10}{'comm%':>7}{'÷ torch':>9}"
+    lines = ["# ÷ torch: this step's time over torch.distributed's at the same tokens (below 1 is faster)", head]
     for r in rows:
         left = f"  {r['layer']:<10}{r['tokens']:>7}  {r['variant']:<18}"
         if "note" in r:
