@@ -111,6 +111,30 @@ def test_all_to_allv_matches_the_reference(comm, dtype):
     assert "nccl" in served or comm.device.type == "cpu", served
 
 
+def test_a_rank_with_nothing_to_send_or_receive_still_takes_part(comm):
+    """Rank 0 sends and receives nothing, every other rank sends rows to itself only: a rank's
+    own bytes must not decide whether it takes part (torch's all_to_all_single is a collective
+    every rank joins), on every path that serves the call; the next call then meets its own
+    partners."""
+    w, rank = comm.world_size, comm.rank
+    send = [0] * w
+    if rank:
+        send[rank] = 3
+    x = rank_input((send[rank], 33), torch.bfloat16, rank, 95, comm.device)
+    served = []
+    for algo in comm.algorithms("all_to_allv"):
+        try:
+            got = comm.all_to_allv(x, send, send, algo=algo)
+        except symcomm.ArgumentError as exc:  # nccl-symm: NCCL has no symmetric all-to-all
+            assert "cannot serve" in str(exc), exc
+            continue
+        assert torch.equal(got, x), algo
+        after = comm.all_to_allv(torch.full((w, 4), float(rank), device=comm.device), [1] * w, [1] * w, algo=algo)
+        assert after[:, 0].tolist() == [float(q) for q in range(w)], f"{algo}: the next call met other partners"
+        served.append(algo)
+    assert {"nccl", "torch"} <= set(served), served
+
+
 # Every collective's backward; the spec with a CPU output buffer (all_gather out=) is the gloo suite's.
 GRAD_SPECS = ("all_reduce sum", "all_reduce avg", "all_gather", "reduce_scatter sum", "reduce_scatter avg",
               "all_gatherv", "reduce_scatterv", "all_to_allv", "all_reduce out=", "all_reduce in place")
