@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-
 from .. import fp4, rmsnorm
 from ..base import Call, Path, Setup
 from ..operations.all_gatherv_fp4 import OP as FP4_OP, UNFUSED as FP4_UNFUSED, Fp4Call

@@ -280,7 +280,6 @@ class PeerContext:
             self.check("symcomm_ar_destroy", self.lib.symcomm_ar_destroy(ctx))
 
 
-
 def allocator_has_ipc_handles() -> bool:
     """Only cudaMalloc'd memory has CUDA IPC handles: torch's expandable segments (cuMem) and its
     cudaMallocAsync backend do not, so captured inputs there are staged instead."""
