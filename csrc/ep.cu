@@ -13,11 +13,15 @@
 // with its origin in their recv_src, then meets the peers: when it completes on a rank, every
 // peer's block b has arrived after its writes for every b, so everything sent there has landed.
 //
-// Combine is two launches too. ep_return (many blocks) meets the peers first (the owners of the
-// tokens finished adding the previous combine's rows, which they read from the buffer this call
-// writes), writes each used received row of expert_out (FP8-quantized on the way) into the
-// owner's returned buffer at the entry's slot, and meets them again. ep_sum (local) adds each
-// token's returned rows in slot order, weighted, in fp32.
+// Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners
+// of the tokens must have finished adding the previous combine's rows, which they read from
+// the buffer this call writes; that start barrier is skipped when a dispatch ran since the last
+// combine, since the dispatch's barriers already proved it (every rank reached them only after
+// finishing the combine before). It writes each used received row of expert_out
+// (FP8-quantized on the way) into the owner's returned buffer at the entry's slot and meets
+// the peers again; then every block of the grid meets (grid_barrier: block b's barrier only
+// covers the peers' block b), and the grid adds each token's returned rows in slot order,
+// weighted, in fp32.
 //
 // No count ever reaches the host: the grids follow max_tokens and capacity, equal on every rank,
 // and the kernels read the counts on the device, so every launch can be captured in a graph.
@@ -25,6 +29,7 @@
 #include "peer.cuh"
 #include "symcomm_testing.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -48,6 +53,13 @@ struct Buf {
 };
 
 __device__ __forceinline__ char* at(const Peers* slots, Buf b, int rank) { return slots[b.slot].ptr[rank] + b.offset; }
+
+// Rank `rank`'s buffer from a warp whose lane r holds rank r's (`mine`); every lane of the warp
+// must call it. nullptr for rank -1.
+__device__ __forceinline__ char* peer_buffer(char* mine, int rank) {
+  const auto p = __shfl_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(mine), rank < 0 ? 0 : rank);
+  return rank < 0 ? nullptr : reinterpret_cast<char*>(p);
+}
 
 struct Dispatch {
   const void* x;
@@ -79,27 +91,49 @@ struct Combine {
 };
 
 // ------------------------------------------------------------------ dispatch: layout
+// Decode calls (a handful of entries) are latency-bound here, one memory round trip after
+// another, so the kernel keeps them few: only as many warps count as there are 32-entry
+// chunks, the slot check runs in a warp that does not count, the fingerprints and counts come
+// in one pass, and each entry's position stays in its lane from counting to the final rows.
 template <typename Id, int W>
 __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Dispatch job) {
   const uint64_t epoch = next_epoch(s);
   if (epoch == 0) return;
-  if (!slot_ready(s, slots + job.table.slot, W) || !slot_ready(s, slots + job.src.slot, W) ||
-      !slot_ready(s, slots + job.recv.slot, W) || !slot_ready(s, slots + job.scales.slot, W))
-    return;
   __shared__ int32_t table[kLayoutInts];  // [warp][expert]: counts, then exclusive prefix over warps
   __shared__ int32_t counts[kMaxExperts];
   __shared__ int32_t base[kMaxExperts];
+  __shared__ int32_t starts[kMaxExperts];  // segment scan: every expert's start over all ranks
+  __shared__ int32_t warp_sum[32];
+  __shared__ bool mapped;
+  __shared__ char* table_at[kMaxRanks];  // every rank's table, as this rank maps it
   const int E = job.experts, warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Id* ids = static_cast<const Id*>(job.ids);
   const int64_t entries = job.rows * job.topk;
-  for (int i = threadIdx.x; i < warps * E; i += blockDim.x) table[i] = 0;
+  const int64_t chunks = (entries + 31) / 32;
+  const int counting = int(chunks < 1 ? 1 : chunks < warps ? chunks : warps);
+  // Addresses now, so that no later phase waits for a load from the slot table; none is
+  // dereferenced before slots_ready has passed.
+  if (threadIdx.x < W) table_at[threadIdx.x] = at(slots, job.table, int(threadIdx.x));
+  int32_t* const src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
+  for (int i = threadIdx.x; i < counting * E; i += blockDim.x) table[i] = 0;
+  if (warp == warps - 1) {  // counts too when every warp does
+    const Peers* const used[] = {slots + job.table.slot, slots + job.src.slot, slots + job.recv.slot,
+                                 slots + job.scales.slot};
+    const bool ready = slots_ready(s, used, W);
+    if (lane == 0) mapped = ready;
+  }
   __syncthreads();
-  // Each warp numbers one run of entries, 32 at a time: lanes naming the same expert rank
-  // themselves by lane (match_any) after what the warp counted so far, and the lowest of them
-  // adds their number. So a run keeps token order, and the runs follow warp order (the prefix
-  // below), which is the token order of the whole rank.
-  const int64_t run = (entries + warps - 1) / warps;
-  const int64_t lo = warp * run, hi = lo + run < entries ? lo + run : entries;
+  if (!mapped) return;
+  // Each counting warp numbers one run of entries, 32 at a time: lanes naming the same expert
+  // rank themselves by lane (match_any) after what the warp counted so far, and the lowest of
+  // them adds their number. So a run keeps token order, and the runs follow warp order (the
+  // prefix below), which is the token order of the whole rank. A lane keeps its first chunk's
+  // key and position; later chunks go through send_rows.
+  const int64_t run = (entries + counting - 1) / counting;
+  const int64_t lo = warp < counting ? warp * run : entries;
+  const int64_t hi = lo + run < entries ? lo + run : entries;
+  int first_key = -1;
+  int32_t first_pos = -1;
   for (int64_t first = lo; first < hi; first += 32) {
     const int64_t e = first + lane;
     const int key = e < hi ? ep::entry_key(ids, e, job.topk, E) : -1;
@@ -108,12 +142,18 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     __syncwarp();
     if (key >= 0 && lane == __ffs(same) - 1) table[warp * E + key] = before + __popc(same);
     __syncwarp();
-    if (e < hi) job.send_rows[e] = key >= 0 ? before + __popc(same & ((1u << lane) - 1)) : -1;
+    const int32_t pos = key >= 0 ? before + __popc(same & ((1u << lane) - 1)) : -1;
+    if (first == lo) {
+      first_key = key;
+      first_pos = pos;
+    } else if (e < hi) {
+      job.send_rows[e] = pos;
+    }
   }
   __syncthreads();
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t sum = 0;
-    for (int w = 0; w < warps; ++w) {
+    for (int w = 0; w < counting; ++w) {
       const int32_t c = table[w * E + id];
       table[w * E + id] = sum;
       sum += c;
@@ -127,19 +167,20 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   for (int i = threadIdx.x; i < W * row; i += blockDim.x) {
     const int q = (s.rank + i / row) % W;  // ranks do not all start on one peer
     const int col = i % row;
-    reinterpret_cast<int32_t*>(at(slots, job.table, q))[s.rank * row + col] = col < E ? counts[col] : mark;
+    reinterpret_cast<int32_t*>(table_at[q])[s.rank * row + col] = col < E ? counts[col] : mark;
   }
   if (!barrier(s, kEnd, W, epoch)) return;
-  const int32_t* all = reinterpret_cast<const int32_t*>(at(slots, job.table, s.rank));
-  // Every rank sees every fingerprint, so every rank stops alike, before any row moves.
+  const int32_t* all = reinterpret_cast<const int32_t*>(table_at[s.rank]);
+  // Every rank sees every fingerprint, so every rank stops alike, before any row moves. The
+  // fingerprints are read in the same pass as the counts.
   bool agree = true;
   if (threadIdx.x < W && all[threadIdx.x * row + E] != mark) {
     give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kEnd, int(threadIdx.x)));
     agree = false;
   }
-  if (!__syncthreads_and(agree)) return;
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t total = 0, before = 0;
+#pragma unroll
     for (int q = 0; q < W; ++q) {
       const int32_t c = all[q * row + id];
       before += q < s.rank ? c : 0;
@@ -148,41 +189,63 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     counts[id] = total;
     base[id] = before;
   }
+  if (!__syncthreads_and(agree)) return;
+  // Segment starts: one block-wide exclusive scan of every expert's aligned total, each rank's
+  // segment then measured from its first expert. A thread scans `per` consecutive experts, each
+  // warp its threads' sums, warp 0 the warps' sums: three short steps, where a warp per rank
+  // walking its experts 32 at a time was the slowest phase of a decode call.
+  const int L = job.local, align = job.align;
+  const auto aligned = [align](int32_t n) { return (n + align - 1) / align * align; };
+  const int per = (E + int(blockDim.x) - 1) / int(blockDim.x), first_id = int(threadIdx.x) * per;
+  int32_t mine = 0;
+  for (int k = 0; k < per && first_id + k < E; ++k) mine += aligned(counts[first_id + k]);
+  int32_t inclusive = mine;
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t up = __shfl_up_sync(kFull, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  if (lane == 31) warp_sum[warp] = inclusive;
   __syncthreads();
-  // Segment starts: warp p scans rank p's experts' aligned totals (W <= 8 warps of at least 8).
-  const int L = job.local;
-  int32_t* src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
-  if (warp < W) {
-    int32_t running = 0;
-    for (int e0 = 0; e0 < L; e0 += 32) {
-      const int e = e0 + lane, id = warp * L + e;
-      const int32_t filled = e < L ? counts[id] : 0;
-      const int32_t v = int32_t(ep::align_up(filled, job.align));
-      int32_t inclusive = v;
-      for (int d = 1; d < 32; d <<= 1) {
-        const int32_t up = __shfl_up_sync(kFull, inclusive, d);
-        if (lane >= d) inclusive += up;
-      }
-      const int32_t start = running + inclusive - v;
-      if (e < L) {
-        base[id] += start;
-        if (warp == s.rank) {
-          job.expert_counts[e] = filled;
-          job.expert_offsets[e] = start;
-          for (int32_t r = start + filled; r < start + v; ++r) src_here[r] = -1;  // padding rows
-        }
-      }
-      running += __shfl_sync(kFull, inclusive, 31);
+  if (warp == 0) {
+    const int32_t w = lane < warps ? warp_sum[lane] : 0;
+    int32_t upto = w;
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t up = __shfl_up_sync(kFull, upto, d);
+      if (lane >= d) upto += up;
     }
-    if (warp == s.rank && lane == 0) job.expert_offsets[L] = running;
+    if (lane < warps) warp_sum[lane] = upto - w;
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < entries; e += blockDim.x) {
-    const int32_t pos = job.send_rows[e];
-    if (pos < 0) continue;
-    const int id = int(int64_t(ids[e]));
-    job.send_rows[e] = base[id] + table[int(e / run) * E + id] + pos;  // < capacity: the fingerprints agree
+  int32_t running = warp_sum[warp] + inclusive - mine;
+  for (int k = 0; k < per && first_id + k < E; ++k) {
+    starts[first_id + k] = running;
+    running += aligned(counts[first_id + k]);
   }
+  __syncthreads();
+  for (int id = threadIdx.x; id < E; id += blockDim.x) {
+    const int p = id / L, e = id % L;
+    const int32_t start = starts[id] - starts[p * L];
+    base[id] += start;
+    if (p == s.rank) {
+      const int32_t filled = counts[id], end = start + aligned(filled);
+      job.expert_counts[e] = filled;
+      job.expert_offsets[e] = start;
+      for (int32_t r = start + filled; r < end; ++r) src_here[r] = -1;  // padding rows
+      if (e == L - 1) job.expert_offsets[L] = end;
+    }
+  }
+  __syncthreads();
+  // Each entry's row on its destination, by the lane that numbered it.
+  for (int64_t first = lo; first < hi; first += 32) {
+    const int64_t e = first + lane;
+    if (e >= hi) break;
+    const int key = first == lo ? first_key : ep::entry_key(ids, e, job.topk, E);
+    const int32_t pos = first == lo ? first_pos : job.send_rows[e];
+    job.send_rows[e] = key >= 0 ? base[key] + table[warp * E + key] + pos : -1;  // < capacity: the fingerprints agree
+  }
+  // The next combine may skip its start barrier: this dispatch's barriers already ordered it
+  // after every owner's previous combine (ep_combine).
+  if (threadIdx.x == 0) own_signal(s)->ep_dispatched = 1;
 }
 
 // ------------------------------------------------------------------ dispatch: rows
@@ -198,63 +261,73 @@ __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, 
   const int64_t chunks = (job.units + 31) / 32, items = job.rows * chunks;
   const float gs = Q == SYMCOMM_EP_NVFP4 ? (job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value) : 0.0f;
   const int64_t padded_cols = fp4::padded_cols(job.cols / fp4::kBlock);
-  if (!has_given_up(s)) {  // the layout stops every rank whose peers passed other sizes
-    for (int64_t item = int64_t(blockIdx.x) * per_block + warp; item < items; item += int64_t(gridDim.x) * per_block) {
-      const int64_t t = item / chunks, u = (item % chunks) * 32 + lane;
-      int dest = -1;
-      int32_t row = -1;
-      if (lane < job.topk) {
-        row = job.send_rows[t * job.topk + lane];
-        if (row >= 0) dest = int(int64_t(ids[t * job.topk + lane]) / job.local);
+  // Lane r < W holds rank r's buffers; a lane takes its destination's by shuffle. Loaded once,
+  // beside the first row's loads, instead of one dependent load per row through `slots`.
+  const Buf buffers[] = {job.recv, job.src, job.scales};
+  char* lane_buf[3];
+#pragma unroll
+  for (int k = 0; k < 3; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
+  // No has_given_up() here: next_epoch() read it after the layout kernel ended, and the layout
+  // is what stops every rank whose peers passed other sizes.
+  for (int64_t item = int64_t(blockIdx.x) * per_block + warp; item < items; item += int64_t(gridDim.x) * per_block) {
+    const int64_t t = item / chunks, u = (item % chunks) * 32 + lane;
+    int dest = -1;
+    int32_t row = -1;
+    if (lane < job.topk) {  // both loads at once: ids[t, lane] exists whether or not it is sent
+      row = job.send_rows[t * job.topk + lane];
+      const int64_t id = int64_t(ids[t * job.topk + lane]);
+      if (row >= 0) dest = int(id / job.local);
+    }
+    const bool mine = u < job.units;
+    uint4 plain{};
+    uint2 payload{};
+    uint8_t scale8 = 0;
+    float scale = 0.0f;
+    if constexpr (Q == SYMCOMM_EP_NONE) {
+      if (mine) plain = __ldg(static_cast<const uint4*>(job.x) + t * job.units + u);
+    } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
+      if (mine) {
+        alignas(16) T v[fp4::kBlock];
+        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * fp4::kBlock);
+#pragma unroll
+        for (int k = 0; k < int(fp4::kBlock * sizeof(T) / 16); ++k) reinterpret_cast<uint4*>(v)[k] = __ldg(p + k);
+        scale8 = ep::nvfp4_block(v, gs, &payload);
       }
-      if (u == lane && row >= 0)
-        reinterpret_cast<int32_t*>(at(slots, job.src, dest))[row] = ep::origin(s.rank, job.max_tokens, t, job.topk, lane);
-      const bool mine = u < job.units;
-      uint4 plain{};
-      uint2 payload{};
-      uint8_t scale8 = 0;
-      float scale = 0.0f;
+    } else {
+      float v[ep::kFp8Unit] = {};
+      uint32_t amax = 0;
+      if (mine) {
+        alignas(16) T raw[ep::kFp8Unit];
+        *reinterpret_cast<uint4*>(raw) =
+            __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * ep::kFp8Unit));
+#pragma unroll
+        for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(raw[i]));
+      }
+#pragma unroll
+      for (int m = 8; m >= 1; m >>= 1) amax = max(amax, __shfl_xor_sync(kFull, amax, m));  // the 16 lanes of a block
+      scale = ep::fp8_scale(amax);
+      payload = ep::fp8_codes8(v, scale);
+    }
+    // After the row's load is issued, so that it does not wait behind send_rows and ids.
+    char* const src_at = peer_buffer(lane_buf[1], dest);
+    if (u == lane && row >= 0)
+      reinterpret_cast<int32_t*>(src_at)[row] = ep::origin(s.rank, job.max_tokens, t, job.topk, lane);
+    for (int j = 0; j < job.topk; ++j) {
+      const int d = __shfl_sync(kFull, dest, j);
+      const int64_t r = __shfl_sync(kFull, row, j);
+      char* const recv_at = peer_buffer(lane_buf[0], d);
+      char* const scales_at = peer_buffer(lane_buf[2], d);
+      if (d < 0 || !mine) continue;
+      char* out = recv_at + r * job.row_bytes;
       if constexpr (Q == SYMCOMM_EP_NONE) {
-        if (mine) plain = __ldg(static_cast<const uint4*>(job.x) + t * job.units + u);
+        reinterpret_cast<uint4*>(out)[u] = plain;
       } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
-        if (mine) {
-          alignas(16) T v[fp4::kBlock];
-          const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * fp4::kBlock);
-#pragma unroll
-          for (int k = 0; k < int(fp4::kBlock * sizeof(T) / 16); ++k) reinterpret_cast<uint4*>(v)[k] = __ldg(p + k);
-          scale8 = ep::nvfp4_block(v, gs, &payload);
-        }
+        reinterpret_cast<uint2*>(out)[u] = payload;
+        const int64_t si = job.swizzle ? fp4::swizzled_index(r, u, padded_cols) : r * job.units + u;
+        reinterpret_cast<uint8_t*>(scales_at)[si] = scale8;
       } else {
-        float v[ep::kFp8Unit] = {};
-        uint32_t amax = 0;
-        if (mine) {
-          alignas(16) T raw[ep::kFp8Unit];
-          *reinterpret_cast<uint4*>(raw) =
-              __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * ep::kFp8Unit));
-#pragma unroll
-          for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(raw[i]));
-        }
-#pragma unroll
-        for (int m = 8; m >= 1; m >>= 1) amax = max(amax, __shfl_xor_sync(kFull, amax, m));  // the 16 lanes of a block
-        scale = ep::fp8_scale(amax);
-        payload = ep::fp8_codes8(v, scale);
-      }
-      for (int j = 0; j < job.topk; ++j) {
-        const int d = __shfl_sync(kFull, dest, j);
-        const int64_t r = __shfl_sync(kFull, row, j);
-        if (d < 0 || !mine) continue;
-        char* out = at(slots, job.recv, d) + r * job.row_bytes;
-        if constexpr (Q == SYMCOMM_EP_NONE) {
-          reinterpret_cast<uint4*>(out)[u] = plain;
-        } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
-          reinterpret_cast<uint2*>(out)[u] = payload;
-          const int64_t si = job.swizzle ? fp4::swizzled_index(r, u, padded_cols) : r * job.units + u;
-          reinterpret_cast<uint8_t*>(at(slots, job.scales, d))[si] = scale8;
-        } else {
-          reinterpret_cast<uint2*>(out)[u] = payload;
-          if (lane % 16 == 0)
-            reinterpret_cast<float*>(at(slots, job.scales, d))[r * (job.cols / ep::kFp8Block) + u / 16] = scale;
-        }
+        reinterpret_cast<uint2*>(out)[u] = payload;
+        if (lane % 16 == 0) reinterpret_cast<float*>(scales_at)[r * (job.cols / ep::kFp8Block) + u / 16] = scale;
       }
     }
   }
@@ -263,13 +336,21 @@ __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, 
 
 // ------------------------------------------------------------------ combine
 template <int Q, typename T, int W>
-__global__ void __launch_bounds__(kThreads) ep_return(Sync s, const Peers* slots, Combine job) {
+__global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slots, Combine job) {
   const uint64_t epoch = next_epoch(s);
   if (epoch == 0) return;
-  if (!slot_ready(s, slots + job.returned.slot, W)) return;
-  if (!barrier(s, kStart, W, epoch)) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
+  // Every load the prologue needs at once, in one round trip: the owners' buffers (checked by
+  // slot_ready before use), the dispatch mark, and expert_offsets, which this rank's own layout
+  // wrote in an earlier kernel.
+  __shared__ char* returned_at[kMaxRanks];
+  __shared__ bool after_dispatch;
+  if (threadIdx.x < W) returned_at[threadIdx.x] = at(slots, job.returned, int(threadIdx.x));
+  if (threadIdx.x == 0) after_dispatch = *reinterpret_cast<volatile uint32_t*>(&own_signal(s)->ep_dispatched) != 0;
   int64_t used = job.expert_offsets[job.num_local];
+  if (!slot_ready(s, slots + job.returned.slot, W)) return;
+  __syncthreads();
+  if (!after_dispatch && !barrier(s, kStart, W, epoch)) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
   used = used < job.capacity ? used : job.capacity;
   const int64_t chunks = (job.units + 31) / 32, slots_back = job.max_tokens * job.topk;
   const int64_t items = used * chunks, stride = int64_t(gridDim.x) * per_block;
@@ -279,41 +360,46 @@ __global__ void __launch_bounds__(kThreads) ep_return(Sync s, const Peers* slots
     // loaded piece topk times; combine stores each once, so with one piece at a time it paid a
     // load round trip (and recv_src's before it) per 16 bytes sent and ran at about a third of
     // dispatch's bandwidth (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll, moe.log).
+    // A piece's row is loaded beside its recv_src, not after it: rows below `used` lie inside
+    // expert_out, so a padding row's load is harmless and the pass waits for one round trip.
     constexpr int kUnroll = 4;
     for (; item < items; item += kUnroll * stride) {
       uint4 value[kUnroll];
-      uint4* dest[kUnroll];
+      int32_t origin[kUnroll];
+      int64_t unit[kUnroll];
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
-        dest[k] = nullptr;
+        origin[k] = -1;
         const int64_t at_item = item + k * stride;
         if (at_item >= items) continue;
-        const int64_t r = at_item / chunks, u = (at_item % chunks) * 32 + lane;
-        const int32_t origin = job.recv_src[r];
-        if (origin < 0 || u >= job.units) continue;  // origin: the same for every lane of the row
-        const int64_t slot = origin % slots_back;
-        dest[k] = reinterpret_cast<uint4*>(at(slots, job.returned, int(origin / slots_back))) + slot * job.units + u;
-        value[k] = __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + u);
+        const int64_t r = at_item / chunks;
+        unit[k] = (at_item % chunks) * 32 + lane;
+        origin[k] = job.recv_src[r];  // the same for every lane of the row
+        if (unit[k] < job.units) value[k] = __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + unit[k]);
       }
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k)
-        if (dest[k] != nullptr) *dest[k] = value[k];
+      for (int k = 0; k < kUnroll; ++k) {
+        if (origin[k] < 0 || unit[k] >= job.units) continue;
+        const int64_t slot = origin[k] % slots_back;
+        reinterpret_cast<uint4*>(returned_at[origin[k] / slots_back])[slot * job.units + unit[k]] = value[k];
+      }
     }
   } else {
     for (; item < items; item += stride) {
       const int64_t r = item / chunks, u = (item % chunks) * 32 + lane;
       const int32_t origin = job.recv_src[r];
+      const bool mine = u < job.units;
+      alignas(16) T raw[ep::kFp8Unit];
+      if (mine)  // beside recv_src, as above
+        *reinterpret_cast<uint4*>(raw) = __ldg(reinterpret_cast<const uint4*>(
+            static_cast<const T*>(job.expert_out) + r * job.cols + u * ep::kFp8Unit));
       if (origin < 0) continue;  // the same for every lane: one row per warp
       const int owner = int(origin / slots_back);
       const int64_t slot = origin % slots_back;
-      char* back = at(slots, job.returned, owner);
-      const bool mine = u < job.units;
+      char* back = returned_at[owner];
       float v[ep::kFp8Unit] = {};
       uint32_t amax = 0;
       if (mine) {
-        alignas(16) T raw[ep::kFp8Unit];
-        *reinterpret_cast<uint4*>(raw) = __ldg(reinterpret_cast<const uint4*>(
-            static_cast<const T*>(job.expert_out) + r * job.cols + u * ep::kFp8Unit));
 #pragma unroll
         for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(raw[i]));
       }
@@ -328,16 +414,13 @@ __global__ void __launch_bounds__(kThreads) ep_return(Sync s, const Peers* slots
       }
     }
   }
-  barrier(s, kEnd, W, epoch);
-}
-
-// One thread per 8 values of a token: its entries' rows in slot order, weighted, in fp32.
-template <int Q, typename T>
-__global__ void __launch_bounds__(kThreads) ep_sum(Sync s, const Peers* slots, Combine job) {
-  symcomm::enter_after_predecessor(s.early);
-  if (has_given_up(s)) return;  // the rows never came back: leave out unwritten
-  const int64_t per_row = job.cols / ep::kCombineUnit, slots_back = job.max_tokens * job.topk;
-  const char* back = at(slots, job.returned, s.rank);
+  // Rows came back from every peer's every block: the peers' block b, then this grid's blocks.
+  // A rank that gave up leaves out unwritten.
+  if (!barrier(s, kEnd, W, epoch) || !grid_barrier(s)) return;
+  if (blockIdx.x == 0 && threadIdx.x == 0) own_signal(s)->ep_dispatched = 0;  // every block has read it
+  // One thread per 8 values of a token: its entries' rows in slot order, weighted, in fp32.
+  const int64_t per_row = job.cols / ep::kCombineUnit;
+  const char* back = returned_at[s.rank];
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < job.rows * per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_row, u = i % per_row;
@@ -480,14 +563,11 @@ cudaError_t preload(int device) {
       reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __nv_bfloat16, int64_t, W>),
       reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __half, int32_t, W>),
       reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __half, int64_t, W>),
-      reinterpret_cast<const void*>(ep_return<SYMCOMM_EP_NONE, uint8_t, W>),
-      reinterpret_cast<const void*>(ep_return<SYMCOMM_EP_FP8, __nv_bfloat16, W>),
-      reinterpret_cast<const void*>(ep_return<SYMCOMM_EP_FP8, __half, W>),
-      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_NONE, __nv_bfloat16>),
-      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_NONE, __half>),
-      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_NONE, float>),
-      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_FP8, __nv_bfloat16>),
-      reinterpret_cast<const void*>(ep_sum<SYMCOMM_EP_FP8, __half>)};
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __nv_bfloat16, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __half, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, float, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __nv_bfloat16, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __half, W>)};
   for (const void* kernel : kernels) {
     cudaFuncAttributes attributes;
     const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);  // loads it
@@ -623,31 +703,26 @@ int symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args, 
   Combine job;
   if (!combine_job(*args, &job) || bad_slot(c, args->returned_slot)) return cudaErrorInvalidValue;
   const Sync s = make_sync(c);
-  const int blocks = blocks_for_items(c, args->capacity * ((job.units + 31) / 32));
-  const int64_t sums = args->rows * (args->cols / ep::kCombineUnit);
-  int sum_blocks = int((sums + kThreads - 1) / kThreads);
-  sum_blocks = sum_blocks < 1 ? 1 : sum_blocks < c->grid_blocks ? sum_blocks : c->grid_blocks;
-  err = for_world(c->world, [&](auto w) {
+  // One grid returns the rows, then sums them: as many blocks as the larger half wants. Both
+  // follow sizes equal on every rank (capacity, max_tokens, never this rank's rows), since block
+  // b meets block b.
+  const int64_t sums = args->max_tokens * (args->cols / ep::kCombineUnit);
+  const int blocks = std::max(blocks_for_items(c, args->capacity * ((job.units + 31) / 32)),
+                              blocks_for_items(c, (sums + 31) / 32));
+  return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     const cudaError_t loaded = preload<W>(c->device);
     if (loaded != cudaSuccess) return loaded;
-    if (args->quant == SYMCOMM_EP_NONE)
-      return launch(c->overlap, ep_return<SYMCOMM_EP_NONE, uint8_t, W>, blocks, kThreads, stream, s, c->slots, job);
-    return for_half(args->dtype, [&](auto type) {
+    return for_dtype(args->dtype, [&](auto type) {
       using T = typename decltype(type)::type;
-      return launch(c->overlap, ep_return<SYMCOMM_EP_FP8, T, W>, blocks, kThreads, stream, s, c->slots, job);
+      if (args->quant == SYMCOMM_EP_NONE)
+        return launch(c->overlap, ep_combine<SYMCOMM_EP_NONE, T, W>, blocks, kThreads, stream, s, c->slots, job);
+      if constexpr (std::is_same<T, float>::value) {
+        return cudaErrorInvalidValue;  // combine_job refuses FP8 from fp32 rows
+      } else {
+        return launch(c->overlap, ep_combine<SYMCOMM_EP_FP8, T, W>, blocks, kThreads, stream, s, c->slots, job);
+      }
     });
-  });
-  if (err != cudaSuccess) return err;
-  return for_dtype(args->dtype, [&](auto type) {
-    using T = typename decltype(type)::type;
-    if (args->quant == SYMCOMM_EP_NONE)
-      return launch(c->overlap, ep_sum<SYMCOMM_EP_NONE, T>, sum_blocks, kThreads, stream, s, c->slots, job);
-    if constexpr (std::is_same<T, float>::value) {
-      return cudaErrorInvalidValue;  // combine_job refuses FP8 from fp32 rows
-    } else {
-      return launch(c->overlap, ep_sum<SYMCOMM_EP_FP8, T>, sum_blocks, kThreads, stream, s, c->slots, job);
-    }
   });
 }
 

@@ -100,16 +100,36 @@ SYMCOMM_HD float weighted_add(float acc, float w, float y) {
 #endif
 }
 
+// Eight values at p as fp32 (p 16-byte aligned on the device: 16- or 32-byte vector loads).
 template <typename T>
 SYMCOMM_HD void load8(const T* p, float (&v)[kCombineUnit]) {
+#ifdef __CUDA_ARCH__
+  constexpr int kVectors = kCombineUnit * sizeof(T) / 16;
+  alignas(16) T raw[kCombineUnit];
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) reinterpret_cast<uint4*>(raw)[k] = reinterpret_cast<const uint4*>(p)[k];
+#pragma unroll
+  for (int i = 0; i < kCombineUnit; ++i) v[i] = to_f32(raw[i]);
+#else
 #pragma unroll
   for (int i = 0; i < kCombineUnit; ++i) v[i] = to_f32(p[i]);
+#endif
 }
 
+// Eight values to p (16-byte aligned on the device), rounded from fp32.
 template <typename T>
 SYMCOMM_HD void store8(T* p, const float (&v)[kCombineUnit]) {
+#ifdef __CUDA_ARCH__
+  constexpr int kVectors = kCombineUnit * sizeof(T) / 16;
+  alignas(16) T raw[kCombineUnit];
+#pragma unroll
+  for (int i = 0; i < kCombineUnit; ++i) raw[i] = from_f32<T>(v[i]);
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) reinterpret_cast<uint4*>(p)[k] = reinterpret_cast<const uint4*>(raw)[k];
+#else
 #pragma unroll
   for (int i = 0; i < kCombineUnit; ++i) p[i] = from_f32<T>(v[i]);
+#endif
 }
 
 // 8 bytes at p (8-byte aligned on the device, anything on the host).
@@ -144,28 +164,49 @@ SYMCOMM_HD float weight_at(const void* w, symcomm_dtype_t dtype, int64_t i) {
 
 // One token's 8 values at unit u of its row: the rows its entries came back as (``back``: this
 // rank's returned buffer, entry t*topk+j at row t*topk+j; FP8 codes first, then the scales), in
-// slot order, weighted, in fp32. ep_sum runs it per thread and the CPU twin per unit: one code.
+// slot order, weighted, in fp32. ep_combine runs it per thread and the CPU twin per unit: one code.
+//
+// Slots go kSumGroup at a time, and a group's send_rows, weights and rows are all loaded before
+// any is used: every slot's row lies inside ``back`` whether or not the entry was sent, so no
+// load waits on another, and a group costs one memory round trip where a slot-by-slot loop
+// paid two or three per slot (the decode sum was latency-bound). Unsent slots' values are
+// loaded but never added; the adds keep slot order, so the bits do not change.
+constexpr int kSumGroup = 8;
+
 template <typename T, int Q>
 SYMCOMM_HD void sum_unit(const char* back, const int32_t* send_rows, const void* weights, symcomm_dtype_t wdtype,
                          int64_t t, int64_t u, int64_t cols, int topk, int64_t slots_back,
                          float (&acc)[kCombineUnit]) {
 #pragma unroll
   for (int i = 0; i < kCombineUnit; ++i) acc[i] = 0.0f;
-  for (int j = 0; j < topk; ++j) {
-    const int64_t entry = t * topk + j;
-    if (send_rows[entry] < 0) continue;
-    const float w = weight_at(weights, wdtype, entry);
-    float y[kCombineUnit];
-    if constexpr (Q == SYMCOMM_EP_FP8) {
-      const uint2 codes = load8_bytes(back + entry * cols + u * kCombineUnit);
-      const float scale = load_f32(back + (slots_back * cols) +
-                                   (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
-      fp8_values8(codes, scale, y);
-    } else {
-      load8(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, y);
+  for (int j0 = 0; j0 < topk; j0 += kSumGroup) {
+    bool sent[kSumGroup];
+    float w[kSumGroup];
+    float y[kSumGroup][kCombineUnit];
+#pragma unroll
+    for (int g = 0; g < kSumGroup; ++g) {
+      const int64_t entry = t * topk + j0 + g;
+      const bool here = j0 + g < topk;
+      sent[g] = here && send_rows[entry] >= 0;
+      w[g] = here ? weight_at(weights, wdtype, entry) : 0.0f;
+      if (!here) {
+#pragma unroll
+        for (int i = 0; i < kCombineUnit; ++i) y[g][i] = 0.0f;
+      } else if constexpr (Q == SYMCOMM_EP_FP8) {
+        const uint2 codes = load8_bytes(back + entry * cols + u * kCombineUnit);
+        const float scale = load_f32(back + (slots_back * cols) +
+                                     (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
+        fp8_values8(codes, scale, y[g]);
+      } else {
+        load8(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, y[g]);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w, y[i]);
+    for (int g = 0; g < kSumGroup; ++g) {
+      if (!sent[g]) continue;
+#pragma unroll
+      for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w[g], y[g][i]);
+    }
   }
 }
 

@@ -80,6 +80,9 @@ struct Signal {
   uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
   uint32_t flagfree_prev[kMaxBlocks];  // most vectors a peer wrote per slot in block b's previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
+  uint32_t grid_arrived;               // blocks of the running kernel in grid_barrier (local only)
+  uint32_t grid_generation;            // grid_barrier's count of completed meetings (local only)
+  uint32_t ep_dispatched;              // 1 from an EP dispatch to the next combine (csrc/ep.cu; local)
 };
 
 constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -202,6 +205,17 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   return v;
 }
 
+// The same at gpu scope, for words only this rank's own blocks share.
+__device__ __forceinline__ void store_release_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // The barrier flags' 64-bit twins: one aligned 64-bit access, so a reader never sees half of
 // a new epoch and half of an old one.
 __device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
@@ -263,7 +277,7 @@ __device__ inline bool wait_flag(const Sync& s, const uint64_t* p, uint64_t epoc
 }
 
 // Where a rank gave up (SYMCOMM_AR_ABORT_* phase): a barrier, or the flag-free kernel's data.
-enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3 };
+enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3, kGridPhase = 4 };
 
 __device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block) {
   return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
@@ -282,6 +296,45 @@ __device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epo
     ok = wait_flag(s, &phase_flags(own_signal(s), phase, blockIdx.x)[peer], epoch, phase, peer);
   }
   return __syncthreads_and(ok);
+}
+
+// Every block of this rank's running grid meets here; false, in every thread, once the rank
+// gave up (while waiting, or before). The grid's blocks must all be resident, as every barrier
+// kernel's already are. This is what lets one kernel do work that needs another block's peers:
+// block b's barrier() proves only that the peers' block b finished. Ordering: thread 0 arrives
+// after a CTA barrier and a gpu-scope fence (what the block, and the peers it acquired from,
+// wrote comes first); the last block to arrive resets the count, then publishes the next
+// generation with a release; the others acquire it. One meeting per kernel at most: a kernel
+// that met here has ended before the next one reads the count.
+__device__ inline bool grid_barrier(const Sync& s) {
+  __syncthreads();
+  __shared__ bool ok;
+  if (threadIdx.x == 0) {
+    Signal* self = own_signal(s);
+    const uint32_t generation = load_acquire_gpu(&self->grid_generation);
+    __threadfence();
+    ok = true;
+    if (atomicAdd(&self->grid_arrived, 1u) + 1 == gridDim.x) {
+      self->grid_arrived = 0;
+      store_release_gpu(&self->grid_generation, generation + 1);
+    } else {
+      const uint64_t t0 = now_ns();
+      while (load_acquire_gpu(&self->grid_generation) == generation) {
+        if (has_given_up(s)) {
+          ok = false;
+          break;
+        }
+        // Twice the bound: a block late because its peers are gives up first, with their name.
+        if (now_ns() - t0 > 2 * s.timeout_ns) {
+          give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kGridPhase, s.rank));
+          ok = false;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return ok;
 }
 
 // This block's epoch for the call, or 0 (never an epoch) once the rank has given up: then the
@@ -305,16 +358,33 @@ __device__ __forceinline__ uint64_t next_epoch(const Sync& s) {
   return epoch;
 }
 
-// One-shot and two-shot read inputs through a slot. A slot whose pointers were never filled
-// in (a graph replayed although its registration failed) is refused, never dereferenced.
-__device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int world) {
-  for (int r = 0; r < world; ++r) {
-    if (in->ptr[r] == nullptr) {
-      give_up(s, abort_code(SYMCOMM_AR_ABORT_UNREGISTERED, 0, r));
-      return false;
+// Kernels read peers' buffers through slots. A slot whose pointers were never filled in (a
+// graph replayed although its registration failed) is refused, never dereferenced. Every
+// pointer of every slot is loaded before any is tested: tested one by one, each load waited
+// for the last, and a kernel checking four slots at world 2 paid eight memory round trips in
+// its prologue instead of one.
+template <int N>
+__device__ __forceinline__ bool slots_ready(const Sync& s, const Peers* const (&in)[N], int world) {
+  const char* ptr[N][kMaxRanks];
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) ptr[n][r] = r < world ? in[n]->ptr[r] : "";
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (ptr[n][r] == nullptr) {
+        give_up(s, abort_code(SYMCOMM_AR_ABORT_UNREGISTERED, 0, r));
+        return false;
+      }
     }
-  }
   return true;
+}
+
+__device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int world) {
+  const Peers* const one[1] = {in};
+  return slots_ready(s, one, world);
 }
 
 // The flag-free kernels' per-block bookkeeping (custom_ar.cu's flag_free, flag_free_gather and

@@ -103,7 +103,8 @@ template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers* slots, Fp4Push job, Pieces extras) {
   const uint64_t epoch = next_epoch(s);
   if (epoch == 0) return;
-  if (!slot_ready(s, slots + job.payload_slot, W) || !slot_ready(s, slots + job.scales_slot, W)) return;
+  const Peers* const used[] = {slots + job.payload_slot, slots + job.scales_slot};
+  if (!slots_ready(s, used, W)) return;
   for (int k = 0; k < extras.count; ++k)
     if (!slot_ready(s, slots + extras.slot[k], W)) return;
   if (!barrier(s, kStart, W, epoch)) return;
