@@ -3,15 +3,16 @@
 // combine adds; csrc/ep.cuh holds the per-entry and per-row math shared with the CPU twin.
 //
 // Dispatch is two launches. ep_layout (one block): this rank's valid entries are counted per
-// expert and numbered in token order; the ranks meet (start barrier: no peer still reads the
-// tables or receive buffers of the previous call, since each reached this call only after
-// finishing its own work on them), each writes its counts row into every rank's table, and they
-// meet again (end barrier: every row has landed, and its writer released it before arriving).
-// The block then turns the table into rows: each entry's row on its destination (send_rows),
-// this rank's receive layout, and -1 in the padding rows of its recv_src. ep_push (many blocks)
-// writes every token, quantized on the way, into the receive buffers of its entries' ranks,
-// with its origin in their recv_src, then meets the peers: when it completes on a rank, every
-// peer's block b has arrived after its writes for every b, so everything sent there has landed.
+// expert and numbered in token order; each rank writes its counts row into every rank's counts
+// table (context memory, in the Signal blocks), and the ranks meet (end barrier: every row has
+// landed, its writer released it before arriving, and every rank got here only after
+// finishing its earlier work, so the pool buffers the push writes are free). The block then
+// turns the table into rows: each entry's row on its destination (send_rows), this rank's
+// receive layout, a copy of the table in the handle, and -1 in the padding rows of its
+// recv_src. ep_push (many blocks) writes every token, quantized on the way, into the receive
+// buffers of its entries' ranks, with its origin in their recv_src, then meets the peers: when
+// it completes on a rank, every peer's block b has arrived after its writes for every b, so
+// everything sent there has landed.
 //
 // Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners
 // of the tokens must have finished adding the previous combine's rows, which they read from
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   __shared__ int32_t starts[kMaxExperts];  // segment scan: every expert's start over all ranks
   __shared__ int32_t warp_sum[32];
   __shared__ bool mapped;
-  __shared__ char* table_at[kMaxRanks];  // every rank's table, as this rank maps it
+  __shared__ Signal* signal_at[kMaxRanks];  // every rank's Signal block, which holds its counts table
   const int E = job.experts, warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Id* ids = static_cast<const Id*>(job.ids);
   const int64_t entries = job.rows * job.topk;
@@ -113,8 +114,9 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   const int counting = int(chunks < 1 ? 1 : chunks < warps ? chunks : warps);
   // Addresses now, so that no later phase waits for a load from the slot table; none is
   // dereferenced before slots_ready has passed.
-  if (threadIdx.x < W) table_at[threadIdx.x] = at(slots, job.table, int(threadIdx.x));
+  if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x]);
   int32_t* const src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
+  int32_t* const table_here = reinterpret_cast<int32_t*>(at(slots, job.table, s.rank));
   for (int i = threadIdx.x; i < counting * E; i += blockDim.x) table[i] = 0;
   if (warp == warps - 1) {  // counts too when every warp does
     const Peers* const used[] = {slots + job.table.slot, slots + job.src.slot, slots + job.recv.slot,
@@ -160,29 +162,42 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     }
     counts[id] = sum;
   }
-  if (!barrier(s, kStart, W, epoch)) return;
-  // This rank's row of every table: its counts, then its fingerprint (one more column).
+  __syncthreads();
+  // This rank's row of every rank's counts table: its counts, then its fingerprint (one more
+  // column). The tables are context memory, in the Signal blocks, so no barrier comes first: a
+  // rank reads its table only in its own layout, and a peer can be here, writing it, only after
+  // its previous dispatch's push met this rank's push, which this rank began after that
+  // layout ended. A pool buffer could have served some other use on this rank until this
+  // call, so writing one needed a start barrier. The end barrier still proves every rank got
+  // here after all its earlier work, before any row moves into its pool buffers.
   const int row = E + 1;
   const int32_t mark = ep::fingerprint(job.capacity, job.row_bytes, job.topk, job.align, job.max_tokens, E);
   for (int i = threadIdx.x; i < W * row; i += blockDim.x) {
     const int q = (s.rank + i / row) % W;  // ranks do not all start on one peer
     const int col = i % row;
-    reinterpret_cast<int32_t*>(table_at[q])[s.rank * row + col] = col < E ? counts[col] : mark;
+    // The fingerprint sits in the last column whatever E is, so a rank reads a peer's current
+    // one even where the peer passed another expert count.
+    signal_at[q]->ep_table[s.rank][col < E ? col : kMaxExperts] = col < E ? counts[col] : mark;
   }
   if (!barrier(s, kEnd, W, epoch)) return;
-  const int32_t* all = reinterpret_cast<const int32_t*>(table_at[s.rank]);
+  const auto& all = signal_at[s.rank]->ep_table;
   // Every rank sees every fingerprint, so every rank stops alike, before any row moves. The
-  // fingerprints are read in the same pass as the counts.
+  // fingerprints are read in the same pass as the counts, which also go to the handle's table.
   bool agree = true;
-  if (threadIdx.x < W && all[threadIdx.x * row + E] != mark) {
-    give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kEnd, int(threadIdx.x)));
-    agree = false;
+  if (threadIdx.x < W) {
+    const int32_t theirs = all[threadIdx.x][kMaxExperts];
+    table_here[threadIdx.x * row + E] = theirs;
+    if (theirs != mark) {
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kEnd, int(threadIdx.x)));
+      agree = false;
+    }
   }
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t total = 0, before = 0;
 #pragma unroll
     for (int q = 0; q < W; ++q) {
-      const int32_t c = all[q * row + id];
+      const int32_t c = all[q][id];
+      table_here[q * row + id] = c;
       before += q < s.rank ? c : 0;
       total += c;
     }

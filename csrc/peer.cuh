@@ -83,6 +83,9 @@ struct Signal {
   uint32_t grid_arrived;               // blocks of the running kernel in grid_barrier (local only)
   uint32_t grid_generation;            // grid_barrier's count of completed meetings (local only)
   uint32_t ep_dispatched;              // 1 from an EP dispatch to the next combine (csrc/ep.cu; local)
+  // EP dispatch's counts table (csrc/ep.cu's ep_layout): row p written by peer p, its counts per
+  // expert, then its fingerprint.
+  int32_t ep_table[kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
 };
 
 constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
