@@ -14,15 +14,15 @@
 // it completes on a rank, every peer's block b has arrived after its writes for every b, so
 // everything sent there has landed.
 //
-// Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners
-// of the tokens must have finished adding the previous combine's rows, which they read from
-// the buffer this call writes; that start barrier is skipped when a dispatch ran since the last
-// combine, since the dispatch's barriers already proved it (every rank reached them only after
-// finishing the combine before). It writes each used received row of expert_out
-// (FP8-quantized on the way) into the owner's returned buffer at the entry's slot and meets
-// the peers again; then every block of the grid meets (grid_barrier: block b's barrier only
-// covers the peers' block b), and the grid adds each token's returned rows in slot order,
-// weighted, in fp32.
+// Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners of
+// the tokens must have finished adding the previous combine's rows, which they read from the buffer
+// this call writes; that start barrier is skipped when a dispatch ran since the last combine, since
+// the dispatch's barriers already proved it (every rank reached them only after finishing the
+// combine before). The mark is the peer-push paths' own: an a2a dispatch leaves it alone, and an
+// a2a combine never reads `returned`. It writes each used received row of expert_out (FP8-quantized
+// on the way) into the owner's returned buffer at the entry's slot and meets the peers again; then
+// every block of the grid meets (grid_barrier: block b's barrier only covers the peers' block b),
+// and the grid adds each token's returned rows in slot order, weighted, in fp32.
 //
 // No count ever reaches the host: the grids follow max_tokens and capacity, equal on every rank,
 // and the kernels read the counts on the device, so every launch can be captured in a graph.
@@ -58,7 +58,7 @@ __device__ __forceinline__ char* at(const Peers* slots, Buf b, int rank) { retur
 // Rank `rank`'s buffer from a warp whose lane r holds rank r's (`mine`); every lane of the warp
 // must call it. nullptr for rank -1.
 __device__ __forceinline__ char* peer_buffer(char* mine, int rank) {
-  const auto p = __shfl_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(mine), rank < 0 ? 0 : rank);
+  const auto p = __shfl_sync(kFull, reinterpret_cast<unsigned long long>(mine), rank < 0 ? 0 : rank);
   return rank < 0 ? nullptr : reinterpret_cast<char*>(p);
 }
 
@@ -92,14 +92,13 @@ struct Combine {
 };
 
 // ------------------------------------------------------------------ dispatch: layout
-// Decode calls (a handful of entries) are latency-bound here, one memory round trip after
-// another, so the kernel keeps them few: only as many warps count as there are 32-entry
-// chunks, the slot check runs in a warp that does not count, the fingerprints and counts come
-// in one pass, and each entry's position stays in its lane from counting to the final rows.
+// Decode calls (a handful of entries) are latency-bound here, one memory round trip after another,
+// so the kernel keeps them few: only as many warps count as there are 32-entry chunks, the slot
+// check runs in the last warp (one that does not count unless every warp does), the fingerprints
+// and counts come in one pass, and each entry's position stays in its lane from counting to the
+// final rows.
 template <typename Id, int W>
 __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Dispatch job) {
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
   __shared__ int32_t table[kLayoutInts];  // [warp][expert]: counts, then exclusive prefix over warps
   __shared__ int32_t counts[kMaxExperts];
   __shared__ int32_t base[kMaxExperts];
@@ -112,6 +111,12 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   const int64_t entries = job.rows * job.topk;
   const int64_t chunks = (entries + 31) / 32;
   const int counting = int(chunks < 1 ? 1 : chunks < warps ? chunks : warps);
+  // Counting warp w numbers entries [lo, hi).
+  const int64_t run = (entries + counting - 1) / counting;
+  const int64_t lo = warp < counting ? warp * run : entries;
+  const int64_t hi = lo + run < entries ? lo + run : entries;
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0) return;
   // Addresses now, so that no later phase waits for a load from the slot table; none is
   // dereferenced before slots_ready has passed.
   if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x]);
@@ -131,9 +136,6 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   // them adds their number. So a run keeps token order, and the runs follow warp order (the
   // prefix below), which is the token order of the whole rank. A lane keeps its first chunk's
   // key and position; later chunks go through send_rows.
-  const int64_t run = (entries + counting - 1) / counting;
-  const int64_t lo = warp < counting ? warp * run : entries;
-  const int64_t hi = lo + run < entries ? lo + run : entries;
   int first_key = -1;
   int32_t first_pos = -1;
   for (int64_t first = lo; first < hi; first += 32) {
@@ -269,11 +271,11 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
 // block; FP8 encodes 8 values of a 128-value block held by 16 lanes.
 template <int Q, typename T, typename Id, int W>
 __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, Dispatch job) {
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
   const Id* ids = static_cast<const Id*>(job.ids);
   const int64_t chunks = (job.units + 31) / 32, items = job.rows * chunks;
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0) return;
   const float gs = Q == SYMCOMM_EP_NVFP4 ? (job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value) : 0.0f;
   const int64_t padded_cols = fp4::padded_cols(job.cols / fp4::kBlock);
   // Lane r < W holds rank r's buffers; a lane takes its destination's by shuffle. Loaded once,
@@ -536,6 +538,9 @@ cudaError_t for_half(symcomm_dtype_t dtype, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// Both kernels, on every call, in this order, even on a rank with no rows: the layout writes
+// peers' counts tables without a start barrier because each dispatch's push end barrier stands
+// in for the next layout's (see ep_layout).
 template <int W, typename Id>
 cudaError_t launch_dispatch(const Context* c, const Dispatch& job, symcomm_ep_quant_t quant, symcomm_dtype_t dtype,
                             cudaStream_t stream) {

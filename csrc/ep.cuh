@@ -100,19 +100,15 @@ SYMCOMM_HD float weighted_add(float acc, float w, float y) {
 #endif
 }
 
-// Eight values at p as fp32 (p 16-byte aligned on the device: 16- or 32-byte vector loads).
+// Eight values at p as stored (p 16-byte aligned on the device: 16- or 32-byte vector loads).
 template <typename T>
-SYMCOMM_HD void load8(const T* p, float (&v)[kCombineUnit]) {
+SYMCOMM_HD void load8_raw(const T* p, T (&raw)[kCombineUnit]) {
 #ifdef __CUDA_ARCH__
-  constexpr int kVectors = kCombineUnit * sizeof(T) / 16;
-  alignas(16) T raw[kCombineUnit];
 #pragma unroll
-  for (int k = 0; k < kVectors; ++k) reinterpret_cast<uint4*>(raw)[k] = reinterpret_cast<const uint4*>(p)[k];
-#pragma unroll
-  for (int i = 0; i < kCombineUnit; ++i) v[i] = to_f32(raw[i]);
+  for (int k = 0; k < int(kCombineUnit * sizeof(T) / 16); ++k)
+    reinterpret_cast<uint4*>(raw)[k] = reinterpret_cast<const uint4*>(p)[k];
 #else
-#pragma unroll
-  for (int i = 0; i < kCombineUnit; ++i) v[i] = to_f32(p[i]);
+  for (int i = 0; i < kCombineUnit; ++i) raw[i] = p[i];
 #endif
 }
 
@@ -182,30 +178,38 @@ SYMCOMM_HD void sum_unit(const char* back, const int32_t* send_rows, const void*
   for (int j0 = 0; j0 < topk; j0 += kSumGroup) {
     bool sent[kSumGroup];
     float w[kSumGroup];
-    float y[kSumGroup][kCombineUnit];
+    // Held as loaded (two half values per register, or FP8 codes and a scale) and converted
+    // when added: as fp32 the group took 64 registers more, and the combine kernel 128 in all.
+    alignas(16) T raw[kSumGroup][kCombineUnit];
+    uint2 codes[kSumGroup];
+    float scale[kSumGroup];
 #pragma unroll
     for (int g = 0; g < kSumGroup; ++g) {
       const int64_t entry = t * topk + j0 + g;
       const bool here = j0 + g < topk;
       sent[g] = here && send_rows[entry] >= 0;
       w[g] = here ? weight_at(weights, wdtype, entry) : 0.0f;
-      if (!here) {
-#pragma unroll
-        for (int i = 0; i < kCombineUnit; ++i) y[g][i] = 0.0f;
-      } else if constexpr (Q == SYMCOMM_EP_FP8) {
-        const uint2 codes = load8_bytes(back + entry * cols + u * kCombineUnit);
-        const float scale = load_f32(back + (slots_back * cols) +
-                                     (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
-        fp8_values8(codes, scale, y[g]);
+      if (!here) continue;
+      if constexpr (Q == SYMCOMM_EP_FP8) {
+        codes[g] = load8_bytes(back + entry * cols + u * kCombineUnit);
+        scale[g] = load_f32(back + (slots_back * cols) +
+                            (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
       } else {
-        load8(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, y[g]);
+        load8_raw(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, raw[g]);
       }
     }
 #pragma unroll
     for (int g = 0; g < kSumGroup; ++g) {
       if (!sent[g]) continue;
+      float y[kCombineUnit];
+      if constexpr (Q == SYMCOMM_EP_FP8) {
+        fp8_values8(codes[g], scale[g], y);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w[g], y[g][i]);
+        for (int i = 0; i < kCombineUnit; ++i) y[i] = to_f32(raw[g][i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w[g], y[i]);
     }
   }
 }

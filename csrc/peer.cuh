@@ -82,10 +82,11 @@ struct Signal {
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
   uint32_t grid_arrived;               // blocks of the running kernel in grid_barrier (local only)
   uint32_t grid_generation;            // grid_barrier's count of completed meetings (local only)
-  uint32_t ep_dispatched;              // 1 from an EP dispatch to the next combine (csrc/ep.cu; local)
+  uint32_t ep_dispatched;              // 1 from a peer-push layout to the next peer-push combine (local)
   // EP dispatch's counts table (csrc/ep.cu's ep_layout): row p written by peer p, its counts per
-  // expert, then its fingerprint.
-  int32_t ep_table[kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
+  // expert, its fingerprint in the last column. On lines of its own: peers write it while this
+  // rank's blocks spin on the words above.
+  alignas(128) int32_t ep_table[kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
 };
 
 constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -306,9 +307,10 @@ __device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epo
 // kernel's already are. This is what lets one kernel do work that needs another block's peers:
 // block b's barrier() proves only that the peers' block b finished. Ordering: thread 0 arrives
 // after a CTA barrier and a gpu-scope fence (what the block, and the peers it acquired from,
-// wrote comes first); the last block to arrive resets the count, then publishes the next
-// generation with a release; the others acquire it. One meeting per kernel at most: a kernel
-// that met here has ended before the next one reads the count.
+// wrote comes first); the last block to arrive fences again after its add, since a relaxed add
+// acquires nothing and its own sum reads what the other blocks acquired, then resets the count
+// and publishes the next generation with a release; the others acquire it. One meeting per
+// kernel at most: a kernel that met here has ended before the next one reads the count.
 __device__ inline bool grid_barrier(const Sync& s) {
   __syncthreads();
   __shared__ bool ok;
@@ -318,6 +320,7 @@ __device__ inline bool grid_barrier(const Sync& s) {
     __threadfence();
     ok = true;
     if (atomicAdd(&self->grid_arrived, 1u) + 1 == gridDim.x) {
+      __threadfence();
       self->grid_arrived = 0;
       store_release_gpu(&self->grid_generation, generation + 1);
     } else {
@@ -327,7 +330,8 @@ __device__ inline bool grid_barrier(const Sync& s) {
           ok = false;
           break;
         }
-        // Twice the bound: a block late because its peers are gives up first, with their name.
+        // Twice the bound, so that a block late because of its peers usually gives up first,
+        // naming them.
         if (now_ns() - t0 > 2 * s.timeout_ns) {
           give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kGridPhase, s.rank));
           ok = false;

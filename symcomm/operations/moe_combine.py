@@ -3,7 +3,7 @@ the rank that owns its token and add each token's rows, weighted by its top-k we
 order (symcomm/ep/layout.py, "Combine": the same bits on every path, eager or replayed).
 
 ``expert_out`` is [capacity, H] in the dispatched rows' layout (row r is the expert output of
-received row r; rows that hold no token are never read), in the dtype x had. ``quant="fp8"``
+received row r; rows that hold no token are never used), in the dtype x had. ``quant="fp8"``
 sends the rows as block FP8 (symcomm/ep/fp8.py), half the bytes of bf16, and adds the
 dequantized values. Paths and ``algo=`` as moe_dispatch's (moe_dispatch.py); a handle from
 either path works on either.

@@ -315,7 +315,8 @@ class MoeDispatch(EpOperation):
             # so inside use_symmetric_memory they take equal pool offsets. The counts table comes
             # first: its shape depends on the world and the experts alone, so ranks that passed
             # other sizes still meet in it, and the fingerprints there stop them all before any
-            # row lands at an offset that only one of them thinks right.
+            # row lands at an offset that only one of them thinks right. (The a2a path all-gathers
+            # the counts into it; peer-push exchanges them in context memory and copies them here.)
             table = torch.empty(shapes["handle.table"][0], dtype=torch.int32, device=device)
             recv = torch.empty(rshape, dtype=rdtype, device=device)
             scales = None if scales_spec is None else torch.empty(scales_spec[0], dtype=scales_spec[1], device=device)
