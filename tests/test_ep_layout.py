@@ -26,6 +26,9 @@ CASES = [  # world, tokens per rank, experts, k, align
     (5, [2, 9, 0, 4, 1], 10, 5, 1),
     (8, [1, 0, 3, 2, 0, 4, 1, 2], 16, 7, 2),
     (8, [3] * 8, 64, 8, 1),
+    # top-k past one group of the sum's loads (csrc/ep.cuh's kSumGroup), and the largest top-k
+    (2, [3, 4], 32, 12, 1),
+    (4, [2, 1, 0, 3], 64, 32, 2),
 ]
 
 

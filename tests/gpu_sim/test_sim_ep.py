@@ -34,12 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _ep_reference import encode, random_case, world_combine, world_dispatch  # noqa: E402
 
 # (tokens per rank, experts, top-k, align, quant, swizzle, hidden): zero-token ranks, one token,
-# top-k 1..8, experts nobody picks (few tokens, many experts), alignment, the three encodings.
+# top-k 1..8, 12 and 32 (past one group of the sum's loads), experts nobody picks (few tokens,
+# many experts), alignment, the three encodings.
 CASES = {
     2: [((0, 5), 4, 1, 1, None, False, 256), ((7, 3), 8, 2, 4, "nvfp4", False, 256),
-        ((1, 9), 16, 8, 1, "fp8", False, 256), ((4, 0), 6, 3, 128, "nvfp4", True, 7168)],
+        ((1, 9), 16, 8, 1, "fp8", False, 256), ((4, 0), 6, 3, 128, "nvfp4", True, 7168),
+        ((3, 2), 32, 12, 1, None, False, 256)],
     4: [((3, 0, 5, 1), 8, 4, 1, None, False, 7168), ((0, 0, 2, 0), 64, 7, 2, "fp8", False, 128),
-        ((6, 6, 6, 6), 16, 5, 1, "nvfp4", False, 512), ((2, 9, 1, 4), 4, 3, 8, None, False, 136)],
+        ((6, 6, 6, 6), 16, 5, 1, "nvfp4", False, 512), ((2, 9, 1, 4), 4, 3, 8, None, False, 136),
+        ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256)],
     8: [((1, 0, 3, 2, 0, 4, 1, 2), 16, 6, 1, None, False, 256), ((5,) * 8, 64, 8, 1, "nvfp4", True, 256),
         ((0, 2, 0, 0, 3, 0, 0, 1), 256, 8, 4, "fp8", False, 384)],
 }
