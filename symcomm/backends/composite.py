@@ -64,9 +64,10 @@ class UnfusedNormPath(CompositePath):
     def run(self, call: rmsnorm.NormCall) -> None:
         a = call.all_reduce_out()
         self._run_inner(make_all_reduce(call.x, a), call.inner_algo)
-        if call.h is None:  # no residual and no residual_out: h is the all-reduce itself
+        h = call.h  # None: no residual and no residual_out, so the all-reduce's buffer becomes h
+        if h is None:
             call.h = a
-        self._local(a, call, None if a is call.h else call.h, call.y, call.y_scales)
+        self._local(a, call, h, call.y, call.y_scales)
 
 
 class UnfusedFp4Path(CompositePath):
