@@ -2,17 +2,17 @@
 // (symcomm/backends/ep_push.py). symcomm/ep/layout.py defines where every row lands and how
 // combine adds; csrc/ep.cuh holds the per-entry and per-row math shared with the CPU twin.
 //
-// Dispatch is two launches. ep_layout (one block): this rank's valid entries are counted per
-// expert and numbered in token order; each rank writes its counts row into every rank's counts
-// table (context memory, in the Signal blocks), and the ranks meet (end barrier: every row has
-// landed, its writer released it before arriving, and every rank got here only after
-// finishing its earlier work, so the pool buffers the push writes are free). The block then
-// turns the table into rows: each entry's row on its destination (send_rows), this rank's
-// receive layout, a copy of the table in the handle, and -1 in the padding rows of its
-// recv_src. ep_push (many blocks) writes every token, quantized on the way, into the receive
-// buffers of its entries' ranks, with its origin in their recv_src, then meets the peers: when
-// it completes on a rank, every peer's block b has arrived after its writes for every b, so
-// everything sent there has landed.
+// Dispatch is one launch, ep_dispatch (many blocks). Every block counts this rank's valid entries
+// per expert and numbers them in token order, writes this rank's counts row into every rank's
+// counts table (context memory, in the Signal blocks), and meets the peers (kMid: every row has
+// landed, its writer released it before arriving, and every rank got here only after finishing
+// its earlier work, so the pool buffers the rows go to are free). Each block then turns the table
+// into rows: each entry's row on its destination (send_rows), and, in block 0, this rank's receive
+// layout, a copy of the table in the handle, and -1 in the padding rows of its recv_src. Then the
+// blocks write every token, quantized on the way, into the receive buffers of its entries' ranks,
+// with its origin in their recv_src, and meet the peers again (kEnd): when that completes on a
+// rank, every peer's block b has arrived after its writes for every b, so everything sent there
+// has landed.
 //
 // Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners of
 // the tokens must have finished adding the previous combine's rows, which they read from the buffer
@@ -20,9 +20,9 @@
 // the dispatch's barriers already proved it (every rank reached them only after finishing the
 // combine before). The mark is the peer-push paths' own: an a2a dispatch leaves it alone, and an
 // a2a combine never reads `returned`. It writes each used received row of expert_out (FP8-quantized
-// on the way) into the owner's returned buffer at the entry's slot and meets the peers again; then
-// every block of the grid meets (grid_barrier: block b's barrier only covers the peers' block b),
-// and the grid adds each token's returned rows in slot order, weighted, in fp32.
+// on the way) into the owner's returned buffer at the entry's slot, meets every block of every
+// peer (meet_all_blocks: a block sums tokens whose rows any peer block may have sent), and adds
+// each token's returned rows in slot order, weighted, in fp32.
 //
 // No count ever reaches the host: the grids follow max_tokens and capacity, equal on every rank,
 // and the kernels read the counts on the device, so every launch can be captured in a graph.
@@ -42,7 +42,9 @@ using symcomm::launch;
 namespace ep = symcomm::ep;
 namespace fp4 = symcomm::fp4;
 
-constexpr int kLayoutInts = 8192;  // ep_layout's shared [warps][experts] counters (32 KiB)
+constexpr int kLayoutInts = 8192;  // ep_dispatch's shared [warps][experts] counters (32 KiB)
+// ep_dispatch's largest block (launch_dispatch picks 512 or 1024 threads): 32 warps.
+constexpr int kDispatchThreads = 1024;
 constexpr int kMaxExperts = SYMCOMM_EP_MAX_EXPERTS;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 static_assert(SYMCOMM_EP_MAX_TOPK <= 32, "one lane per top-k slot");
@@ -91,37 +93,163 @@ struct Combine {
   int64_t units;  // lane units per row sent back: 16 bytes, or 8 FP8 values
 };
 
-// ------------------------------------------------------------------ dispatch: layout
-// Decode calls (a handful of entries) are latency-bound here, one memory round trip after another,
-// so the kernel keeps them few: only as many warps count as there are 32-entry chunks, the slot
-// check runs in the last warp (one that does not count unless every warp does), the fingerprints
-// and counts come in one pass, and each entry's position stays in its lane from counting to the
-// final rows.
-template <typename Id, int W>
-__global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Dispatch job) {
-  __shared__ int32_t table[kLayoutInts];  // [warp][expert]: counts, then exclusive prefix over warps
+// ------------------------------------------------------------------ dispatch
+// One launch, ep_dispatch, in two phases that a barrier with the peers separates.
+//
+// Layout, in every block. This rank's valid entries are counted per expert and numbered in token
+// order; every block writes this rank's counts row (the same values) into every rank's counts
+// table, and the blocks meet their peers' (kMid). Block b's barrier proves only that the peers'
+// block b got there, which is why every block writes the whole row: any block past its barrier
+// holds every peer's counts, and turns the table into rows itself, with the same arithmetic as
+// every other block. That costs each block a few shared-memory passes, where a layout kernel of
+// its own cost a launch, a prologue, and the row phase's wait for both; a decode call is
+// latency-bound, one memory round trip after another, so the phase keeps them few: only as many
+// warps count as there are 32-entry chunks, the slot check runs in the last warp (one that does
+// not count unless every warp does), the fingerprints and counts come in one pass, and the first
+// row unit each warp sends is loaded before the layout starts.
+//
+// Rows. Every lane's unit of one token row (chunk c of 32 units), encoded once, is stored into
+// each valid entry's destination row with its origin in the destination's recv_src; then the
+// blocks meet again (kEnd): when that completes on a rank, every peer's block b has arrived
+// after its writes for every b, so everything sent there has landed.
+//
+// Q: SYMCOMM_EP_NONE copies 16 bytes a lane; NVFP4 encodes one 16-value block; FP8 encodes 8
+// values of a 128-value block that 16 lanes hold.
+
+// A lane's unit of a token row as loaded: 16 bytes, or the 32 of an NVFP4 block of half values.
+struct RowUnit {
+  uint4 v[2];
+};
+
+// What a lane sends for its unit: the bytes as is, or codes and their block's scale.
+struct Encoded {
+  uint4 plain;
+  uint2 payload;
+  uint8_t scale8;  // NVFP4
+  float scale;     // FP8
+};
+
+template <int Q, typename T>
+__device__ __forceinline__ RowUnit load_unit(const Dispatch& job, int64_t t, int64_t u) {
+  RowUnit r{};  // zeros past the row: FP8's block scale takes every lane of the block
+  if (u >= job.units) return r;
+  if constexpr (Q == SYMCOMM_EP_NONE) {
+    r.v[0] = __ldg(static_cast<const uint4*>(job.x) + t * job.units + u);
+  } else {
+    const int values = Q == SYMCOMM_EP_NVFP4 ? fp4::kBlock : ep::kFp8Unit;
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * values);
+#pragma unroll
+    for (int k = 0; k < int(values * sizeof(T) / 16); ++k) r.v[k] = __ldg(p + k);
+  }
+  return r;
+}
+
+// Every lane of the warp calls it: FP8's block scale is a shuffle over 16 lanes.
+template <int Q, typename T>
+__device__ __forceinline__ Encoded encode_unit(const RowUnit& r, bool mine, float gs) {
+  Encoded out{};
+  if constexpr (Q == SYMCOMM_EP_NONE) {
+    out.plain = r.v[0];
+  } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
+    if (mine) {
+      alignas(16) T v[fp4::kBlock];
+#pragma unroll
+      for (int k = 0; k < int(fp4::kBlock * sizeof(T) / 16); ++k) reinterpret_cast<uint4*>(v)[k] = r.v[k];
+      out.scale8 = ep::nvfp4_block(v, gs, &out.payload);
+    }
+  } else {
+    float v[ep::kFp8Unit] = {};
+    uint32_t amax = 0;
+    if (mine) {
+      alignas(16) T raw[ep::kFp8Unit];
+      *reinterpret_cast<uint4*>(raw) = r.v[0];
+#pragma unroll
+      for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(raw[i]));
+    }
+#pragma unroll
+    for (int m = 8; m >= 1; m >>= 1) amax = max(amax, __shfl_xor_sync(kFull, amax, m));  // the 16 lanes of a block
+    out.scale = ep::fp8_scale(amax);
+    out.payload = ep::fp8_codes8(v, out.scale);
+  }
+  return out;
+}
+
+// One pass of a counting warp over its 32-entry chunks, in token order. Lanes naming the same
+// expert rank themselves by lane (match_any) after what the warp numbered so far (`running`,
+// [expert], this warp's row of the shared table), and the lowest of them adds their number.
+// `visit(e, key, before)` gets each entry of the run, `before` the entries of its expert ahead
+// of it in the warp's run plus the row's starting value. The first chunk's keys are passed in
+// (`first_key`, loaded once); later chunks' are read again, 4 chunks' at a time, so that a long
+// run waits for one round trip per 4 chunks rather than per chunk.
+template <typename Id, typename Visit>
+__device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, int64_t hi, int first_key,
+                                               int32_t* running, Visit&& visit) {
+  constexpr int kAhead = 4;
+  const int lane = threadIdx.x % 32;
+  const Id* ids = static_cast<const Id*>(job.ids);
+  for (int64_t group = lo; group < hi; group += 32 * kAhead) {
+    int key[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int64_t e = group + 32 * k + lane;
+      key[k] = group == lo && k == 0 ? first_key : e < hi ? ep::entry_key(ids, e, job.topk, job.experts) : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      if (group + 32 * k >= hi) break;  // the same in every lane
+      const unsigned same = __match_any_sync(kFull, key[k]);
+      const int32_t before = key[k] >= 0 ? running[key[k]] : 0;
+      __syncwarp();
+      if (key[k] >= 0 && lane == __ffs(same) - 1) running[key[k]] = before + __popc(same);
+      __syncwarp();
+      const int64_t e = group + 32 * k + lane;
+      if (e < hi) visit(e, key[k], key[k] >= 0 ? before + __popc(same & ((1u << lane) - 1)) : -1);
+    }
+  }
+}
+
+template <int Q, typename T, typename Id, int W>
+__global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Peers* slots, Dispatch job) {
+  // [warp][expert]: counts, then each warp's running row numbers; then each counting warp's first
+  // chunk's rows and keys, by entry, for the row phase (kRowCache entries).
+  __shared__ int32_t table[kLayoutInts];
   __shared__ int32_t counts[kMaxExperts];
   __shared__ int32_t base[kMaxExperts];
   __shared__ int32_t starts[kMaxExperts];  // segment scan: every expert's start over all ranks
   __shared__ int32_t warp_sum[32];
   __shared__ bool mapped;
   __shared__ Signal* signal_at[kMaxRanks];  // every rank's Signal block, which holds its counts table
+  constexpr int64_t kRowCache = kLayoutInts / 2;
   const int E = job.experts, warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Id* ids = static_cast<const Id*>(job.ids);
   const int64_t entries = job.rows * job.topk;
-  const int64_t chunks = (entries + 31) / 32;
-  const int counting = int(chunks < 1 ? 1 : chunks < warps ? chunks : warps);
-  // Counting warp w numbers entries [lo, hi).
+  const int64_t entry_chunks = (entries + 31) / 32;
+  const int most = kLayoutInts / E < warps ? kLayoutInts / E : warps;
+  const int counting = int(entry_chunks < 1 ? 1 : entry_chunks < most ? entry_chunks : most);
+  // Counting warp w numbers entries [lo, hi) = [w * run, ...).
   const int64_t run = (entries + counting - 1) / counting;
   const int64_t lo = warp < counting ? warp * run : entries;
   const int64_t hi = lo + run < entries ? lo + run : entries;
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
-  // Addresses now, so that no later phase waits for a load from the slot table; none is
-  // dereferenced before slots_ready has passed.
+  const int64_t unit_chunks = (job.units + 31) / 32, items = job.rows * unit_chunks;
+  const int64_t first_item = int64_t(blockIdx.x) * warps + warp;
+  // Loads that need nothing from the layout, issued in one round trip with the epoch's and first
+  // used after the layout: this warp's first row unit, its first chunk's keys, the global scale,
+  // the peers' buffers (lane r < W holds rank r's; a lane takes its destination's by shuffle) and
+  // every Signal block. The kernels that wrote them have completed once begin_epoch's wait
+  // returns (launch.cuh); no peer pointer is dereferenced before slots_ready has passed.
+  const EpochWords epoch_words = begin_epoch(s);
+  const float gs = Q == SYMCOMM_EP_NVFP4 ? (job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value) : 0.0f;
+  RowUnit first_unit{};
+  if (first_item < items)
+    first_unit = load_unit<Q, T>(job, first_item / unit_chunks, (first_item % unit_chunks) * 32 + lane);
+  const Buf buffers[] = {job.recv, job.src, job.scales};
+  char* lane_buf[3];
+#pragma unroll
+  for (int k = 0; k < 3; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
   if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x]);
   int32_t* const src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
   int32_t* const table_here = reinterpret_cast<int32_t*>(at(slots, job.table, s.rank));
+  const int first_key = lo < hi && lo + lane < hi ? ep::entry_key(ids, lo + lane, job.topk, E) : -1;
   for (int i = threadIdx.x; i < counting * E; i += blockDim.x) table[i] = 0;
   if (warp == warps - 1) {  // counts too when every warp does
     const Peers* const used[] = {slots + job.table.slot, slots + job.src.slot, slots + job.recv.slot,
@@ -129,31 +257,11 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     const bool ready = slots_ready(s, used, W);
     if (lane == 0) mapped = ready;
   }
-  __syncthreads();
-  if (!mapped) return;
-  // Each counting warp numbers one run of entries, 32 at a time: lanes naming the same expert
-  // rank themselves by lane (match_any) after what the warp counted so far, and the lowest of
-  // them adds their number. So a run keeps token order, and the runs follow warp order (the
-  // prefix below), which is the token order of the whole rank. A lane keeps its first chunk's
-  // key and position; later chunks go through send_rows.
-  int first_key = -1;
-  int32_t first_pos = -1;
-  for (int64_t first = lo; first < hi; first += 32) {
-    const int64_t e = first + lane;
-    const int key = e < hi ? ep::entry_key(ids, e, job.topk, E) : -1;
-    const unsigned same = __match_any_sync(kFull, key);
-    const int32_t before = key >= 0 ? table[warp * E + key] : 0;
-    __syncwarp();
-    if (key >= 0 && lane == __ffs(same) - 1) table[warp * E + key] = before + __popc(same);
-    __syncwarp();
-    const int32_t pos = key >= 0 ? before + __popc(same & ((1u << lane) - 1)) : -1;
-    if (first == lo) {
-      first_key = key;
-      first_pos = pos;
-    } else if (e < hi) {
-      job.send_rows[e] = pos;
-    }
-  }
+  const uint64_t epoch = end_epoch(s, epoch_words);  // its CTA barrier also publishes the zeros and `mapped`
+  if (epoch == 0 || !mapped) return;
+  // Counts: each warp's run, then the exclusive prefix over warps, which is the token order of the
+  // whole rank since the runs follow warp order.
+  if (warp < counting) number_entries<Id>(job, lo, hi, first_key, table + warp * E, [](int64_t, int, int32_t) {});
   __syncthreads();
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t sum = 0;
@@ -167,10 +275,10 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   __syncthreads();
   // This rank's row of every rank's counts table: its counts, then its fingerprint (one more
   // column). The tables are context memory, in the Signal blocks, so no barrier comes first: a
-  // rank reads its table only in its own layout, and a peer can be here, writing it, only after
-  // its previous dispatch's push met this rank's push, which this rank began after that
-  // layout ended. A pool buffer could have served some other use on this rank until this
-  // call, so writing one needed a start barrier. The end barrier still proves every rank got
+  // rank reads its table only in its own dispatch, and a peer can be here, writing it, only after
+  // its previous dispatch met this rank's at kEnd, which every block of this rank reached after
+  // reading the table. A pool buffer could have served some other use on this rank until this
+  // call, so writing one needed a start barrier. The kMid barrier still proves every rank got
   // here after all its earlier work, before any row moves into its pool buffers.
   const int row = E + 1;
   const int32_t mark = ep::fingerprint(job.capacity, job.row_bytes, job.topk, job.align, job.max_tokens, E);
@@ -181,16 +289,17 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     // one even where the peer passed another expert count.
     signal_at[q]->ep_table[s.rank][col < E ? col : kMaxExperts] = col < E ? counts[col] : mark;
   }
-  if (!barrier(s, kEnd, W, epoch)) return;
+  if (!barrier(s, kMid, W, epoch)) return;
   const auto& all = signal_at[s.rank]->ep_table;
+  const bool writer = blockIdx.x == 0;  // of the outputs the handle keeps; every block computes them
   // Every rank sees every fingerprint, so every rank stops alike, before any row moves. The
   // fingerprints are read in the same pass as the counts, which also go to the handle's table.
   bool agree = true;
   if (threadIdx.x < W) {
     const int32_t theirs = all[threadIdx.x][kMaxExperts];
-    table_here[threadIdx.x * row + E] = theirs;
+    if (writer) table_here[threadIdx.x * row + E] = theirs;
     if (theirs != mark) {
-      give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kEnd, int(threadIdx.x)));
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kMid, int(threadIdx.x)));
       agree = false;
     }
   }
@@ -199,7 +308,7 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
 #pragma unroll
     for (int q = 0; q < W; ++q) {
       const int32_t c = all[q][id];
-      table_here[q * row + id] = c;
+      if (writer) table_here[q * row + id] = c;
       before += q < s.rank ? c : 0;
       total += c;
     }
@@ -209,14 +318,13 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
   if (!__syncthreads_and(agree)) return;
   // Segment starts: one block-wide exclusive scan of every expert's aligned total, each rank's
   // segment then measured from its first expert. A thread scans `per` consecutive experts, each
-  // warp its threads' sums, warp 0 the warps' sums: three short steps, where a warp per rank
-  // walking its experts 32 at a time was the slowest phase of a decode call.
+  // warp its threads' sums, warp 0 the warps' sums: three short steps.
   const int L = job.local, align = job.align;
   const auto aligned = [align](int32_t n) { return (n + align - 1) / align * align; };
   const int per = (E + int(blockDim.x) - 1) / int(blockDim.x), first_id = int(threadIdx.x) * per;
-  int32_t mine = 0;
-  for (int k = 0; k < per && first_id + k < E; ++k) mine += aligned(counts[first_id + k]);
-  int32_t inclusive = mine;
+  int32_t own_sum = 0;
+  for (int k = 0; k < per && first_id + k < E; ++k) own_sum += aligned(counts[first_id + k]);
+  int32_t inclusive = own_sum;
   for (int d = 1; d < 32; d <<= 1) {
     const int32_t up = __shfl_up_sync(kFull, inclusive, d);
     if (lane >= d) inclusive += up;
@@ -233,7 +341,7 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     if (lane < warps) warp_sum[lane] = upto - w;
   }
   __syncthreads();
-  int32_t running = warp_sum[warp] + inclusive - mine;
+  int32_t running = warp_sum[warp] + inclusive - own_sum;
   for (int k = 0; k < per && first_id + k < E; ++k) {
     starts[first_id + k] = running;
     running += aligned(counts[first_id + k]);
@@ -243,7 +351,7 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     const int p = id / L, e = id % L;
     const int32_t start = starts[id] - starts[p * L];
     base[id] += start;
-    if (p == s.rank) {
+    if (writer && p == s.rank) {
       const int32_t filled = counts[id], end = start + aligned(filled);
       job.expert_counts[e] = filled;
       job.expert_offsets[e] = start;
@@ -252,99 +360,64 @@ __global__ void __launch_bounds__(1024) ep_layout(Sync s, const Peers* slots, Di
     }
   }
   __syncthreads();
-  // Each entry's row on its destination, by the lane that numbered it.
-  for (int64_t first = lo; first < hi; first += 32) {
-    const int64_t e = first + lane;
-    if (e >= hi) break;
-    const int key = first == lo ? first_key : ep::entry_key(ids, e, job.topk, E);
-    const int32_t pos = first == lo ? first_pos : job.send_rows[e];
-    job.send_rows[e] = key >= 0 ? base[key] + table[warp * E + key] + pos : -1;  // < capacity: the fingerprints agree
+  // Each entry's row on its destination: the warp numbers its run again from its prefix. Every
+  // block writes send_rows (the same values); the first chunk's rows stay in lanes for the cache.
+  int32_t first_row = -1;
+  if (warp < counting)
+    number_entries<Id>(job, lo, hi, first_key, table + warp * E, [&](int64_t e, int key, int32_t pos) {
+      const int32_t r = key >= 0 ? base[key] + pos : -1;  // < capacity: the fingerprints agree
+      job.send_rows[e] = r;
+      if (e - lo < 32) first_row = r;
+    });
+  __syncthreads();
+  if (warp < counting && lo + lane < hi && lo + lane < kRowCache) {
+    table[2 * (lo + lane)] = first_row;
+    table[2 * (lo + lane) + 1] = first_key;
   }
   // The next combine may skip its start barrier: this dispatch's barriers already ordered it
   // after every owner's previous combine (ep_combine).
-  if (threadIdx.x == 0) own_signal(s)->ep_dispatched = 1;
-}
-
-// ------------------------------------------------------------------ dispatch: rows
-// Every lane's unit of one token row (chunk c of 32 units), encoded once, then stored into each
-// valid entry's destination row. Q: SYMCOMM_EP_NONE copies 16 bytes; NVFP4 encodes one 16-value
-// block; FP8 encodes 8 values of a 128-value block held by 16 lanes.
-template <int Q, typename T, typename Id, int W>
-__global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, Dispatch job) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
-  const Id* ids = static_cast<const Id*>(job.ids);
-  const int64_t chunks = (job.units + 31) / 32, items = job.rows * chunks;
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
-  const float gs = Q == SYMCOMM_EP_NVFP4 ? (job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value) : 0.0f;
+  if (writer && threadIdx.x == 0) own_signal(s)->ep_dispatched = 1;
+  __syncthreads();
   const int64_t padded_cols = fp4::padded_cols(job.cols / fp4::kBlock);
-  // Lane r < W holds rank r's buffers; a lane takes its destination's by shuffle. Loaded once,
-  // beside the first row's loads, instead of one dependent load per row through `slots`.
-  const Buf buffers[] = {job.recv, job.src, job.scales};
-  char* lane_buf[3];
-#pragma unroll
-  for (int k = 0; k < 3; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
-  // No has_given_up() here: next_epoch() read it after the layout kernel ended, and the layout
-  // is what stops every rank whose peers passed other sizes.
-  for (int64_t item = int64_t(blockIdx.x) * per_block + warp; item < items; item += int64_t(gridDim.x) * per_block) {
-    const int64_t t = item / chunks, u = (item % chunks) * 32 + lane;
+  RowUnit unit = first_unit;
+  for (int64_t item = first_item; item < items; item += int64_t(gridDim.x) * warps) {
+    const int64_t t = item / unit_chunks, u = (item % unit_chunks) * 32 + lane;
     int dest = -1;
-    int32_t row = -1;
-    if (lane < job.topk) {  // both loads at once: ids[t, lane] exists whether or not it is sent
-      row = job.send_rows[t * job.topk + lane];
-      const int64_t id = int64_t(ids[t * job.topk + lane]);
-      if (row >= 0) dest = int(id / job.local);
-    }
-    const bool mine = u < job.units;
-    uint4 plain{};
-    uint2 payload{};
-    uint8_t scale8 = 0;
-    float scale = 0.0f;
-    if constexpr (Q == SYMCOMM_EP_NONE) {
-      if (mine) plain = __ldg(static_cast<const uint4*>(job.x) + t * job.units + u);
-    } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
-      if (mine) {
-        alignas(16) T v[fp4::kBlock];
-        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * fp4::kBlock);
-#pragma unroll
-        for (int k = 0; k < int(fp4::kBlock * sizeof(T) / 16); ++k) reinterpret_cast<uint4*>(v)[k] = __ldg(p + k);
-        scale8 = ep::nvfp4_block(v, gs, &payload);
+    int32_t at_row = -1;
+    if (lane < job.topk) {
+      const int64_t e = t * job.topk + lane;
+      if (e < kRowCache && e % run < 32) {  // the first chunk of its warp's run: cached above
+        at_row = table[2 * e];
+        const int key = table[2 * e + 1];
+        dest = key >= 0 ? key / job.local : -1;
+      } else {  // both loads at once: ids[t, lane] exists whether or not it is sent
+        at_row = job.send_rows[e];  // this block's own write, before the CTA barrier above
+        const int64_t id = int64_t(ids[e]);
+        if (at_row >= 0) dest = int(id / job.local);
       }
-    } else {
-      float v[ep::kFp8Unit] = {};
-      uint32_t amax = 0;
-      if (mine) {
-        alignas(16) T raw[ep::kFp8Unit];
-        *reinterpret_cast<uint4*>(raw) =
-            __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(job.x) + t * job.cols + u * ep::kFp8Unit));
-#pragma unroll
-        for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(raw[i]));
-      }
-#pragma unroll
-      for (int m = 8; m >= 1; m >>= 1) amax = max(amax, __shfl_xor_sync(kFull, amax, m));  // the 16 lanes of a block
-      scale = ep::fp8_scale(amax);
-      payload = ep::fp8_codes8(v, scale);
     }
-    // After the row's load is issued, so that it does not wait behind send_rows and ids.
+    if (item != first_item) unit = load_unit<Q, T>(job, t, u);
+    const bool in_row = u < job.units;
+    const Encoded piece = encode_unit<Q, T>(unit, in_row, gs);
     char* const src_at = peer_buffer(lane_buf[1], dest);
-    if (u == lane && row >= 0)
-      reinterpret_cast<int32_t*>(src_at)[row] = ep::origin(s.rank, job.max_tokens, t, job.topk, lane);
+    if (u == lane && at_row >= 0)
+      reinterpret_cast<int32_t*>(src_at)[at_row] = ep::origin(s.rank, job.max_tokens, t, job.topk, lane);
     for (int j = 0; j < job.topk; ++j) {
       const int d = __shfl_sync(kFull, dest, j);
-      const int64_t r = __shfl_sync(kFull, row, j);
+      const int64_t r = __shfl_sync(kFull, at_row, j);
       char* const recv_at = peer_buffer(lane_buf[0], d);
       char* const scales_at = peer_buffer(lane_buf[2], d);
-      if (d < 0 || !mine) continue;
+      if (d < 0 || !in_row) continue;
       char* out = recv_at + r * job.row_bytes;
       if constexpr (Q == SYMCOMM_EP_NONE) {
-        reinterpret_cast<uint4*>(out)[u] = plain;
+        reinterpret_cast<uint4*>(out)[u] = piece.plain;
       } else if constexpr (Q == SYMCOMM_EP_NVFP4) {
-        reinterpret_cast<uint2*>(out)[u] = payload;
+        reinterpret_cast<uint2*>(out)[u] = piece.payload;
         const int64_t si = job.swizzle ? fp4::swizzled_index(r, u, padded_cols) : r * job.units + u;
-        reinterpret_cast<uint8_t*>(scales_at)[si] = scale8;
+        reinterpret_cast<uint8_t*>(scales_at)[si] = piece.scale8;
       } else {
-        reinterpret_cast<uint2*>(out)[u] = payload;
-        if (lane % 16 == 0) reinterpret_cast<float*>(scales_at)[r * (job.cols / ep::kFp8Block) + u / 16] = scale;
+        reinterpret_cast<uint2*>(out)[u] = piece.payload;
+        if (lane % 16 == 0) reinterpret_cast<float*>(scales_at)[r * (job.cols / ep::kFp8Block) + u / 16] = piece.scale;
       }
     }
   }
@@ -352,53 +425,89 @@ __global__ void __launch_bounds__(kThreads) ep_push(Sync s, const Peers* slots, 
 }
 
 // ------------------------------------------------------------------ combine
+// The used rows of expert_out into their owners' returned buffers as is, 16 bytes a lane: warp w
+// of the grid takes items w, w + stride, ..., kUnroll of them a pass, every load issued before any
+// store. Dispatch stores each loaded piece topk times; combine stores each once, so with one piece
+// at a time it paid a load round trip (and recv_src's before it) per 16 bytes sent and ran at
+// about a third of dispatch's bandwidth (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll,
+// moe.log). A piece's row is loaded beside its recv_src, not after it: every row below capacity
+// lies inside expert_out and recv_src, so a load past the rows used is harmless (that piece is
+// then not stored) and the pass waits for one round trip.
+template <int kUnroll>
+struct ReturnPass {
+  uint4 value[kUnroll];
+  int32_t origin[kUnroll];
+  int64_t unit[kUnroll];
+
+  // Items item + k * stride below `limit`.
+  __device__ __forceinline__ void load(const Combine& job, int64_t item, int64_t limit, int64_t stride,
+                                       int64_t chunks) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      origin[k] = -1;
+      const int64_t at_item = item + k * stride;
+      if (at_item >= limit) continue;
+      const int64_t r = at_item / chunks;
+      unit[k] = (at_item % chunks) * 32 + lane;
+      origin[k] = job.recv_src[r];  // the same for every lane of the row
+      if (unit[k] < job.units) value[k] = __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + unit[k]);
+    }
+  }
+
+  // The loaded pieces of items below `items`, the ones of rows this call received.
+  __device__ __forceinline__ void store(const Combine& job, char* const* returned_at, int64_t item, int64_t items,
+                                        int64_t stride, int64_t slots_back) const {
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (item + k * stride >= items || origin[k] < 0 || unit[k] >= job.units) continue;
+      const int64_t slot = origin[k] % slots_back;
+      reinterpret_cast<uint4*>(returned_at[origin[k] / slots_back])[slot * job.units + unit[k]] = value[k];
+    }
+  }
+};
+
 template <int Q, typename T, int W>
 __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slots, Combine job) {
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
-  // Every load the prologue needs at once, in one round trip: the owners' buffers (checked by
-  // slot_ready before use), the dispatch mark, and expert_offsets, which this rank's own layout
-  // wrote in an earlier kernel.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
+  const int64_t chunks = (job.units + 31) / 32, slots_back = job.max_tokens * job.topk;
+  const int64_t stride = int64_t(gridDim.x) * per_block, first_item = int64_t(blockIdx.x) * per_block + warp;
+  // Where one pass of four pieces a warp covers every row the call could have received (decode),
+  // that pass is loaded now, beside the prologue's loads, rather than a round trip after them;
+  // past that, passes of eight (bench/NOTES.md, 2026-11-29 ninth session: 0.93x the combine at
+  // 64-2048 tokens on simulated ranks, 0.35 µs slower at 1-8 tokens).
+  const bool one_pass = job.capacity * chunks <= 4 * stride;
+  // Every load the prologue needs at once, in one round trip with the epoch: the owners' buffers
+  // (checked by slot_ready before use), the dispatch mark, the meeting's number, expert_offsets
+  // (this rank's own dispatch wrote it) and the rows of a single pass. All were written by kernels
+  // before this one, which begin_epoch's wait makes visible (launch.cuh).
+  const EpochWords epoch_words = begin_epoch(s);
   __shared__ char* returned_at[kMaxRanks];
   __shared__ bool after_dispatch;
+  __shared__ uint64_t meeting;
   if (threadIdx.x < W) returned_at[threadIdx.x] = at(slots, job.returned, int(threadIdx.x));
-  if (threadIdx.x == 0) after_dispatch = *reinterpret_cast<volatile uint32_t*>(&own_signal(s)->ep_dispatched) != 0;
+  if (threadIdx.x == 0) {
+    after_dispatch = *reinterpret_cast<volatile uint32_t*>(&own_signal(s)->ep_dispatched) != 0;
+    meeting = next_meeting(s);
+  }
   int64_t used = job.expert_offsets[job.num_local];
-  if (!slot_ready(s, slots + job.returned.slot, W)) return;
-  __syncthreads();
+  ReturnPass<4> single;
+  if (Q == SYMCOMM_EP_NONE && one_pass) single.load(job, first_item, job.capacity * chunks, stride, chunks);
+  const bool mapped = slot_ready(s, slots + job.returned.slot, W);
+  const uint64_t epoch = end_epoch(s, epoch_words);
+  if (epoch == 0 || !mapped) return;
   if (!after_dispatch && !barrier(s, kStart, W, epoch)) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
   used = used < job.capacity ? used : job.capacity;
-  const int64_t chunks = (job.units + 31) / 32, slots_back = job.max_tokens * job.topk;
-  const int64_t items = used * chunks, stride = int64_t(gridDim.x) * per_block;
-  int64_t item = int64_t(blockIdx.x) * per_block + warp;
+  const int64_t items = used * chunks;
+  int64_t item = first_item;
   if constexpr (Q == SYMCOMM_EP_NONE) {
-    // kUnroll pieces per warp per pass, every load issued before any store. Dispatch stores each
-    // loaded piece topk times; combine stores each once, so with one piece at a time it paid a
-    // load round trip (and recv_src's before it) per 16 bytes sent and ran at about a third of
-    // dispatch's bandwidth (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll, moe.log).
-    // A piece's row is loaded beside its recv_src, not after it: rows below `used` lie inside
-    // expert_out, so a padding row's load is harmless and the pass waits for one round trip.
-    constexpr int kUnroll = 4;
-    for (; item < items; item += kUnroll * stride) {
-      uint4 value[kUnroll];
-      int32_t origin[kUnroll];
-      int64_t unit[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        origin[k] = -1;
-        const int64_t at_item = item + k * stride;
-        if (at_item >= items) continue;
-        const int64_t r = at_item / chunks;
-        unit[k] = (at_item % chunks) * 32 + lane;
-        origin[k] = job.recv_src[r];  // the same for every lane of the row
-        if (unit[k] < job.units) value[k] = __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + unit[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        if (origin[k] < 0 || unit[k] >= job.units) continue;
-        const int64_t slot = origin[k] % slots_back;
-        reinterpret_cast<uint4*>(returned_at[origin[k] / slots_back])[slot * job.units + unit[k]] = value[k];
+    if (one_pass) {
+      single.store(job, returned_at, item, items, stride, slots_back);
+    } else {
+      for (; item < items; item += 8 * stride) {
+        ReturnPass<8> pass;
+        pass.load(job, item, items, stride, chunks);
+        pass.store(job, returned_at, item, items, stride, slots_back);
       }
     }
   } else {
@@ -431,9 +540,8 @@ __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slot
       }
     }
   }
-  // Rows came back from every peer's every block: the peers' block b, then this grid's blocks.
-  // A rank that gave up leaves out unwritten.
-  if (!barrier(s, kEnd, W, epoch) || !grid_barrier(s)) return;
+  // Rows came back from every block of every peer. A rank that gave up leaves out unwritten.
+  if (!meet_all_blocks(s, W, meeting)) return;
   if (blockIdx.x == 0 && threadIdx.x == 0) own_signal(s)->ep_dispatched = 0;  // every block has read it
   // One thread per 8 values of a token: its entries' rows in slot order, weighted, in fp32.
   const int64_t per_row = job.cols / ep::kCombineUnit;
@@ -524,8 +632,8 @@ bool combine_job(const symcomm_ep_combine_args_t& a, Combine* job) {
 
 bool bad_slot(const Context* c, int slot) { return slot < 1 || slot >= c->max_slots; }
 
-int blocks_for_items(const Context* c, int64_t items) {
-  const int64_t warps = kThreads / 32;
+int blocks_for_items(const Context* c, int64_t items, int threads = kThreads) {
+  const int64_t warps = threads / 32;
   const int64_t b = (items + warps - 1) / warps;
   return int(b < 1 ? 1 : b < c->grid_blocks ? b : c->grid_blocks);
 }
@@ -538,25 +646,30 @@ cudaError_t for_half(symcomm_dtype_t dtype, F&& f) {
   return cudaErrorInvalidValue;
 }
 
-// Both kernels, on every call, in this order, even on a rank with no rows: the layout writes
-// peers' counts tables without a start barrier because each dispatch's push end barrier stands
-// in for the next layout's (see ep_layout).
+// One launch on every call, even on a rank with no rows: the dispatch writes peers' counts tables
+// without a start barrier because each dispatch's end barrier stands in for the next one's (see
+// ep_dispatch). The grid follows max_tokens, equal on every rank, since block b meets block b.
 template <int W, typename Id>
 cudaError_t launch_dispatch(const Context* c, const Dispatch& job, symcomm_ep_quant_t quant, symcomm_dtype_t dtype,
                             cudaStream_t stream) {
   const Sync s = make_sync(c);
-  int warps = kLayoutInts / job.experts;
-  warps = warps < 1 ? 1 : warps > 32 ? 32 : warps;
-  cudaError_t err = launch(c->overlap, ep_layout<Id, W>, 1, unsigned(warps * 32), stream, s, c->slots, job);
-  if (err != cudaSuccess) return err;
-  const int blocks = blocks_for_items(c, job.max_tokens * ((job.units + 31) / 32));
+  // Blocks of 512 threads while the grid at its cap covers every row unit in one pass, of 1024
+  // past that. On simulated ranks (bench/NOTES.md, 2026-11-29 ninth session) 1024 made dispatch
+  // 0.72-0.76x at 512-2048 tokens, twice the warps keeping stores in flight, and 1.5 µs slower at
+  // 1-8 tokens, where a block has work for 28 warps or fewer.
+  const int64_t items = job.max_tokens * ((job.units + 31) / 32);
+  const int threads = items > int64_t(c->grid_blocks) * (kThreads / 32) ? kDispatchThreads : kThreads;
+  const int blocks = blocks_for_items(c, items, threads);
   if (quant == SYMCOMM_EP_NONE)
-    return launch(c->overlap, ep_push<SYMCOMM_EP_NONE, uint8_t, Id, W>, blocks, kThreads, stream, s, c->slots, job);
+    return launch(c->overlap, ep_dispatch<SYMCOMM_EP_NONE, uint8_t, Id, W>, blocks, unsigned(threads), stream, s,
+                  c->slots, job);
   return for_half(dtype, [&](auto type) {
     using T = typename decltype(type)::type;
     if (quant == SYMCOMM_EP_NVFP4)
-      return launch(c->overlap, ep_push<SYMCOMM_EP_NVFP4, T, Id, W>, blocks, kThreads, stream, s, c->slots, job);
-    return launch(c->overlap, ep_push<SYMCOMM_EP_FP8, T, Id, W>, blocks, kThreads, stream, s, c->slots, job);
+      return launch(c->overlap, ep_dispatch<SYMCOMM_EP_NVFP4, T, Id, W>, blocks, unsigned(threads), stream, s,
+                    c->slots, job);
+    return launch(c->overlap, ep_dispatch<SYMCOMM_EP_FP8, T, Id, W>, blocks, unsigned(threads), stream, s, c->slots,
+                  job);
   });
 }
 
@@ -572,17 +685,16 @@ cudaError_t preload(int device) {
   std::lock_guard<std::mutex> lock(mutex);
   if (loaded.count(device)) return cudaSuccess;
   const void* kernels[] = {
-      reinterpret_cast<const void*>(ep_layout<int32_t, W>), reinterpret_cast<const void*>(ep_layout<int64_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NONE, uint8_t, int32_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NONE, uint8_t, int64_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __nv_bfloat16, int32_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __nv_bfloat16, int64_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __half, int32_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_NVFP4, __half, int64_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __nv_bfloat16, int32_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __nv_bfloat16, int64_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __half, int32_t, W>),
-      reinterpret_cast<const void*>(ep_push<SYMCOMM_EP_FP8, __half, int64_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_NONE, uint8_t, int32_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_NONE, uint8_t, int64_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_NVFP4, __nv_bfloat16, int32_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_NVFP4, __nv_bfloat16, int64_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_NVFP4, __half, int32_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_NVFP4, __half, int64_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __nv_bfloat16, int32_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __nv_bfloat16, int64_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __half, int32_t, W>),
+      reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __half, int64_t, W>),
       reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __nv_bfloat16, W>),
       reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __half, W>),
       reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, float, W>),
@@ -724,8 +836,8 @@ int symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args, 
   if (!combine_job(*args, &job) || bad_slot(c, args->returned_slot)) return cudaErrorInvalidValue;
   const Sync s = make_sync(c);
   // One grid returns the rows, then sums them: as many blocks as the larger half wants. Both
-  // follow sizes equal on every rank (capacity, max_tokens, never this rank's rows), since block
-  // b meets block b.
+  // follow sizes equal on every rank (capacity, max_tokens, never this rank's rows), since every
+  // block waits for as many blocks of each peer as its own grid has.
   const int64_t sums = args->max_tokens * (args->cols / ep::kCombineUnit);
   const int blocks = std::max(blocks_for_items(c, args->capacity * ((job.units + 31) / 32)),
                               blocks_for_items(c, (sums + 31) / 32));

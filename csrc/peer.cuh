@@ -75,15 +75,15 @@ struct Signal {
   uint64_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
   uint64_t mid[kMaxBlocks][kMaxRanks];
   uint64_t end[kMaxBlocks][kMaxRanks];
+  uint64_t met[kMaxBlocks][kMaxRanks];  // met[b][p]: peer p's block b reached meet_all_blocks
   uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
+  uint64_t meetings;                   // meet_all_blocks' count of completed meetings (local only)
   uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
   uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
   uint32_t flagfree_prev[kMaxBlocks];  // most vectors a peer wrote per slot in block b's previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
-  uint32_t grid_arrived;               // blocks of the running kernel in grid_barrier (local only)
-  uint32_t grid_generation;            // grid_barrier's count of completed meetings (local only)
   uint32_t ep_dispatched;              // 1 from a peer-push layout to the next peer-push combine (local)
-  // EP dispatch's counts table (csrc/ep.cu's ep_layout): row p written by peer p, its counts per
+  // EP dispatch's counts table (csrc/ep.cu's ep_dispatch): row p written by peer p, its counts per
   // expert, its fingerprint in the last column. On lines of its own: peers write it while this
   // rank's blocks spin on the words above.
   alignas(128) int32_t ep_table[kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
@@ -95,7 +95,8 @@ constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 constexpr size_t kSignalBytes = align_up(sizeof(Signal), 4096);
 static_assert(kSignalBytes % 4096 == 0 && kSignalBytes >= sizeof(Signal), "Signal block fits, page-aligned");
 static_assert(offsetof(Signal, start) % 8 == 0 && offsetof(Signal, mid) % 8 == 0 && offsetof(Signal, end) % 8 == 0 &&
-                  offsetof(Signal, epoch) % 8 == 0,
+                  offsetof(Signal, met) % 8 == 0 && offsetof(Signal, epoch) % 8 == 0 &&
+                  offsetof(Signal, meetings) % 8 == 0,
               "64-bit flags must be 8-byte aligned for st.release/ld.acquire .u64");
 
 struct Peers {
@@ -281,7 +282,7 @@ __device__ inline bool wait_flag(const Sync& s, const uint64_t* p, uint64_t epoc
 }
 
 // Where a rank gave up (SYMCOMM_AR_ABORT_* phase): a barrier, or the flag-free kernel's data.
-enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3, kGridPhase = 4 };
+enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3 };
 
 __device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block) {
   return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
@@ -302,68 +303,74 @@ __device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epo
   return __syncthreads_and(ok);
 }
 
-// Every block of this rank's running grid meets here; false, in every thread, once the rank
-// gave up (while waiting, or before). The grid's blocks must all be resident, as every barrier
-// kernel's already are. This is what lets one kernel do work that needs another block's peers:
-// block b's barrier() proves only that the peers' block b finished. Ordering: thread 0 arrives
-// after a CTA barrier and a gpu-scope fence (what the block, and the peers it acquired from,
-// wrote comes first); the last block to arrive fences again after its add, since a relaxed add
-// acquires nothing and its own sum reads what the other blocks acquired, then resets the count
-// and publishes the next generation with a release; the others acquire it. One meeting per
-// kernel at most: a kernel that met here has ended before the next one reads the count.
-__device__ inline bool grid_barrier(const Sync& s) {
+// The number meet_all_blocks tags this kernel's arrivals with, read by each block on entry. Each
+// block stores it back once it has met every block (the same value from every block): no block
+// can still be about to read it then, since each read it before arriving.
+__device__ __forceinline__ uint64_t next_meeting(const Sync& s) {
+  return *reinterpret_cast<volatile uint64_t*>(&own_signal(s)->meetings) + 1;
+}
+
+// Every block of every rank meets here, where barrier() meets only the peers' block b: for a
+// kernel whose blocks go on to read what any peer's block wrote. Threads 0..world-1 tell each
+// peer this block arrived, tagged with the meeting's number (blocks' epochs differ, so a block
+// could not tell what a peer's block b' writes); then thread j < 64 waits for block i / world of
+// rank i % world for each i = j, j + 64, ... below grid * world. Two warps, not a thread per flag:
+// while some blocks still send rows, a thousand threads spinning on flags slowed them (a
+// 2048-token combine by 30 µs on simulated ranks, bench/NOTES.md). The flags are the same
+// release/acquire pairs as barrier()'s, with a CTA barrier on each side. False, in every thread,
+// once the rank gave up.
+__device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meeting) {
   __syncthreads();
-  __shared__ bool ok;
-  if (threadIdx.x == 0) {
-    Signal* self = own_signal(s);
-    const uint32_t generation = load_acquire_gpu(&self->grid_generation);
-    __threadfence();
-    ok = true;
-    if (atomicAdd(&self->grid_arrived, 1u) + 1 == gridDim.x) {
-      __threadfence();
-      self->grid_arrived = 0;
-      store_release_gpu(&self->grid_generation, generation + 1);
-    } else {
-      const uint64_t t0 = now_ns();
-      while (load_acquire_gpu(&self->grid_generation) == generation) {
-        if (has_given_up(s)) {
-          ok = false;
-          break;
-        }
-        // Twice the bound, so that a block late because of its peers usually gives up first,
-        // naming them.
-        if (now_ns() - t0 > 2 * s.timeout_ns) {
-          give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kGridPhase, s.rank));
-          ok = false;
-          break;
-        }
-      }
-    }
-  }
-  __syncthreads();
+  if (int(threadIdx.x) < world)
+    store_release(&reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x])->met[blockIdx.x][s.rank], meeting);
+  bool ok = true;
+  constexpr int kWaiters = 64;
+  if (threadIdx.x < kWaiters)
+    for (int i = threadIdx.x; ok && i < int(gridDim.x) * world; i += kWaiters)
+      ok = wait_flag(s, &own_signal(s)->met[i / world][i % world], meeting, kEnd, i % world);
+  ok = __syncthreads_and(ok);
+  if (ok && threadIdx.x == 0) own_signal(s)->meetings = meeting;
   return ok;
 }
 
 // This block's epoch for the call, or 0 (never an epoch) once the rank has given up: then the
 // kernel returns before touching a peer. Both words are read by one thread back to back, so
 // the check adds no round trip to the prologue. Every peer kernel but the flag-free ones enters
-// here, so this is where they wait for the kernel before them (launch.cuh).
-__device__ __forceinline__ uint64_t next_epoch(const Sync& s) {
-  __shared__ uint64_t epoch;
-  enter_after_predecessor(s.early);
+// here, so this is where they wait for the kernel before them (launch.cuh). A kernel that has
+// loads of its own to issue in the same round trip calls the two halves, begin_epoch and
+// end_epoch, with the loads between them (csrc/ep.cu).
+struct EpochWords {
+  uint64_t last;     // the block's previous epoch (thread 0's)
+  uint64_t aborted;  // the rank's abort word (thread 0's)
+};
+
+__device__ __forceinline__ EpochWords begin_epoch(const Sync& s) {
+  wait_for_predecessor();
+  EpochWords w{0, 0};
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
-    const uint64_t e = self->epoch[blockIdx.x] + 1;
-    if (has_given_up(s)) {
+    w.last = *reinterpret_cast<volatile uint64_t*>(&self->epoch[blockIdx.x]);
+    w.aborted = *reinterpret_cast<volatile uint64_t*>(&self->aborted);
+  }
+  return w;
+}
+
+__device__ __forceinline__ uint64_t end_epoch(const Sync& s, EpochWords w) {
+  __shared__ uint64_t epoch;
+  if (s.early) let_dependents_launch();
+  if (threadIdx.x == 0) {
+    if (w.aborted != 0) {
       epoch = 0;
     } else {
-      epoch = e;
-      self->epoch[blockIdx.x] = e;
+      epoch = w.last + 1;
+      own_signal(s)->epoch[blockIdx.x] = w.last + 1;
     }
   }
   __syncthreads();
   return epoch;
 }
+
+__device__ __forceinline__ uint64_t next_epoch(const Sync& s) { return end_epoch(s, begin_epoch(s)); }
 
 // Kernels read peers' buffers through slots. A slot whose pointers were never filled in (a
 // graph replayed although its registration failed) is refused, never dereferenced. Every

@@ -99,8 +99,8 @@ typedef struct symcomm_ar_ctx* symcomm_ar_t;
 /*
  * Why a context's kernels stopped: the word symcomm_ar_alarm points at holds 0 while the
  * context is healthy, else (kind << 32) | (phase << 16) | peer. phase: 0, 1, 2 for the start,
- * middle and end barrier, 3 for the flag-free kernel's data, 4 for a kernel's wait for its own
- * blocks (then peer is the rank itself). Once set it stays set, and every
+ * middle and end barrier (2 also for a meeting of every block of every rank), 3 for the
+ * flag-free kernel's data. Once set it stays set, and every
  * later kernel of the context returns at once without writing its output.
  */
 enum {
@@ -453,11 +453,12 @@ typedef struct {
   int32_t* expert_offsets;    /* this rank's, num_experts / world + 1 */
 } symcomm_ep_dispatch_args_t;
 
-/* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (one block,
- * two bounded barriers; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH
- * before any row moves), places this rank's entries, then writes each token (quantized per quant) into the receive buffers of
- * the ranks holding its experts, with its origin in their recv_src. When it completes on a rank,
- * every row sent to that rank has landed. Two launches. */
+/* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (a bounded
+ * barrier; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH before any row
+ * moves), places this rank's entries, then writes each token (quantized per quant) into the
+ * receive buffers of the ranks holding its experts, with its origin in their recv_src, and meets
+ * the peers again. When it completes on a rank, every row sent to that rank has landed. One
+ * launch. */
 symcomm_status_t symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args,
                                      symcomm_stream_t stream);
 
@@ -482,8 +483,8 @@ typedef struct {
 } symcomm_ep_combine_args_t;
 
 /* Combine: every rank writes each used row of expert_out (FP8-quantized per quant) into the
- * returned buffer of the rank that owns its token, then (a second, local launch) each rank adds
- * its tokens' rows in slot order, weighted, in fp32, into out. */
+ * returned buffer of the rank that owns its token, every block meets every peer block, and each
+ * rank adds its tokens' rows in slot order, weighted, in fp32, into out. One launch. */
 symcomm_status_t symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args,
                                     symcomm_stream_t stream);
 

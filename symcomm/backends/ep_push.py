@@ -1,5 +1,5 @@
 """``peer-push``: moe_dispatch and moe_combine through peer-mapped symmetric memory, one
-symcomm_ep_dispatch / symcomm_ep_combine each (csrc/ep.cu: two launches and one, the counts
+symcomm_ep_dispatch / symcomm_ep_combine each (csrc/ep.cu: one launch each, the counts
 exchanged on the device, so nothing waits for the host and every launch can be captured).
 
 They need CUDA, the peer runtime (world 2, 4, 6 or 8 on one host), at most 1,024 experts and a

@@ -37,8 +37,7 @@ DEFAULT_FLAGFREE_BYTES = 2 << 20
 DEFAULT_GRAPH_SLOTS = 4096
 # symcomm.h's SYMCOMM_AR_ABORT_* kinds and phases, for the alarm's message.
 ABORT_TIMEOUT, ABORT_UNREGISTERED, ABORT_CLOSED, ABORT_MISMATCH = 1, 2, 3, 4
-ABORT_PHASES = ("start barrier", "middle barrier", "end barrier", "wait for its data",
-                "wait for its own blocks (perhaps one could not start: too few SMs free)")
+ABORT_PHASES = ("start barrier", "middle barrier", "end barrier", "wait for its data")
 
 
 def handle_ints(raw: bytes) -> list[int]:
@@ -107,7 +106,7 @@ class PeerContext:
         kind, phase, peer = code >> 32, (code >> 16) & 0xFFFF, code & 0xFFFF
         if kind == ABORT_TIMEOUT:
             what = (f"rank {self.rank}'s custom all-reduce waited {self.timeout_s:g} s for rank {peer} at its "
-                    f"{ABORT_PHASES[min(phase, 4)]} and gave up (raise the timeout where a rank may be that late)")
+                    f"{ABORT_PHASES[min(phase, len(ABORT_PHASES) - 1)]} and gave up (raise the timeout where a rank may be that late)")
         elif kind == ABORT_UNREGISTERED:
             what = (f"rank {self.rank} replayed a captured custom all-reduce whose buffers were never registered "
                     f"(its slot has no address for rank {peer}): a graph from a graph_capture() that raised")

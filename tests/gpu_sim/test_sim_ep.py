@@ -35,14 +35,15 @@ from _ep_reference import encode, random_case, world_combine, world_dispatch  # 
 
 # (tokens per rank, experts, top-k, align, quant, swizzle, hidden): zero-token ranks, one token,
 # top-k 1..8, 12 and 32 (past one group of the sum's loads), experts nobody picks (few tokens,
-# many experts), alignment, the three encodings.
+# many experts), alignment, the three encodings, and thousands of entries (a counting warp's run
+# of many 32-entry chunks, and entries past the dispatch's shared cache of rows).
 CASES = {
     2: [((0, 5), 4, 1, 1, None, False, 256), ((7, 3), 8, 2, 4, "nvfp4", False, 256),
         ((1, 9), 16, 8, 1, "fp8", False, 256), ((4, 0), 6, 3, 128, "nvfp4", True, 7168),
-        ((3, 2), 32, 12, 1, None, False, 256)],
+        ((3, 2), 32, 12, 1, None, False, 256), ((700, 651), 256, 8, 1, None, False, 128)],
     4: [((3, 0, 5, 1), 8, 4, 1, None, False, 7168), ((0, 0, 2, 0), 64, 7, 2, "fp8", False, 128),
         ((6, 6, 6, 6), 16, 5, 1, "nvfp4", False, 512), ((2, 9, 1, 4), 4, 3, 8, None, False, 136),
-        ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256)],
+        ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256), ((300, 0, 530, 129), 64, 8, 2, "fp8", False, 128)],
     8: [((1, 0, 3, 2, 0, 4, 1, 2), 16, 6, 1, None, False, 256), ((5,) * 8, 64, 8, 1, "nvfp4", True, 256),
         ((0, 2, 0, 0, 3, 0, 0, 1), 256, 8, 4, "fp8", False, 384)],
 }
@@ -262,6 +263,33 @@ def test_a_stalled_rank_raises_the_alarm_within_the_bound():
         _each_rank(sim, streams, lambda r: comms[r].moe_dispatch(
             xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r]) if r == 0 else None)
         assert torch.equal(bufs[0].handle.recv_src, before)
+
+
+def test_a_rank_missing_from_a_combine_raises_the_alarm_within_the_bound():
+    """Every rank dispatches, rank 2 never combines: the others' blocks, which wait for every block
+    of every peer before they add, stop within the bound and name rank 2."""
+    world, timeout_s, experts, k, hidden, max_tokens = 4, 1.0, 8, 2, 256, 3
+    with SimWorld(world, timeout_s=timeout_s, graph_slots=8) as sim:
+        comms = [SimComm(sim, r) for r in range(world)]
+        bufs = _buffers(sim, max_tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
+        xs, ids, ws = random_case(world, [max_tokens] * world, hidden, experts, k, seed=6)
+        xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
+        streams = [torch.cuda.Stream() for _ in range(world)]
+        got = [None] * world
+
+        def dispatch(r):
+            got[r] = comms[r].moe_dispatch(xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r])
+
+        _each_rank(sim, streams, dispatch)
+        assert all(sim.alarm(r) == 0 for r in range(world))
+        outs = [torch.randn(got[r].x.shape[0], hidden, device="cuda").to(torch.bfloat16) for r in range(world)]
+        start = time.monotonic()
+        _each_rank(sim, streams, lambda r: comms[r].moe_combine(outs[r], got[r].handle) if r != 2 else None)
+        elapsed = time.monotonic() - start
+        assert timeout_s * 0.9 <= elapsed < timeout_s + 10, elapsed
+        for r in (0, 1, 3):
+            alarm = sim.alarm(r)
+            assert alarm >> 32 == ABORT_TIMEOUT and alarm & 0xFFFF == 2, hex(alarm)
 
 
 def test_ranks_that_disagree_on_sizes_stop_before_any_row_moves():
