@@ -77,6 +77,7 @@ struct Dispatch {
   int32_t* expert_offsets;
   int64_t units;      // lane units per token row (16 bytes, an NVFP4 block, or 8 FP8 values)
   int64_t row_bytes;  // bytes of one received row
+  int32_t mark;       // this rank's fingerprint (ep.cuh)
 };
 
 struct Combine {
@@ -274,14 +275,17 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   }
   __syncthreads();
   // This rank's row of every rank's counts table: its counts, then its fingerprint (one more
-  // column). The tables are context memory, in the Signal blocks, so no barrier comes first: a
-  // rank reads its table only in its own dispatch, and a peer can be here, writing it, only after
-  // its previous dispatch met this rank's at kEnd, which every block of this rank reached after
-  // reading the table. A pool buffer could have served some other use on this rank until this
-  // call, so writing one needed a start barrier. The kMid barrier still proves every rank got
-  // here after all its earlier work, before any row moves into its pool buffers.
+  // column), the same values from every block. The tables are context memory, in the Signal
+  // blocks, so no barrier comes first: a rank reads its table only in its own dispatch, and a peer
+  // writes it again only in its next dispatch, which begins (griddepcontrol.wait) after the whole
+  // previous dispatch grid of that peer completed; each of those blocks met this rank's block of
+  // the same index at kEnd (the grids are equal), which that block reached after reading the
+  // table. A pool buffer could have served some other use on this rank until this call, so
+  // writing one needed a start barrier. The kMid barrier still proves every rank got here after
+  // all its earlier work, before any row moves into its pool buffers. Every block writes the
+  // whole row, W * (E + 1) words to the peers: 8 KiB a block at 256 experts and world 8.
   const int row = E + 1;
-  const int32_t mark = ep::fingerprint(job.capacity, job.row_bytes, job.topk, job.align, job.max_tokens, E);
+  const int32_t mark = job.mark;
   for (int i = threadIdx.x; i < W * row; i += blockDim.x) {
     const int q = (s.rank + i / row) % W;  // ranks do not all start on one peer
     const int col = i % row;
@@ -294,7 +298,9 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   const bool writer = blockIdx.x == 0;  // of the outputs the handle keeps; every block computes them
   // Every rank sees every fingerprint, so every rank stops alike, before any row moves. The
   // fingerprints are read in the same pass as the counts, which also go to the handle's table.
-  bool agree = true;
+  // A block of this rank that gave up at kMid (a peer's block never came) stops the others here,
+  // in the same round trip, before they send rows into the peers that did come.
+  bool agree = !(threadIdx.x == 0 && has_given_up(s));
   if (threadIdx.x < W) {
     const int32_t theirs = all[threadIdx.x][kMaxExperts];
     if (writer) table_here[threadIdx.x * row + E] = theirs;
@@ -455,14 +461,16 @@ struct ReturnPass {
     }
   }
 
-  // The loaded pieces of items below `items`, the ones of rows this call received.
-  __device__ __forceinline__ void store(const Combine& job, char* const* returned_at, int64_t item, int64_t items,
-                                        int64_t stride, int64_t slots_back) const {
+  // The loaded pieces of items below `items`, the ones of rows this call received. An origin past
+  // the world (only a corrupted recv_src holds one) is skipped rather than followed.
+  __device__ __forceinline__ void store(const Combine& job, char* const* returned_at, int world, int64_t item,
+                                        int64_t items, int64_t stride, int64_t slots_back) const {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       if (item + k * stride >= items || origin[k] < 0 || unit[k] >= job.units) continue;
-      const int64_t slot = origin[k] % slots_back;
-      reinterpret_cast<uint4*>(returned_at[origin[k] / slots_back])[slot * job.units + unit[k]] = value[k];
+      const int64_t owner = origin[k] / slots_back, slot = origin[k] % slots_back;
+      if (owner >= world) continue;
+      reinterpret_cast<uint4*>(returned_at[owner])[slot * job.units + unit[k]] = value[k];
     }
   }
 };
@@ -502,12 +510,12 @@ __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slot
   int64_t item = first_item;
   if constexpr (Q == SYMCOMM_EP_NONE) {
     if (one_pass) {
-      single.store(job, returned_at, item, items, stride, slots_back);
+      single.store(job, returned_at, W, item, items, stride, slots_back);
     } else {
       for (; item < items; item += 8 * stride) {
         ReturnPass<8> pass;
         pass.load(job, item, items, stride, chunks);
-        pass.store(job, returned_at, item, items, stride, slots_back);
+        pass.store(job, returned_at, W, item, items, stride, slots_back);
       }
     }
   } else {
@@ -519,7 +527,7 @@ __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slot
       if (mine)  // beside recv_src, as above
         *reinterpret_cast<uint4*>(raw) = __ldg(reinterpret_cast<const uint4*>(
             static_cast<const T*>(job.expert_out) + r * job.cols + u * ep::kFp8Unit));
-      if (origin < 0) continue;  // the same for every lane: one row per warp
+      if (origin < 0 || origin / slots_back >= W) continue;  // the same for every lane: one row per warp
       const int owner = int(origin / slots_back);
       const int64_t slot = origin % slots_back;
       char* back = returned_at[owner];
@@ -587,23 +595,25 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
   j.send_rows = a.send_rows, j.expert_counts = a.expert_counts, j.expert_offsets = a.expert_offsets;
   switch (a.quant) {
     case SYMCOMM_EP_NONE:
-      if (a.cols * itemsize(a.dtype) % 16) return false;
+      if (a.cols * itemsize(a.dtype) % 16 || a.swizzle) return false;
       j.row_bytes = a.cols * int64_t(itemsize(a.dtype));
       j.units = j.row_bytes / 16;
-      return !a.swizzle;
+      break;
     case SYMCOMM_EP_NVFP4:
       if (a.dtype == SYMCOMM_FLOAT32 || a.cols % fp4::kBlock) return false;
       j.row_bytes = a.cols / 2;
       j.units = a.cols / fp4::kBlock;
-      return true;
+      break;
     case SYMCOMM_EP_FP8:
       if (a.dtype == SYMCOMM_FLOAT32 || a.cols % ep::kFp8Block || a.swizzle) return false;
       j.row_bytes = a.cols;
       j.units = a.cols / ep::kFp8Unit;
-      return true;
+      break;
     default:
       return false;
   }
+  j.mark = ep::fingerprint(a.capacity, j.row_bytes, a.topk, a.align, a.max_tokens, a.num_experts, a.quant, a.cols);
+  return true;
 }
 
 bool combine_job(const symcomm_ep_combine_args_t& a, Combine* job) {
@@ -870,9 +880,7 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
   }
   const int E = args[0].num_experts, L = E / world;
   for (int r = 0; r < world; ++r)  // the kernels stop ranks whose sizes differ; the twin refuses them
-    if (ep::fingerprint(args[r].capacity, jobs[r].row_bytes, args[r].topk, args[r].align, args[r].max_tokens, E) !=
-        ep::fingerprint(args[0].capacity, jobs[0].row_bytes, args[0].topk, args[0].align, args[0].max_tokens, E))
-      return cudaErrorInvalidValue;
+    if (jobs[r].mark != jobs[0].mark) return cudaErrorInvalidValue;
   // Counts and positions, entry by entry in token order; every rank's row into every table.
   for (int r = 0; r < world; ++r) {
     const symcomm_ep_dispatch_args_t& a = args[r];
@@ -881,7 +889,7 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
       const int key = entry_key_host(a, e);
       a.send_rows[e] = key < 0 ? -1 : counts[key]++;
     }
-    counts.push_back(ep::fingerprint(a.capacity, jobs[r].row_bytes, a.topk, a.align, a.max_tokens, E));
+    counts.push_back(jobs[r].mark);
     for (int q = 0; q < world; ++q) std::memcpy(table[q] + r * (E + 1), counts.data(), sizeof(int32_t) * (E + 1));
   }
   // Rows: segment starts per rank and expert, this rank's layout, each entry's row.

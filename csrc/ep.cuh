@@ -38,11 +38,13 @@ SYMCOMM_HD int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; 
 
 // What every rank of a dispatch must agree on, folded into one int32 that travels in the counts
 // table (symcomm/ep/layout.py's fingerprint computes the same): ranks that sized their buffers
-// differently see it before any row moves.
+// differently see it before any row moves. The encoding and the row's values are in it because
+// they set the grid (units per row) and what a row's bytes mean: NVFP4 rows of c values and FP8
+// rows of c / 2 have the same bytes and units.
 SYMCOMM_HD int32_t fingerprint(int64_t capacity, int64_t row_bytes, int topk, int align, int64_t max_tokens,
-                               int experts) {
+                               int experts, int quant, int64_t cols) {
   const uint64_t parts[] = {uint64_t(capacity), uint64_t(row_bytes), uint64_t(topk), uint64_t(align),
-                            uint64_t(max_tokens), uint64_t(experts)};
+                            uint64_t(max_tokens), uint64_t(experts), uint64_t(quant), uint64_t(cols)};
   uint64_t h = 0;
   for (uint64_t part : parts) h = (h * 1000003ull) ^ part;
   return int32_t(h & 0x7FFFFFFFull);

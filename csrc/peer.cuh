@@ -32,7 +32,8 @@ constexpr int kMaxBlocks = 64;
 constexpr int kThreads = 512;
 // Grid cap of the barrier kernels (one-shot, two-shot, the push gathers, MoE dispatch/combine;
 // H100 and H200 have 132 SMs). Every block spins on peers in barriers, so all of them must be
-// resident at once: 64 blocks of 512 threads fit beside other work. At world 2 on H200, 64
+// resident at once: 64 blocks of 512 threads fit beside other work (MoE dispatch's 1024-thread
+// blocks at prefill sizes take a whole SM's registers each, 64 of 132 SMs). At world 2 on H200, 64
 // blocks against 36 took the one-shot all-reduce from 68.8 to 59.8 us at 16 MiB and the
 // one-shot reduce-scatter from 154 to 112 us at 64 MiB
 // (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll). kMaxBlocks bounds it.
@@ -282,7 +283,7 @@ __device__ inline bool wait_flag(const Sync& s, const uint64_t* p, uint64_t epoc
 }
 
 // Where a rank gave up (SYMCOMM_AR_ABORT_* phase): a barrier, or the flag-free kernel's data.
-enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3 };
+enum Phase { kStart = 0, kMid = 1, kEnd = 2, kFlagFreePhase = 3, kOwnBlocksPhase = 4 };
 
 __device__ __forceinline__ uint64_t* phase_flags(Signal* s, int phase, int block) {
   return phase == kStart ? s->start[block] : phase == kMid ? s->mid[block] : s->end[block];
@@ -313,21 +314,38 @@ __device__ __forceinline__ uint64_t next_meeting(const Sync& s) {
 // Every block of every rank meets here, where barrier() meets only the peers' block b: for a
 // kernel whose blocks go on to read what any peer's block wrote. Threads 0..world-1 tell each
 // peer this block arrived, tagged with the meeting's number (blocks' epochs differ, so a block
-// could not tell what a peer's block b' writes); then thread j < 64 waits for block i / world of
-// rank i % world for each i = j, j + 64, ... below grid * world. Two warps, not a thread per flag:
-// while some blocks still send rows, a thousand threads spinning on flags slowed them (a
-// 2048-token combine by 30 µs on simulated ranks, bench/NOTES.md). The flags are the same
-// release/acquire pairs as barrier()'s, with a CTA barrier on each side. False, in every thread,
-// once the rank gave up.
+// could not tell what a peer's block b' writes); then thread j < 64 waits, with acquire loads,
+// for block i / world of rank i % world, for each i = j, j + 64, ... below grid * world, one flag
+// after another under one bound. Measured on simulated ranks (bench/NOTES.md, 2026-11-29 ninth
+// session): a thread per flag slowed the blocks still sending rows (a 2048-token combine by 30
+// µs); polling all of a thread's flags at once with relaxed loads and one sys-scope fence after
+// cost 1.2 µs at decode, the fence's. At world 8 a 64-block grid gives each waiter 8 flags, up
+// to 7 round trips after the last lands. False, in every thread, once the rank gave up.
 __device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meeting) {
+  constexpr int kWaiters = 64;
   __syncthreads();
   if (int(threadIdx.x) < world)
     store_release(&reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x])->met[blockIdx.x][s.rank], meeting);
   bool ok = true;
-  constexpr int kWaiters = 64;
-  if (threadIdx.x < kWaiters)
-    for (int i = threadIdx.x; ok && i < int(gridDim.x) * world; i += kWaiters)
-      ok = wait_flag(s, &own_signal(s)->met[i / world][i % world], meeting, kEnd, i % world);
+  if (threadIdx.x < kWaiters) {
+    const int flags = int(gridDim.x) * world;
+    const uint64_t* met = &own_signal(s)->met[0][0];  // met[b][p] at b * kMaxRanks + p
+    uint64_t t0 = 0;
+    for (int i = threadIdx.x; ok && i < flags; i += kWaiters) {
+      const uint64_t* flag = met + (i / world) * kMaxRanks + i % world;
+      while (ok && !reached(load_acquire(flag), meeting)) {
+        if (t0 == 0) t0 = now_ns();
+        if (has_given_up(s)) {
+          ok = false;
+        } else if (now_ns() - t0 > s.timeout_ns) {
+          // A block of this rank's own grid that never arrived could not start: too few SMs free.
+          const int peer = i % world;
+          give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, peer == s.rank ? kOwnBlocksPhase : kEnd, peer));
+          ok = false;
+        }
+      }
+    }
+  }
   ok = __syncthreads_and(ok);
   if (ok && threadIdx.x == 0) own_signal(s)->meetings = meeting;
   return ok;

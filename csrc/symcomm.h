@@ -100,7 +100,8 @@ typedef struct symcomm_ar_ctx* symcomm_ar_t;
  * Why a context's kernels stopped: the word symcomm_ar_alarm points at holds 0 while the
  * context is healthy, else (kind << 32) | (phase << 16) | peer. phase: 0, 1, 2 for the start,
  * middle and end barrier (2 also for a meeting of every block of every rank), 3 for the
- * flag-free kernel's data. Once set it stays set, and every
+ * flag-free kernel's data, 4 for a meeting's wait for a block of the rank's own grid (then peer
+ * is the rank itself). Once set it stays set, and every
  * later kernel of the context returns at once without writing its output.
  */
 enum {

@@ -12,7 +12,9 @@ import torch
 
 from _ep_reference import encode, random_case, world_combine, world_dispatch
 from symcomm import fp4
+from symcomm._native import EP_QUANT_CODES
 from symcomm.ep import fp8, host, layout
+from symcomm.operations.moe_dispatch import row_bytes
 
 needs_twin = pytest.mark.needs_native
 
@@ -62,6 +64,16 @@ def test_layout_functions_match_the_reference(case):
     assert all(rec.offsets[-1] <= cap for rec in received)
 
 
+def test_the_fingerprint_tells_encodings_with_equal_row_bytes_apart():
+    """NVFP4 rows of 256 values and FP8 rows of 128 both take 128 bytes and 16 lane units, so one
+    dispatch grid: only the encoding and the row's values in the fingerprint stop ranks that mixed
+    them before rows of one encoding land where the other is read."""
+    sizes = (64, row_bytes(256, torch.bfloat16, "nvfp4"), 8, 1, 4, 16)
+    assert sizes[1] == row_bytes(128, torch.bfloat16, "fp8") == 128
+    assert (layout.fingerprint(*sizes, EP_QUANT_CODES["nvfp4"], 256) !=
+            layout.fingerprint(*sizes, EP_QUANT_CODES["fp8"], 128))
+
+
 def test_capacity_is_reached_and_not_passed():
     """Every token of every rank picks all k experts of rank 0: it receives exactly capacity rows
     (less the padding of experts that got none)."""
@@ -93,6 +105,10 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
         used = rec.offsets[-1]
         assert got.recv_src[:used].tolist() == rec.recv_src, where
         assert got.table[:, :-1].tolist() == rec.table, where
+        # the kernels' fingerprint (csrc/ep.cuh) is the one the a2a path computes in Python
+        mark = layout.fingerprint(layout.capacity(world, max_tokens, k, experts, align), row_bytes(hidden, dtype, quant),
+                                  k, align, max_tokens, experts, EP_QUANT_CODES[quant], hidden)
+        assert got.table[:, -1].tolist() == [mark] * world, where
         assert torch.equal(got.send_rows[:tokens[p]], send_rows[p]), where
         if rec.rows:
             filled = torch.tensor(sorted(rec.rows))

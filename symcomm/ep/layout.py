@@ -48,10 +48,11 @@ def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: in
 
 
 def fingerprint(capacity_rows: int, row_bytes: int, topk: int, align: int, max_tokens: int,
-                num_experts: int) -> int:
-    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32."""
+                num_experts: int, quant_code: int, hidden: int) -> int:
+    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32.
+    ``quant_code`` is symcomm.h's symcomm_ep_quant_t (0 none, 1 NVFP4, 2 FP8)."""
     h = 0
-    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts):
+    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, quant_code, hidden):
         h = ((h * 1000003) & 0xFFFFFFFFFFFFFFFF) ^ part
     return h & 0x7FFFFFFF
 
