@@ -242,7 +242,11 @@ def test_replay_equals_eager_and_reuses_the_buffers():
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
-def test_a_stalled_rank_raises_the_alarm_within_the_bound():
+@pytest.mark.parametrize("missing_from", ["dispatch", "combine"])
+def test_a_stalled_rank_raises_the_alarm_within_the_bound(missing_from):
+    """Rank 2 never dispatches, or dispatches and never combines (whose blocks wait for every block
+    of every peer before they add): the others stop within the bound and name rank 2, and a stopped
+    rank's later calls return at once without writing."""
     world, timeout_s, experts, k, hidden, max_tokens = 4, 1.0, 8, 2, 256, 3
     with SimWorld(world, timeout_s=timeout_s, graph_slots=8) as sim:
         comms = [SimComm(sim, r) for r in range(world)]
@@ -250,46 +254,31 @@ def test_a_stalled_rank_raises_the_alarm_within_the_bound():
         xs, ids, ws = random_case(world, [max_tokens] * world, hidden, experts, k, seed=5)
         xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
         streams = [torch.cuda.Stream() for _ in range(world)]
-        start = time.monotonic()
-        _each_rank(sim, streams, lambda r: comms[r].moe_dispatch(
-            xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r]) if r != 2 else None)
-        elapsed = time.monotonic() - start
-        assert timeout_s * 0.9 <= elapsed < timeout_s + 10, elapsed
-        for r in (0, 1, 3):
-            alarm = sim.alarm(r)
-            assert alarm >> 32 == ABORT_TIMEOUT and alarm & 0xFFFF == 2, hex(alarm)
-        # every later call of a stopped rank returns at once, without writing
-        before = bufs[0].handle.recv_src.clone()
-        _each_rank(sim, streams, lambda r: comms[r].moe_dispatch(
-            xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r]) if r == 0 else None)
-        assert torch.equal(bufs[0].handle.recv_src, before)
-
-
-def test_a_rank_missing_from_a_combine_raises_the_alarm_within_the_bound():
-    """Every rank dispatches, rank 2 never combines: the others' blocks, which wait for every block
-    of every peer before they add, stop within the bound and name rank 2."""
-    world, timeout_s, experts, k, hidden, max_tokens = 4, 1.0, 8, 2, 256, 3
-    with SimWorld(world, timeout_s=timeout_s, graph_slots=8) as sim:
-        comms = [SimComm(sim, r) for r in range(world)]
-        bufs = _buffers(sim, max_tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
-        xs, ids, ws = random_case(world, [max_tokens] * world, hidden, experts, k, seed=6)
-        xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
-        streams = [torch.cuda.Stream() for _ in range(world)]
         got = [None] * world
 
         def dispatch(r):
             got[r] = comms[r].moe_dispatch(xs[r], ids[r], ws[r], experts, max_tokens=max_tokens, out=bufs[r])
 
-        _each_rank(sim, streams, dispatch)
-        assert all(sim.alarm(r) == 0 for r in range(world))
-        outs = [torch.randn(got[r].x.shape[0], hidden, device="cuda").to(torch.bfloat16) for r in range(world)]
+        outs = []
+
+        def combine(r):
+            comms[r].moe_combine(outs[r], got[r].handle)
+
+        if missing_from == "combine":
+            _each_rank(sim, streams, dispatch)
+            assert all(sim.alarm(r) == 0 for r in range(world))
+            outs += [torch.randn(got[r].x.shape[0], hidden, device="cuda").to(torch.bfloat16) for r in range(world)]
+        stalled = combine if missing_from == "combine" else dispatch
         start = time.monotonic()
-        _each_rank(sim, streams, lambda r: comms[r].moe_combine(outs[r], got[r].handle) if r != 2 else None)
+        _each_rank(sim, streams, lambda r: stalled(r) if r != 2 else None)
         elapsed = time.monotonic() - start
         assert timeout_s * 0.9 <= elapsed < timeout_s + 10, elapsed
         for r in (0, 1, 3):
             alarm = sim.alarm(r)
             assert alarm >> 32 == ABORT_TIMEOUT and alarm & 0xFFFF == 2, hex(alarm)
+        before = bufs[0].handle.recv_src.clone()
+        _each_rank(sim, streams, lambda r: dispatch(r) if r == 0 else None)
+        assert torch.equal(bufs[0].handle.recv_src, before)
 
 
 def test_ranks_that_disagree_on_sizes_stop_before_any_row_moves():
