@@ -70,8 +70,8 @@ def test_the_fingerprint_tells_encodings_with_equal_row_bytes_apart():
     them before rows of one encoding land where the other is read."""
     sizes = (64, row_bytes(256, torch.bfloat16, "nvfp4"), 8, 1, 4, 16)
     assert sizes[1] == row_bytes(128, torch.bfloat16, "fp8") == 128
-    assert (layout.fingerprint(*sizes, EP_QUANT_CODES["nvfp4"], 256) !=
-            layout.fingerprint(*sizes, EP_QUANT_CODES["fp8"], 128))
+    assert layout.fingerprint(*sizes, "nvfp4", 256) != layout.fingerprint(*sizes, "fp8", 128)
+    assert layout.QUANT_CODES == EP_QUANT_CODES  # the codes the kernels get
 
 
 def test_capacity_is_reached_and_not_passed():
@@ -107,7 +107,7 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
         assert got.table[:, :-1].tolist() == rec.table, where
         # the kernels' fingerprint (csrc/ep.cuh) is the one the a2a path computes in Python
         mark = layout.fingerprint(layout.capacity(world, max_tokens, k, experts, align), row_bytes(hidden, dtype, quant),
-                                  k, align, max_tokens, experts, EP_QUANT_CODES[quant], hidden)
+                                  k, align, max_tokens, experts, quant, hidden)
         assert got.table[:, -1].tolist() == [mark] * world, where
         assert torch.equal(got.send_rows[:tokens[p]], send_rows[p]), where
         if rec.rows:

@@ -47,12 +47,16 @@ def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: in
     return world * max_tokens * min(topk, local) + local * (align - 1)
 
 
+# symcomm.h's symcomm_ep_quant_t, as the fingerprint folds it in (symcomm/_native.py passes the same
+# codes to the kernels; a test holds the two equal).
+QUANT_CODES = {None: 0, "nvfp4": 1, "fp8": 2}
+
+
 def fingerprint(capacity_rows: int, row_bytes: int, topk: int, align: int, max_tokens: int,
-                num_experts: int, quant_code: int, hidden: int) -> int:
-    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32.
-    ``quant_code`` is symcomm.h's symcomm_ep_quant_t (0 none, 1 NVFP4, 2 FP8)."""
+                num_experts: int, quant: str | None, hidden: int) -> int:
+    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32."""
     h = 0
-    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, quant_code, hidden):
+    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, QUANT_CODES[quant], hidden):
         h = ((h * 1000003) & 0xFFFFFFFFFFFFFFFF) ^ part
     return h & 0x7FFFFFFF
 
