@@ -211,17 +211,6 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   return v;
 }
 
-// The same at gpu scope, for words only this rank's own blocks share.
-__device__ __forceinline__ void store_release_gpu(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // The barrier flags' 64-bit twins: one aligned 64-bit access, so a reader never sees half of
 // a new epoch and half of an old one.
 __device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
