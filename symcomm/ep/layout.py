@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import fp4
+from .._native import EP_QUANT_CODES
 
 
 def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: int) -> int:
@@ -47,16 +48,12 @@ def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: in
     return world * max_tokens * min(topk, local) + local * (align - 1)
 
 
-# symcomm.h's symcomm_ep_quant_t, as the fingerprint folds it in (symcomm/_native.py passes the same
-# codes to the kernels; a test holds the two equal).
-QUANT_CODES = {None: 0, "nvfp4": 1, "fp8": 2}
-
-
 def fingerprint(capacity_rows: int, row_bytes: int, topk: int, align: int, max_tokens: int,
                 num_experts: int, quant: str | None, hidden: int) -> int:
-    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32."""
+    """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32 (the
+    encoding by the code the kernels get)."""
     h = 0
-    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, QUANT_CODES[quant], hidden):
+    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, EP_QUANT_CODES[quant], hidden):
         h = ((h * 1000003) & 0xFFFFFFFFFFFFFFFF) ^ part
     return h & 0x7FFFFFFF
 
