@@ -18,11 +18,13 @@
 // the tokens must have finished adding the previous combine's rows, which they read from the buffer
 // this call writes; that start barrier is skipped when a dispatch ran since the last combine, since
 // the dispatch's barriers already proved it (every rank reached them only after finishing the
-// combine before). The mark is the peer-push paths' own: an a2a dispatch leaves it alone, and an
-// a2a combine never reads `returned`. It writes each used received row of expert_out (FP8-quantized
-// on the way) into the owner's returned buffer at the entry's slot, meets every block of every
-// peer (meet_all_blocks: a block sums tokens whose rows any peer block may have sent), and adds
-// each token's returned rows in slot order, weighted, in fp32.
+// combine before). The flag that records a dispatch (ep_dispatched) is the peer-push paths' own:
+// an a2a dispatch leaves it alone, and an a2a combine never reads `returned`. It writes each used
+// received row of expert_out (FP8-quantized on the way) into the owner's returned buffer at the
+// entry's slot, meets every block of every peer (meet_all_blocks: a block sums tokens whose rows
+// any peer block may have sent; the meeting's flags carry each rank's combine_mark, so ranks that
+// passed another quant or dtype stop there, before any sum), and adds each token's returned rows
+// in slot order, weighted, in fp32.
 //
 // No count ever reaches the host: the grids follow max_tokens and capacity, equal on every rank,
 // and the kernels read the counts on the device, so every launch can be captured in a graph.
@@ -92,6 +94,7 @@ struct Combine {
   symcomm_dtype_t weights_dtype;
   void* out;
   int64_t units;  // lane units per row sent back: 16 bytes, or 8 FP8 values
+  uint32_t mark;  // what the ranks must agree on (ep.cuh's combine_mark), checked at the meeting
 };
 
 // ------------------------------------------------------------------ dispatch
@@ -549,7 +552,7 @@ __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slot
     }
   }
   // Rows came back from every block of every peer. A rank that gave up leaves out unwritten.
-  if (!meet_all_blocks(s, W, meeting)) return;
+  if (!meet_all_blocks(s, W, meeting, job.mark)) return;
   if (blockIdx.x == 0 && threadIdx.x == 0) own_signal(s)->ep_dispatched = 0;  // every block has read it
   // One thread per 8 values of a token: its entries' rows in slot order, weighted, in fp32.
   const int64_t per_row = job.cols / ep::kCombineUnit;
@@ -612,7 +615,8 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
     default:
       return false;
   }
-  j.mark = ep::fingerprint(a.capacity, j.row_bytes, a.topk, a.align, a.max_tokens, a.num_experts, a.quant, a.cols);
+  j.mark = ep::fingerprint(a.capacity, j.row_bytes, a.topk, a.align, a.max_tokens, a.num_experts, a.quant, a.cols,
+                           a.dtype);
   return true;
 }
 
@@ -631,6 +635,7 @@ bool combine_job(const symcomm_ep_combine_args_t& a, Combine* job) {
   j.rows = a.rows, j.topk = a.topk, j.num_local = a.num_local, j.recv_src = a.recv_src;
   j.expert_offsets = a.expert_offsets, j.returned = {a.returned_slot, a.returned_offset};
   j.send_rows = a.send_rows, j.weights = a.weights, j.weights_dtype = a.weights_dtype, j.out = a.out;
+  j.mark = ep::combine_mark(a.quant, a.dtype, a.cols, a.capacity, a.max_tokens, a.topk);
   if (a.quant == SYMCOMM_EP_NONE) {
     j.units = a.cols * int64_t(itemsize(a.dtype)) / 16;
     return true;
@@ -943,8 +948,8 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
 int symcomm_ep_combine_host(int world, const symcomm_ep_combine_args_t* args, void* const* returned) {
   if (args == nullptr || returned == nullptr || world < 1 || world > kMaxRanks) return cudaErrorInvalidValue;
   std::vector<Combine> jobs(world);
-  for (int r = 0; r < world; ++r)
-    if (!combine_job(args[r], &jobs[r])) return cudaErrorInvalidValue;
+  for (int r = 0; r < world; ++r)  // the kernels stop ranks that disagree at the meeting; the twin refuses them
+    if (!combine_job(args[r], &jobs[r]) || jobs[r].mark != jobs[0].mark) return cudaErrorInvalidValue;
   for (int p = 0; p < world; ++p) {
     const symcomm_ep_combine_args_t& a = args[p];
     int64_t used = a.expert_offsets[a.num_local];

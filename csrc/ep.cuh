@@ -38,16 +38,35 @@ SYMCOMM_HD int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; 
 
 // What every rank of a dispatch must agree on, folded into one int32 that travels in the counts
 // table (symcomm/ep/layout.py's fingerprint computes the same): ranks that sized their buffers
-// differently see it before any row moves. The encoding and the row's values are in it because
-// they set the grid (units per row) and what a row's bytes mean: NVFP4 rows of c values and FP8
-// rows of c / 2 have the same bytes and units.
+// differently see it before any row moves. The encoding, the row's values and their dtype are in
+// it because they set the grid (units per row) and what a row's bytes mean: NVFP4 rows of c
+// values and FP8 rows of c / 2 have the same bytes and units, and so do fp16 and bf16 rows.
 SYMCOMM_HD int32_t fingerprint(int64_t capacity, int64_t row_bytes, int topk, int align, int64_t max_tokens,
-                               int experts, int quant, int64_t cols) {
-  const uint64_t parts[] = {uint64_t(capacity), uint64_t(row_bytes), uint64_t(topk), uint64_t(align),
-                            uint64_t(max_tokens), uint64_t(experts), uint64_t(quant), uint64_t(cols)};
+                               int experts, int quant, int64_t cols, int dtype) {
+  const uint64_t parts[] = {uint64_t(capacity),   uint64_t(row_bytes), uint64_t(topk),
+                            uint64_t(align),      uint64_t(max_tokens), uint64_t(experts),
+                            uint64_t(quant),      uint64_t(cols),       uint64_t(dtype)};
   uint64_t h = 0;
   for (uint64_t part : parts) h = (h * 1000003ull) ^ part;
   return int32_t(h & 0x7FFFFFFFull);
+}
+
+// What every rank of a combine must agree on, in the 16 bits a meeting flag has to spare
+// (peer.cuh's meet_all_blocks): the encoding and dtype exactly, since those are the per-call
+// choices a rank makes alone (the handle's sizes were agreed at dispatch), and 12 bits of a hash
+// of the handle's sizes, against handles of different dispatches. The hash is mixed before its
+// top bits are taken: the low bits of the multiply-xor fold see each size only modulo 4096, so
+// max_tokens 4096 and 8192 would share a mark.
+SYMCOMM_HD uint32_t combine_mark(int quant, int dtype, int64_t cols, int64_t capacity, int64_t max_tokens, int topk) {
+  const uint64_t parts[] = {uint64_t(cols), uint64_t(capacity), uint64_t(max_tokens), uint64_t(topk)};
+  uint64_t h = 0;
+  for (uint64_t part : parts) h = (h * 1000003ull) ^ part;
+  h ^= h >> 33;  // a 64-bit finaliser (MurmurHash3's fmix64): every input bit reaches the top bits
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return uint32_t(quant & 3) | uint32_t(dtype & 3) << 2 | uint32_t(h >> 52) << 4;
 }
 
 // Which entry a received row came from (symcomm/ep/layout.py's recv_src).

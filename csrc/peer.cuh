@@ -76,7 +76,7 @@ struct Signal {
   uint64_t start[kMaxBlocks][kMaxRanks];  // start[b][p]: peer p's block b arrived
   uint64_t mid[kMaxBlocks][kMaxRanks];
   uint64_t end[kMaxBlocks][kMaxRanks];
-  uint64_t met[kMaxBlocks][kMaxRanks];  // met[b][p]: peer p's block b reached meet_all_blocks
+  uint64_t met[kMaxBlocks][kMaxRanks];  // met[b][p]: peer p's block b reached meet_all_blocks (number, mark)
   uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
   uint64_t meetings;                   // meet_all_blocks' count of completed meetings (local only)
   uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
@@ -302,19 +302,31 @@ __device__ __forceinline__ uint64_t next_meeting(const Sync& s) {
 
 // Every block of every rank meets here, where barrier() meets only the peers' block b: for a
 // kernel whose blocks go on to read what any peer's block wrote. Threads 0..world-1 tell each
-// peer this block arrived, tagged with the meeting's number (blocks' epochs differ, so a block
-// could not tell what a peer's block b' writes); then thread j < 64 waits, with acquire loads,
-// for block i / world of rank i % world, for each i = j, j + 64, ... below grid * world, one flag
-// after another under one bound. Measured on simulated ranks (bench/NOTES.md, 2026-11-29 ninth
-// session): a thread per flag slowed the blocks still sending rows (a 2048-token combine by 30
-// µs); polling all of a thread's flags at once with relaxed loads and one sys-scope fence after
-// cost 1.2 µs at decode, the fence's. At world 8 a 64-block grid gives each waiter 8 flags, up
-// to 7 round trips after the last lands. False, in every thread, once the rank gave up.
-__device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meeting) {
+// peer this block arrived, with the meeting's number in the flag's upper 48 bits (blocks' epochs
+// differ, so a block could not tell what a peer's block b' writes) and the caller's 16-bit mark
+// below it; then thread j < 64 waits, with acquire loads, for block i / world of rank i % world,
+// for each i = j, j + 64, ... below grid * world, one flag after another under one bound.
+//
+// A flag of this meeting whose mark is not this rank's stops the rank (SYMCOMM_AR_ABORT_MISMATCH,
+// phase kEnd). A flag past this meeting has its mark unread, but none gets there while a block
+// of this rank is still here: a peer's next kernel passes a barrier with this rank's whole grid
+// first. So with marks that differ no block of either rank completes the meeting, and no rank
+// sums. Every rank names the mismatch unless one of its waiters is held first by a flag that never
+// comes (a peer that already gave up starts no more blocks); that rank then stops at the bound,
+// with a timeout. The meeting number has 48 bits: 2^48 combines at one a microsecond take 9 years.
+//
+// Measured on simulated ranks (bench/NOTES.md, 2026-11-29 ninth session): a thread per flag
+// slowed the blocks still sending rows (a 2048-token combine by 30 µs); polling all of a thread's
+// flags at once with relaxed loads and one sys-scope fence after cost 1.2 µs at decode, the
+// fence's. At world 8 a 64-block grid gives each waiter 8 flags, up to 7 round trips after the
+// last lands. False, in every thread, once the rank gave up.
+__device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meeting, uint32_t mark) {
   constexpr int kWaiters = 64;
+  constexpr int kMarkBits = 16;
   __syncthreads();
+  const uint64_t arrival = meeting << kMarkBits | (mark & 0xFFFFu);
   if (int(threadIdx.x) < world)
-    store_release(&reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x])->met[blockIdx.x][s.rank], meeting);
+    store_release(&reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x])->met[blockIdx.x][s.rank], arrival);
   bool ok = true;
   if (threadIdx.x < kWaiters) {
     const int flags = int(gridDim.x) * world;
@@ -322,16 +334,23 @@ __device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meetin
     uint64_t t0 = 0;
     for (int i = threadIdx.x; ok && i < flags; i += kWaiters) {
       const uint64_t* flag = met + (i / world) * kMaxRanks + i % world;
-      while (ok && !reached(load_acquire(flag), meeting)) {
+      const int peer = i % world;
+      uint64_t seen = load_acquire(flag);
+      while (ok && !reached(seen >> kMarkBits, meeting)) {
         if (t0 == 0) t0 = now_ns();
         if (has_given_up(s)) {
           ok = false;
         } else if (now_ns() - t0 > s.timeout_ns) {
           // A block of this rank's own grid that never arrived could not start: too few SMs free.
-          const int peer = i % world;
           give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, peer == s.rank ? kOwnBlocksPhase : kEnd, peer));
           ok = false;
+        } else {
+          seen = load_acquire(flag);
         }
+      }
+      if (ok && seen >> kMarkBits == meeting && (seen & 0xFFFFu) != (mark & 0xFFFFu)) {
+        give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kEnd, peer));
+        ok = false;
       }
     }
   }

@@ -35,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 7
+#define SYMCOMM_ABI_VERSION 8
 int symcomm_abi_version(void);
 
 /*
@@ -108,8 +108,10 @@ enum {
   SYMCOMM_AR_ABORT_TIMEOUT = 1,      /* peer `peer` did not arrive within timeout_s */
   SYMCOMM_AR_ABORT_UNREGISTERED = 2, /* a graph read a slot whose pointer for `peer` was never set */
   SYMCOMM_AR_ABORT_CLOSED = 3,       /* symcomm_ar_retire: the context was closed */
-  SYMCOMM_AR_ABORT_MISMATCH = 4      /* symcomm_ep_dispatch: rank `peer` passed other sizes (capacity, row
-                                        bytes, topk, align, max_tokens, experts) than this rank; no row moved */
+  SYMCOMM_AR_ABORT_MISMATCH = 4      /* rank `peer` disagrees with this rank. Phase 1: in symcomm_ep_dispatch,
+                                        other sizes (capacity, row bytes, topk, align, max_tokens, experts,
+                                        quant, cols, dtype); no row moved. Phase 2: in symcomm_ep_combine,
+                                        another quant or dtype, or another dispatch's sizes; nothing summed */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -485,7 +487,9 @@ typedef struct {
 
 /* Combine: every rank writes each used row of expert_out (FP8-quantized per quant) into the
  * returned buffer of the rank that owns its token, every block meets every peer block, and each
- * rank adds its tokens' rows in slot order, weighted, in fp32, into out. One launch. */
+ * rank adds its tokens' rows in slot order, weighted, in fp32, into out. Ranks that passed
+ * another quant or dtype (or sizes of another dispatch) all stop at the meeting with
+ * SYMCOMM_AR_ABORT_MISMATCH and write no out. One launch. */
 symcomm_status_t symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args,
                                     symcomm_stream_t stream);
 

@@ -6,6 +6,8 @@ rank's refusal reaches its peers); torch.compile(fullgraph=True) traces the whol
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -244,6 +246,33 @@ def _bad_inputs(rank, world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_bad_input_raises_before_communication_on_every_rank(world):
     run_world(_bad_inputs, world, timeout_s=180)
+
+
+def _disagreeing_ranks(rank, world):
+    """Without check mode, the a2a path itself stops ranks that passed another dtype to a dispatch
+    or another quant to a combine, on every rank, before a row moves; then an agreeing call gives
+    the reference's bits, so the communicator is still usable."""
+    comm = symcomm.Communicator(timeout_s=30, check=False)  # the paths' own checks, whatever SYMCOMM_CHECK says
+    E, H, k, max_tokens = 2 * world, 128, 2, 4
+    xs, ids, ws = random_case(world, [3] * world, H, E, k, seed=41)
+    mixed = xs[rank].to(torch.float16 if rank == world - 1 else torch.bfloat16)  # the same bytes per row
+    with pytest.raises(symcomm.PeerMismatchError, match="different sizes.*dtype"):
+        comm.moe_dispatch(mixed, ids[rank], ws[rank], E, max_tokens=max_tokens)
+    got = comm.moe_dispatch(xs[rank], ids[rank], ws[rank], E, max_tokens=max_tokens)
+    gen = torch.Generator().manual_seed(42)
+    outs = [torch.randn(got.x.shape, generator=gen).to(torch.bfloat16) for _ in range(world)]
+    names = ", ".join(f"rank {r}: {'fp8' if r == world - 1 else 'none'}" for r in range(world))
+    with pytest.raises(symcomm.PeerMismatchError, match=re.escape(f"different quant ({names})")):
+        comm.moe_combine(outs[rank], got.handle, quant="fp8" if rank == world - 1 else None)
+    _, send_rows = world_dispatch(ids, E, max_tokens)
+    want = world_combine(ids, ws, send_rows, outs, E)[rank]
+    assert torch.equal(comm.moe_combine(outs[rank], got.handle), want)
+    comm.close()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_ranks_that_disagree_stop_alike_without_check_mode(world):
+    run_world(_disagreeing_ranks, world, timeout_s=180)
 
 
 def _compiled(rank, world):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from _ep_reference import encode, random_case, world_combine, world_dispatch
+import symcomm
 from symcomm import fp4
 from symcomm.ep import fp8, host, layout
 from symcomm.operations.moe_dispatch import row_bytes
@@ -69,7 +70,16 @@ def test_the_fingerprint_tells_encodings_with_equal_row_bytes_apart():
     them before rows of one encoding land where the other is read."""
     sizes = (64, row_bytes(256, torch.bfloat16, "nvfp4"), 8, 1, 4, 16)
     assert sizes[1] == row_bytes(128, torch.bfloat16, "fp8") == 128
-    assert layout.fingerprint(*sizes, "nvfp4", 256) != layout.fingerprint(*sizes, "fp8", 128)
+    assert layout.fingerprint(*sizes, "nvfp4", 256, torch.bfloat16) != layout.fingerprint(*sizes, "fp8", 128,
+                                                                                       torch.bfloat16)
+
+
+def test_the_fingerprint_tells_fp16_and_bf16_rows_apart():
+    """Unquantized fp16 and bf16 rows have the same bytes, so without the dtype in the fingerprint a
+    rank would read a peer's fp16 bits as bf16 values."""
+    sizes = (64, row_bytes(256, torch.float16, None), 8, 1, 4, 16, None, 256)
+    assert sizes[1] == row_bytes(256, torch.bfloat16, None)
+    assert layout.fingerprint(*sizes, torch.float16) != layout.fingerprint(*sizes, torch.bfloat16)
 
 
 def test_capacity_is_reached_and_not_passed():
@@ -105,7 +115,7 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
         assert got.table[:, :-1].tolist() == rec.table, where
         # the kernels' fingerprint (csrc/ep.cuh) is the one the a2a path computes in Python
         mark = layout.fingerprint(layout.capacity(world, max_tokens, k, experts, align), row_bytes(hidden, dtype, quant),
-                                  k, align, max_tokens, experts, quant, hidden)
+                                  k, align, max_tokens, experts, quant, hidden, dtype)
         assert got.table[:, -1].tolist() == [mark] * world, where
         assert torch.equal(got.send_rows[:tokens[p]], send_rows[p]), where
         if rec.rows:
@@ -145,6 +155,24 @@ def test_twin_combine_adds_in_slot_order_without_fusing():
     want = world_combine(ids, ws, send_rows, outs, experts)
     got = host.combine_host(ranks, outs, ws, 1)
     assert torch.equal(got[0], want[0]) and not torch.equal(want[0], torch.zeros_like(want[0]))
+
+
+@needs_twin
+def test_the_twin_refuses_ranks_whose_dtypes_differ():
+    """fp16 and bf16 rows have the same bytes: the dispatch's fingerprint and the combine's mark
+    (csrc/ep.cuh) carry the dtype, and the twin, like the kernels, refuses ranks that differ."""
+    experts, k, hidden, max_tokens = 4, 2, 16, 4
+    xs, ids, ws = random_case(2, [2, 3], hidden, experts, k, seed=3)
+    with pytest.raises(symcomm.CudaError, match="symcomm_ep_dispatch_host"):
+        host.dispatch_host([xs[0].to(torch.float16), xs[1]], ids, experts, max_tokens)
+    ranks = host.dispatch_host(xs, ids, experts, max_tokens)
+    outs = [torch.randn(r.recv.shape[0], hidden).to(dtype) for r, dtype in zip(ranks, (torch.float16, torch.bfloat16))]
+    with pytest.raises(symcomm.CudaError, match="symcomm_ep_combine_host"):
+        host.combine_host(ranks, outs, list(ws), max_tokens)
+    outs[0] = outs[0].to(torch.bfloat16)
+    _, send_rows = world_dispatch(ids, experts, max_tokens)
+    want = world_combine(ids, ws, send_rows, outs, experts)
+    assert all(torch.equal(g, w) for g, w in zip(host.combine_host(ranks, list(outs), list(ws), max_tokens), want))
 
 
 def test_fp8_blocks_round_trip_within_the_format():

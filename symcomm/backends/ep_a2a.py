@@ -4,8 +4,9 @@ path over gloo, the reference the peer kernels are held to, NCCL's on GPUs).
 Dispatch: the layout in torch (symcomm/ep/layout.py), one all_gather of this rank's counts
 into the handle's table, the counts read on the host (one synchronisation: the byte counts of
 an all_to_allv live on the host), then one all_to_allv of the rows (quantized first when asked)
-with each row's destination and origin beside it, placed on arrival. Combine: the rows sent
-back the same way, grouped by their owner, and summed in slot order. The inner collectives are
+with each row's destination and origin beside it, placed on arrival. Combine: one all_gather of
+what the ranks must agree on (quant, dtype, the handle's sizes), then the rows sent back the same
+way, grouped by their owner, and summed in slot order. The inner collectives are
 chosen by their own dispatch (or ``algo=`` forced one), and run without a second validation.
 
 Reading counts on the host cannot be captured in a CUDA graph: during a capture this path
@@ -23,7 +24,8 @@ from ..errors import PeerMismatchError
 from ..ep import fp8, layout
 from ..operations.all_to_allv import make_all_to_allv
 from ..operations.collectives import make_all_gather
-from ..operations.moe_combine import OP as COMBINE_OP, CombineCall
+from .._native import DTYPE_CODES
+from ..operations.moe_combine import OP as COMBINE_OP, QUANTS as COMBINE_QUANTS, CombineCall
 from ..operations.moe_dispatch import A2A, OP as DISPATCH_OP, DispatchCall
 from .composite import CompositePath
 
@@ -151,6 +153,7 @@ class A2aCombinePath(CompositePath):
             values = fp8.dequantize_float(*fp8.quantize(picked)) if call.quant == "fp8" else picked.float()
             call.out.copy_(layout.combine_sum(values.view(n, k, hidden), h.topk_weights, valid, h.dtype))
             return
+        self._agree(call)
         # Rows this rank serves, grouped by the rank that owns their token, in row order within
         # a group: the order that rank's entries left it in (layout.entry_order).
         src = h.recv_src[:int(h.expert_offsets[-1])]  # rows past the used ones hold stale origins
@@ -169,3 +172,24 @@ class A2aCombinePath(CompositePath):
         per_entry = torch.zeros(n * k, hidden, dtype=torch.float32, device=values.device)
         per_entry[order] = values
         call.out.copy_(layout.combine_sum(per_entry.view(n, k, hidden), h.topk_weights, valid, h.dtype))
+
+    def _agree(self, call: CombineCall) -> None:
+        """Every rank's quant, dtype and the handle's sizes, compared before any row moves: each
+        rank computes the exchange's counts alone (from the sizes and its layout), so a rank
+        that encoded its rows another way, or passed another dispatch's handle, would pair them
+        with buffers sized for something else. Every rank sees the same table and raises alike."""
+        h = call.handle
+        dtypes = {code: dtype for dtype, code in DTYPE_CODES.items()}
+        columns = (("quant", COMBINE_QUANTS.index(call.quant), lambda v: COMBINE_QUANTS[v] or "none"),
+                   ("dtype", DTYPE_CODES[h.dtype], lambda v: str(dtypes[v]).removeprefix("torch.")),
+                   ("hidden", h.hidden, str), ("max_tokens", h.max_tokens, str), ("top-k", h.topk, str),
+                   ("num_experts", h.num_experts, str), ("align", h.align, str))
+        mine = torch.tensor([value for _, value, _ in columns], dtype=torch.int32, device=h.recv_src.device)
+        every = mine.new_empty(h.world * len(columns))
+        self._run_inner(make_all_gather(mine, every), call.inner_algo)
+        table = every.view(h.world, len(columns)).tolist()
+        for i, (name, _, show) in enumerate(columns):
+            if any(row[i] != table[0][i] for row in table):
+                by_rank = ", ".join(f"rank {r}: {show(row[i])}" for r, row in enumerate(table))
+                raise PeerMismatchError(f"{COMBINE_OP}: the ranks passed different {name} ({by_rank}), or the handles "
+                                        f"of different dispatches; no row was sent")

@@ -68,7 +68,7 @@ def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], num_experts: 
                         torch.zeros(max_tokens * k, hidden * dtype.itemsize, dtype=torch.uint8))
         ranks.append(rank)
         a = args[r]
-        a.x, a.dtype, a.rows, a.cols = x.data_ptr(), _native.DTYPE_CODES[dtype], x.shape[0], hidden
+        a.x, a.dtype, a.rows, a.cols = x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[0], hidden
         a.topk_ids, a.ids_int64, a.topk = i.data_ptr(), int(i.dtype == torch.int64), k
         a.num_experts, a.max_tokens, a.align, a.capacity = num_experts, max_tokens, align, cap
         a.quant, a.gs_value, a.swizzle = _native.EP_QUANT_CODES[quant], float(global_scale), int(swizzle)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import fp4
-from .._native import EP_QUANT_CODES
+from .._native import DTYPE_CODES, EP_QUANT_CODES
 
 
 def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: int) -> int:
@@ -49,11 +49,12 @@ def capacity(world: int, max_tokens: int, topk: int, num_experts: int, align: in
 
 
 def fingerprint(capacity_rows: int, row_bytes: int, topk: int, align: int, max_tokens: int,
-                num_experts: int, quant: str | None, hidden: int) -> int:
+                num_experts: int, quant: str | None, hidden: int, dtype: torch.dtype) -> int:
     """csrc/ep.cuh's fingerprint: what every rank of a dispatch must agree on, as one int32 (the
-    encoding by the code the kernels get)."""
+    encoding and the dtype by the codes the kernels get)."""
     h = 0
-    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, EP_QUANT_CODES[quant], hidden):
+    for part in (capacity_rows, row_bytes, topk, align, max_tokens, num_experts, EP_QUANT_CODES[quant], hidden,
+                 DTYPE_CODES[dtype]):
         h = ((h * 1000003) & 0xFFFFFFFFFFFFFFFF) ^ part
     return h & 0x7FFFFFFF
 

@@ -141,7 +141,7 @@ class DispatchCall(Call):
         """This rank's sizes as the counts table carries them (symcomm/ep/layout.py)."""
         return layout.fingerprint(self.capacity, row_bytes(self.x.shape[1], self.x.dtype, self.quant),
                                   self.handle.topk, self.align, self.max_tokens, self.num_experts,
-                                  self.quant, self.x.shape[1])
+                                  self.quant, self.x.shape[1], self.x.dtype)
 
     def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
         mine = [("out.x", self.recv)] + ([("out.scales", self.recv_scales)] if self.recv_scales is not None else [])

@@ -111,9 +111,13 @@ class PeerContext:
         elif kind == ABORT_UNREGISTERED:
             what = (f"rank {self.rank} replayed a captured custom all-reduce whose buffers were never registered "
                     f"(its slot has no address for rank {peer}): a graph from a graph_capture() that raised")
+        elif kind == ABORT_MISMATCH and phase == ABORT_PHASES.index("end barrier"):
+            what = (f"rank {self.rank}'s MoE combine found that rank {peer} passed another quant or dtype, or the "
+                    f"handle of another dispatch, and summed nothing (SYMCOMM_CHECK=1 names the difference)")
         elif kind == ABORT_MISMATCH:
             what = (f"rank {self.rank}'s MoE dispatch found that rank {peer} passed other sizes (max_tokens, "
-                    f"num_experts, top-k, align, hidden or quant) and moved no row (SYMCOMM_CHECK=1 names them)")
+                    f"num_experts, top-k, align, hidden, dtype or quant) and moved no row (SYMCOMM_CHECK=1 names "
+                    f"them)")
         else:
             what = f"rank {self.rank}'s custom all-reduce stopped (code {code:#x})"
         return (f"{what}. That call's output and every later one's were not written; this communicator is "

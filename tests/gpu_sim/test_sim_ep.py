@@ -312,6 +312,58 @@ def test_ranks_that_disagree_on_sizes_stop_before_any_row_moves():
         assert all(torch.equal(a, b) for a, b in zip(after, before))
 
 
+@pytest.mark.parametrize("differs", ["dispatch dtype", "combine quant"])
+def test_ranks_that_disagree_on_encoding_stop_at_once(differs):
+    """fp16 and bf16 rows have the same bytes, and a combine's quant is each rank's own argument:
+    the dispatch's fingerprint and the combine's meeting flags carry them, so every rank raises
+    the mismatch alarm naming its peer at once (not at the timeout), and the combine writes no
+    output."""
+    world, experts, k, hidden, tokens, timeout_s = 2, 4, 2, 256, 3, 5.0
+    with SimWorld(world, timeout_s=timeout_s, graph_slots=16) as sim:
+        comms = [SimComm(sim, r) for r in range(world)]
+        bufs = _buffers(sim, tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
+        xs, ids, ws = random_case(world, [tokens] * world, hidden, experts, k, seed=17)
+        xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
+        streams = [torch.cuda.Stream() for _ in range(world)]
+        phase = 1 if differs == "dispatch dtype" else 2
+        if differs == "dispatch dtype":
+            # rank 1's fp16 buffers, at the counts table rank 0 writes to (as in the test above)
+            half = _buffers(sim, tokens, hidden, k, experts, 1, None, False, torch.float16)[1]
+            h = half.handle
+            bufs[1] = half._replace(handle=EpHandle(h.send_rows, h.recv_src, h.expert_offsets, bufs[1].handle.table,
+                                                    h.returned, None, None, experts, tokens, 1, torch.float16))
+            xs[1] = xs[1].to(torch.float16)
+            before = [b.handle.recv_src.clone() for b in bufs]
+            outs = None
+        else:
+            got = [None] * world
+
+            def agreeing(r):
+                got[r] = comms[r].moe_dispatch(xs[r], ids[r], ws[r], experts, max_tokens=tokens, out=bufs[r])
+
+            _each_rank(sim, streams, agreeing)
+            assert all(sim.alarm(r) == 0 for r in range(world))
+            ys = [torch.randn(got[r].x.shape[0], hidden, device="cuda").to(torch.bfloat16) for r in range(world)]
+            outs = [torch.full((tokens, hidden), float("nan"), device="cuda").to(torch.bfloat16) for _ in range(world)]
+
+        def launch(r):
+            if outs is None:
+                comms[r].moe_dispatch(xs[r], ids[r], ws[r], experts, max_tokens=tokens, out=bufs[r])
+            else:
+                comms[r].moe_combine(ys[r], got[r].handle, quant="fp8" if r == 1 else None, out=outs[r])
+
+        start = time.monotonic()
+        _each_rank(sim, streams, launch)
+        assert time.monotonic() - start < timeout_s * 0.8
+        for r in range(world):
+            alarm = sim.alarm(r)
+            assert (alarm >> 32, (alarm >> 16) & 0xFFFF, alarm & 0xFFFF) == (ABORT_MISMATCH, phase, 1 - r), hex(alarm)
+        if outs is None:
+            assert all(torch.equal(b.handle.recv_src, was) for b, was in zip(bufs, before))
+        else:
+            assert all(bool(o.isnan().all()) for o in outs)
+
+
 def test_the_paths_decline_what_the_kernels_cannot_take():
     world = 2
     with SimWorld(world, graph_slots=8) as sim:
