@@ -176,6 +176,7 @@ def _bad_inputs(rank, world):
         ((x, ids, w, E), dict(max_tokens=4, quant="nvfp4"), A, "quant='nvfp4' needs global_scale"),
         ((x[:, :24].contiguous(), ids, w, E), dict(max_tokens=4, quant="nvfp4", global_scale=1.0), A, "multiple of 16"),
         ((x, ids, w, E), dict(max_tokens=4, quant="fp8"), A, "multiple of 128 for FP8"),
+        ((x.float(), ids, w, E), dict(max_tokens=4, quant="fp8"), D, "quant='fp8' takes bfloat16 or float16 x"),
         ((x, ids, w, E), dict(max_tokens=4, global_scale=2.0), A, "global_scale is NVFP4's"),
         ((x, ids, w, E), dict(max_tokens=4, swizzle=True), A, "swizzle=True lays out NVFP4"),
         ((x, ids, w, E), dict(max_tokens=4, align=0), A, "align must be an int"),
@@ -200,6 +201,10 @@ def _bad_inputs(rank, world):
     ]:
         with pytest.raises(error, match=pattern):
             comm.moe_combine(*args, **kwargs)
+    # float32 rows are never quantized, on any path: quant must not decide a path (moe_dispatch.check_quant_dtype)
+    wide = comm.moe_dispatch(x.float(), ids, w, E, max_tokens=4)
+    with pytest.raises(D, match="quant='fp8' takes bfloat16 or float16 expert_out"):
+        comm.moe_combine(torch.zeros(wide.x.shape[0], H), wide.handle, quant="fp8")
     selfish = [1] * world
     selfish[rank] = 2
     for args, pattern in [((torch.zeros(3, 2), [1] * (world + 1), [1] * world), "send_sizes must have one entry"),
@@ -302,10 +307,12 @@ def _single_rank(rank, world):
     comm = symcomm.Communicator()
     for quant in (None, "nvfp4", "fp8"):
         # no tokens at all (how the example allocates its buffers), then a few
-        empty = comm.moe_dispatch(torch.empty(0, 128), torch.empty(0, 3, dtype=torch.int64), torch.empty(0, 3), 5,
-                                  max_tokens=7, quant=quant, global_scale=2.0 if quant == "nvfp4" else None)
+        empty = comm.moe_dispatch(torch.empty(0, 128, dtype=torch.bfloat16), torch.empty(0, 3, dtype=torch.int64),
+                                  torch.empty(0, 3), 5, max_tokens=7, quant=quant,
+                                  global_scale=2.0 if quant == "nvfp4" else None)
         assert empty.expert_offsets.tolist() == [0] * 6
-        assert comm.moe_combine(torch.zeros(empty.x.shape[0], 128), empty.handle).shape == (0, 128)
+        y = torch.zeros(empty.x.shape[0], 128, dtype=torch.bfloat16)
+        assert comm.moe_combine(y, empty.handle).shape == (0, 128)
         for align in (1, 4):
             xs, ids, ws = random_case(1, [6], 128, 5, 3, seed=align, skip=0.3)
             got = comm.moe_dispatch(xs[0], ids[0], ws[0], 5, max_tokens=7, quant=quant,

@@ -28,7 +28,6 @@ from .peer_path import PeerPath
 
 _c = ctypes
 _I32P = _c.POINTER(_c.c_int32)
-HALF = (torch.bfloat16, torch.float16)
 
 
 def _i32(t: torch.Tensor) -> ctypes._Pointer:
@@ -135,8 +134,6 @@ def _shape_rules(dtype: torch.dtype, hidden: int, quant: str | None, topk: int) 
     rank (they follow from the call's shapes), so every rank decides alike."""
     if topk > _native.EP_MAX_TOPK:
         return f"top-{topk} exceeds the kernels' {_native.EP_MAX_TOPK} slots"
-    if quant is not None and dtype not in HALF:
-        return f"the kernels quantize bfloat16 and float16 rows, not {dtype}"
     if quant is None and hidden * dtype.itemsize % 16:
         return f"a row of {hidden * dtype.itemsize} bytes is not whole 16-byte vectors"
     if quant == "fp8" and hidden % fp8.BLOCK:

@@ -21,7 +21,7 @@ from ..ep import fp8
 from ..errors import ArgumentError
 from ..registry import lookup
 from .base import CallContext, into
-from .moe_dispatch import EpHandle, EpOperation, pool_signature
+from .moe_dispatch import EpHandle, EpOperation, check_quant_dtype, pool_signature
 
 OP = "moe_combine"
 QUANTS = (None, "fp8")
@@ -74,6 +74,7 @@ class MoeCombine(EpOperation):
         expert_out = validate.given("expert_out", expert_out, (handle.capacity, handle.hidden), handle.dtype, device)
         if quant not in QUANTS:
             raise ArgumentError(f"quant must be None or 'fp8', got {quant!r}")
+        check_quant_dtype(quant, expert_out.dtype, "expert_out")
         if quant == "fp8":
             fp8.check_rows(expert_out, "expert_out")
         shape = (handle.tokens, handle.hidden)

@@ -44,6 +44,7 @@ PUSH, A2A = "peer-push", "a2a"
 ORDER = (PUSH, A2A)
 QUANTS = (None, "nvfp4", "fp8")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+QUANT_DTYPES = (torch.bfloat16, torch.float16)  # what every path quantizes (see check_quant_dtype)
 ID_DTYPES = (torch.int32, torch.int64)
 MAX_ALIGN = 4096
 OFFSETS_RULE = ("The peer path writes every rank's receive buffers at this rank's pool offsets, so they must sit at "
@@ -163,6 +164,16 @@ def received_shapes(capacity: int, hidden: int, dtype: torch.dtype, quant: str |
     return ((capacity, hidden), dtype), None
 
 
+def check_quant_dtype(quant: str | None, dtype: torch.dtype, name: str) -> None:
+    """Quantized rows are bfloat16 or float16 on every path. The peer kernels quantize only those,
+    and a path must not depend on an argument a rank passes alone: where float32 rows went to
+    a2a with a quant and to the peer kernels without, ranks that disagreed on quant would wait in
+    different collectives instead of finding out."""
+    if quant is not None and dtype not in QUANT_DTYPES:
+        raise DtypeError(f"quant={quant!r} takes bfloat16 or float16 {name}, got {dtype}: cast them, or pass "
+                         f"quant=None")
+
+
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ArgumentError(f"{name} must be an int from {low} to {high}, got {value!r}")
@@ -273,6 +284,7 @@ class MoeDispatch(EpOperation):
         align = _int_arg("align", align, 1, MAX_ALIGN)
         if quant not in QUANTS:
             raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
+        check_quant_dtype(quant, x.dtype, "x")
         gs = None
         if quant == "nvfp4":
             fp4.check_rows(x)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from _sim import SimWorld
-from symcomm import fp4
+from symcomm import DtypeError, fp4
 from symcomm.backends.ep_push import PushCombinePath, PushDispatchPath
 from symcomm.dispatch import Router, builtin_table
 from symcomm.ep import fp8, layout
@@ -374,5 +374,5 @@ def test_the_paths_decline_what_the_kernels_cannot_take():
         call = MOE_DISPATCH.build(comm, x, ids, w, 2, max_tokens=2)  # buffers outside any mapped region
         reason = comm.router.paths_of(MOE_DISPATCH.name)[PUSH].why_not(call)
         assert "not in a mapped symmetric pool region" in reason, reason
-        call = MOE_DISPATCH.build(comm, x, ids, w, 2, max_tokens=2, quant="fp8")
-        assert "quantize bfloat16 and float16 rows" in comm.router.paths_of(MOE_DISPATCH.name)[PUSH].why_not(call)
+        with pytest.raises(DtypeError, match="quant='fp8' takes bfloat16 or float16 x"):  # on every path
+            MOE_DISPATCH.build(comm, x, ids, w, 2, max_tokens=2, quant="fp8")
