@@ -10,7 +10,8 @@ same run:
 
     symcomm-auto        Communicator(): dispatch picks among every path
     symcomm-nccl        Communicator(custom_ar_capacity=0): symcomm's own all-reduce kernels off,
-                        NCCL paths only (the DP step still quantizes with symcomm's FP4 codec)
+                        NCCL paths only (the DP step still quantizes with symcomm's FP4 codec
+                        where its gather is large enough: MoEConfig.fp4_from_bytes)
     torch.distributed   DP: all_gather_single of bf16 tokens, ids and weights, then
                         reduce_scatter_single; TP: all_reduce, then PyTorch's add and RMSNorm;
                         EP: all_to_all_single of the counts, then of each (token, expert)

@@ -4,9 +4,16 @@ Every rank owns its own tokens (after DP attention, counts differ per rank; a ra
 none) and a contiguous share of the experts. One step:
 
     RMSNorm -> router -> top-k          (each rank, on its own tokens)
+    all_gatherv([tokens, top-k ids, top-k weights])             bf16 rows, one collective
+      or, from MoEConfig.fp4_from_bytes gathered:
     all_gatherv_fp4(tokens, extra=[top-k ids, top-k weights])   NVFP4 payload, one collective
     local experts: grouped GEMMs over the gathered tokens routed to this rank's experts
     reduce_scatterv(partial outputs) back to the tokens' owners, then the residual add
+
+NVFP4 moves 3.56x fewer bytes, but it costs a global scale every rank shares (an all_reduce of
+the ranks' amax), a quantize and a dequantize: at decode, where the gather is a few KiB and
+latency-bound, bf16 rows are faster. Every rank decides from the token counts of every rank, so
+all take the same collective.
 
 The buffers the collectives read and write come from one workspace allocated inside
 ``symcomm.use_symmetric_memory(comm)`` with the same shapes on every rank (sized for the
@@ -29,6 +36,7 @@ on a mismatch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 from dataclasses import dataclass
@@ -52,6 +60,16 @@ class MoEConfig:
     eps: float = 1e-6
     seed: int = 0
     dtype: torch.dtype = torch.bfloat16
+    # Gathers of at least this many bf16 bytes (all ranks' tokens) go as NVFP4. At world 2 on
+    # H200 (bench/results/2026-11-28_nvidia-h200-x2_w2_verify_e21875f, all_gatherv_fp4 sweep)
+    # bf16 took 5.1-6.7 us to 512 KiB and 15.8 at 4 MiB, NVFP4 with its dequantize 9.7-11.6 and
+    # 14.5, before the global scale's all_reduce of max, which plain NCCL serves (~12 us); at
+    # 32 MiB, 72.5 against 48.1. The crossing lies between 4 and 32 MiB; not measured closer.
+    fp4_from_bytes: int = 4 << 20
+
+    def quantizes(self, total_tokens: int) -> bool:
+        """Whether a gather of ``total_tokens`` rows (every rank's) goes as NVFP4."""
+        return total_tokens * self.hidden * self.dtype.itemsize >= self.fp4_from_bytes
 
 
 def experts_of(rank: int, world: int, experts: int) -> range:
@@ -102,6 +120,15 @@ class Workspace:
         h, total, item = cfg.hidden, capacity * world, cfg.dtype.itemsize
         per_row = h // 2 + h // fp4.BLOCK + cfg.top_k * 8 + 2 * h * item
         return total * per_row + capacity * h * item
+
+
+def gather_rows(comm: symcomm.Communicator, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                sizes: list[int], ws: Workspace) -> None:
+    """Gather every rank's bf16 tokens, top-k ids and weights into the workspace, the three in
+    one collective: one launch of the peer push kernel where every row is whole 16-byte vectors
+    (top-k a multiple of 4), one NCCL group otherwise."""
+    total = sum(sizes)
+    comm.all_gatherv([x, ids, weights], sizes, out=[ws.values[:total], ws.ids[:total], ws.weights[:total]])
 
 
 def gather_tokens(comm: symcomm.Communicator, x: torch.Tensor, gs: torch.Tensor, ids: torch.Tensor,
@@ -166,10 +193,14 @@ class DPMoELayer:
     def global_scale(self, x: torch.Tensor) -> torch.Tensor:
         return fp4.global_scale_for(x, self.comm)  # collective: every rank quantizes with the same scale
 
-    def dispatch(self, x: torch.Tensor, gs: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+    def dispatch(self, x: torch.Tensor, gs: torch.Tensor | None, ids: torch.Tensor, weights: torch.Tensor,
                  sizes: list[int]) -> None:
-        """Every rank's tokens, top-k ids and weights into ws.values, ws.ids, ws.weights."""
-        gather_tokens(self.comm, x, gs, ids, weights, sizes, self.ws)
+        """Every rank's tokens, top-k ids and weights into ws.values, ws.ids, ws.weights; as
+        NVFP4 with global scale ``gs``, or as they are where ``gs`` is None."""
+        if gs is None:
+            gather_rows(self.comm, x, ids, weights, sizes, self.ws)
+        else:
+            gather_tokens(self.comm, x, gs, ids, weights, sizes, self.ws)
 
     def combine(self, sizes: list[int]) -> torch.Tensor:
         """Sum the ranks' partial outputs (ws.partial) and keep this rank's tokens."""
@@ -180,7 +211,7 @@ class DPMoELayer:
         ws, total = self.ws, sum(sizes)
         x = rms_norm(hidden, self.w.norm, self.cfg.eps)
         ids, weights = self.route(x)
-        self.dispatch(x, self.global_scale(x), ids, weights, sizes)
+        self.dispatch(x, self.global_scale(x) if self.cfg.quantizes(total) else None, ids, weights, sizes)
         ws.partial[:total].copy_(self.local_experts(ws.values[:total], ws.ids[:total], ws.weights[:total]))
         return hidden + self.combine(sizes)
 
@@ -188,12 +219,13 @@ class DPMoELayer:
 
 
 # ------------------------------------------------------------------ single-process reference
-def reference_step(cfg: MoEConfig, chunks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def reference_step(cfg: MoEConfig, chunks: list[torch.Tensor], quantize: bool) -> dict[str, torch.Tensor]:
     """The same layer on one process with every expert, written the plain way (a loop over
     experts with boolean selection), so it checks the grouped-GEMM bookkeeping rather than
-    repeating it. ``chunks`` are the ranks' tokens. The per-token steps (RMSNorm, router) run
-    per chunk, as their owners run them: on GPUs a row reduction's summation order can depend
-    on how many rows there are, and the gathered FP4 bits are compared exactly."""
+    repeating it. ``chunks`` are the ranks' tokens, gathered as NVFP4 where ``quantize`` (the
+    layer's choice for the gather it ran). The per-token steps (RMSNorm, router) run per chunk,
+    as their owners run them: on GPUs a row reduction's summation order can depend on how many
+    rows there are, and the gathered bits are compared exactly."""
     hidden_all = torch.cat(chunks)
     w = MoEWeights(cfg, range(cfg.experts), hidden_all.device)
     normed = [rms_norm(c, w.norm, cfg.eps) for c in chunks]
@@ -201,9 +233,12 @@ def reference_step(cfg: MoEConfig, chunks: list[torch.Tensor]) -> dict[str, torc
     logits = torch.cat([xc.float() @ w.router.t() for xc in normed])
     top, ids = torch.topk(logits, cfg.top_k, dim=-1)
     weights = torch.softmax(top, dim=-1)
-    gs = fp4.global_scale_for(x)
-    packed, scales = fp4.quantize_reference(x, gs)
-    values = fp4.dequantize_reference(packed, scales, gs, cfg.dtype)
+    packed = scales = None
+    values = x
+    if quantize:
+        gs = fp4.global_scale_for(x)
+        packed, scales = fp4.quantize_reference(x, gs)
+        values = fp4.dequantize_reference(packed, scales, gs, cfg.dtype)
     moe = torch.zeros(hidden_all.shape, dtype=torch.float32, device=hidden_all.device)
     for e in range(cfg.experts):
         token, slot = (ids == e).nonzero(as_tuple=True)
@@ -212,7 +247,7 @@ def reference_step(cfg: MoEConfig, chunks: list[torch.Tensor]) -> dict[str, torc
             act = (F.silu(gate.float()) * up.float()).to(cfg.dtype)
             moe.index_add_(0, token, (act @ w.down[e].t()).float() * weights[token, slot, None])
     return {"out": hidden_all + moe.to(cfg.dtype), "moe": moe.to(cfg.dtype), "packed": packed, "scales": scales,
-            "ids": ids.to(torch.int32), "weights": weights}
+            "values": values, "ids": ids.to(torch.int32), "weights": weights}
 
 
 def step_counts(seed: int, step: int, world: int, capacity: int) -> list[int]:
@@ -238,11 +273,15 @@ def check_eager(layer: DPMoELayer, steps: int, seed: int) -> list[Check]:
         hidden = step_input(cfg, seed, step, comm.rank, counts[comm.rank], comm.device)
         sizes = token_counts(comm, hidden.shape[0])
         out = layer(hidden, sizes)
-        ref = reference_step(cfg, [step_input(cfg, seed, step, r, c, comm.device) for r, c in enumerate(counts)])
-        first, total, tag = sum(sizes[:comm.rank]), sum(sizes), f"eager step {step} sizes {sizes}"
-        checks += [Check(f"{tag}: token counts", sizes == counts, f"{sizes} != {counts}"),
-                   bitwise(f"{tag}: gathered FP4 payload", ws.packed[:total], ref["packed"]),
-                   bitwise(f"{tag}: gathered FP4 scales", ws.scales[:total], ref["scales"]),
+        first, total = sum(sizes[:comm.rank]), sum(sizes)
+        quantize = cfg.quantizes(total)
+        ref = reference_step(cfg, [step_input(cfg, seed, step, r, c, comm.device) for r, c in enumerate(counts)],
+                             quantize)
+        tag = f"eager step {step} sizes {sizes} ({'NVFP4' if quantize else 'bf16'} gather)"
+        gathered = ([bitwise(f"{tag}: gathered FP4 payload", ws.packed[:total], ref["packed"]),
+                     bitwise(f"{tag}: gathered FP4 scales", ws.scales[:total], ref["scales"])] if quantize else
+                    [bitwise(f"{tag}: gathered bf16 rows", ws.values[:total], ref["values"])])
+        checks += [Check(f"{tag}: token counts", sizes == counts, f"{sizes} != {counts}"), *gathered,
                    bitwise(f"{tag}: gathered top-k ids", ws.ids[:total], ref["ids"]),
                    close_enough(f"{tag}: gathered top-k weights", ws.weights[:total], ref["weights"], 1e-6),
                    close_enough(f"{tag}: MoE output (reduce-scattered)", ws.out[:sizes[comm.rank]],
@@ -291,7 +330,7 @@ def check_graphs(layer: DPMoELayer, buckets: list[int], replays: int, seed: int)
         tag = f"graph bucket {bucket} replay {step}"
         checks.append(bitwise(f"{tag}: replay == eager", replayed, eager))
         ref = reference_step(cfg, [step_input(cfg, seed, 100 + step, r, c, comm.device)
-                                   for r, c in enumerate(counts)])
+                                   for r, c in enumerate(counts)], cfg.quantizes(bucket * world))
         first = sum(counts[:comm.rank])
         checks.append(close_enough(f"{tag}: real rows vs reference", replayed[:n], ref["out"][first:first + n], 2e-2))
     return checks
@@ -317,9 +356,18 @@ def check_compiled(layer: DPMoELayer, buckets: list[int], seed: int) -> list[Che
 def run_checks(comm: symcomm.Communicator, cfg: MoEConfig, capacity: int, modes: tuple[str, ...],
                steps: int = 4, seed: int = 0, buckets: list[int] | None = None,
                compile_buckets: list[int] | None = None) -> list[Check]:
-    layer = DPMoELayer(comm, cfg, Workspace(comm, cfg, capacity))
-    return checks_in_modes(layer, capacity, modes, (check_eager, check_graphs, check_compiled), steps, seed,
-                           buckets, compile_buckets)
+    """Every mode with cfg's gather switch and, where cfg would never quantize at this capacity
+    (so at the defaults), again with every gather as NVFP4, so that both collectives are checked."""
+    ws = Workspace(comm, cfg, capacity)
+    configs = [cfg]
+    if not cfg.quantizes(capacity * comm.world_size):
+        configs.append(dataclasses.replace(cfg, fp4_from_bytes=0))
+    checks = []
+    for c in configs:
+        layer = DPMoELayer(comm, c, ws)
+        checks += checks_in_modes(layer, capacity, modes, (check_eager, check_graphs, check_compiled), steps, seed,
+                                  buckets, compile_buckets)
+    return checks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,11 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--ffn", type=int, default=None, help="expert intermediate size (default 32 / 1024)")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens per rank at most (default 5 / 64)")
+    parser.add_argument("--fp4-from", type=int, default=MoEConfig.fp4_from_bytes,
+                        help="gather as NVFP4 from this many bf16 bytes of every rank's tokens (default 4 MiB)")
     args = parser.parse_args(argv)
     device = init_distributed(args.cpu)
     small = device.type == "cpu"
     cfg = MoEConfig(hidden=args.hidden or (64 if small else 2048), experts=args.experts or (6 if small else 16),
-                    top_k=args.top_k, ffn=args.ffn or (32 if small else 1024), seed=args.seed)
+                    top_k=args.top_k, ffn=args.ffn or (32 if small else 1024), seed=args.seed,
+                    fp4_from_bytes=args.fp4_from)
     return run_example("dp_moe_step", lambda comm: run_checks(
         comm, cfg, args.max_tokens or (5 if small else 64), modes_for(args, device), steps=args.steps, seed=args.seed))
 
