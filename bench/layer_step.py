@@ -122,7 +122,7 @@ class EPTorch(ep.EPMoELayer):
     """torch.distributed.all_to_all_single both ways, each (token, expert) entry's bf16 row; the
     receiver sorts its rows by local expert for the grouped GEMM and unsorts them after."""
 
-    def moe(self, hidden, real=None):
+    def moe(self, hidden, real=None, bucket=None):  # its buffers hold exactly the rows that arrive
         cfg, world = self.cfg, self.comm.world_size
         x = rms_norm(hidden, self.w.norm, cfg.eps)
         ids, weights = self.route(x, real)
@@ -154,13 +154,13 @@ class EPLocal(ep.EPMoELayer):
     are the rows it would receive when every rank holds the same tokens (as here: the inputs are
     seeded by the token count alone), so the grouped GEMMs read the same experts' weights. The rows
     go, grouped by local expert, into the dispatch's own receive buffer (``self.bufs.x``, capacity
-    rows for ``max_tokens``), and ep.expert_mlp runs over that whole buffer as the real step's
-    local_experts does: its SiLU-and-multiply is capacity-wide at every token count, and that is
-    compute, not communication. The combine's stand-in gathers each token's k entries and sums
-    them weighted (entries held elsewhere count zero); bench/analysis_2026-11-28_model_steps.md
-    says what a narrower stand-in got wrong."""
+    rows for ``max_tokens``), and ep.expert_mlp runs over it with the bound the real step's
+    local_experts uses (the rows the step's bucket can fill), so its SiLU-and-multiply covers the
+    same rows: that is compute, not communication. The combine's stand-in gathers each token's k
+    entries and sums them weighted (entries held elsewhere count zero);
+    bench/analysis_2026-11-28_model_steps.md says what a narrower stand-in got wrong."""
 
-    def moe(self, hidden, real=None):
+    def moe(self, hidden, real=None, bucket=None):
         cfg, world = self.cfg, self.comm.world_size
         x = rms_norm(hidden, self.w.norm, cfg.eps)
         ids, weights = self.route(x, real)
@@ -173,7 +173,7 @@ class EPLocal(ep.EPMoELayer):
         rows = self.bufs.x  # [capacity, H]: held entries never exceed it (layout.capacity's bound)
         used = min(order.numel(), rows.shape[0])
         rows[:used].copy_(x.index_select(0, (order[:used] % (n * k)) // k))
-        out = ep.expert_mlp(self.w, rows, ends)
+        out = ep.expert_mlp(self.w, rows, ends, self.rows_bound(bucket))
         # Where copy 0's entries landed (sorted position), for the combine's stand-in.
         where = torch.empty_like(order)
         where[order] = torch.arange(order.numel(), device=x.device)
@@ -251,7 +251,8 @@ def build(layer: str, variant: str, comm: symcomm.Communicator, args, capacity: 
     if layer == "ep_moe":
         cls = {"torch.distributed": EPTorch, "local": EPLocal}.get(variant, ep.EPMoELayer)
         model = cls(comm, args.ep, capacity, None, weights=experts)
-        return model.forward, model
+        # every rank passes the same count, so it is the step's bucket (EPMoELayer.moe)
+        return lambda hidden: model(hidden, None, hidden.shape[0]), model
     if layer == "dp_moe":
         cls = {"torch.distributed": DPTorch, "torch-symm-mem": DPSymmMem, "local": DPLocal}.get(variant, dp.DPMoELayer)
         ws = dp.Workspace(comm, args.moe, capacity)

@@ -16,6 +16,12 @@ passes them back as ``out=``. Their shapes are equal on every rank, so they sit 
 offsets, which the peer-memory path needs, and a CUDA graph captured over a step keeps them. On
 the CPU (gloo) the context is a no-op and the same code runs the a2a path.
 
+The receive buffer holds every row ``max_tokens`` tokens a rank could bring, which at decode is
+far more than arrive. The grouped GEMMs skip rows past the last group, but the elementwise work
+between them (and a quantized dispatch's dequantize) would not: a step that knows its bucket,
+the most tokens any rank passes in it (every rank pads to it under CUDA graphs), passes
+``bucket=`` and that work stops at the rows that bucket can fill.
+
 Run (every rank checks its tokens against a single-process computation with the full weights):
 
     torchrun --nproc-per-node=2 examples/ep_moe_step.py --cpu        # gloo, small shapes
@@ -36,7 +42,7 @@ import torch.nn.functional as F
 
 import symcomm
 from symcomm import fp4
-from symcomm.ep import fp8
+from symcomm.ep import fp8, layout
 
 from dp_moe_step import MoEConfig, MoEWeights, experts_of, padded_input, step_counts, step_input
 from layer_utils import (Check, add_common_args, bitwise, checks_in_modes, close_enough, init_distributed,
@@ -45,11 +51,18 @@ from layer_utils import (Check, add_common_args, bitwise, checks_in_modes, close
 QUANTS = {"none": None, "nvfp4": "nvfp4", "fp8": "fp8"}
 
 
-def expert_mlp(w: MoEWeights, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+def expert_mlp(w: MoEWeights, rows: torch.Tensor, ends: torch.Tensor, bound: int | None = None) -> torch.Tensor:
     """Rows grouped by local expert (group e ends at ends[e]) through their experts' gated MLP,
-    as grouped GEMMs; rows past the last group stay unwritten."""
+    as grouped GEMMs; rows past the last group stay unwritten. Where every group ends by row
+    ``bound``, the SiLU-and-multiply between the GEMMs stops there too: over a whole receive
+    buffer of 32,768 rows (7168 x 2048, top-8 of 256 experts, world 2) it is about 2.5 GB of fp32
+    traffic, most of a decode step (bench/analysis_2026-11-28_model_steps.md)."""
     gate, up = F.grouped_mm(rows, w.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-    act = (F.silu(gate.float()) * up.float()).to(rows.dtype)
+    if bound is None or bound >= rows.shape[0]:
+        act = (F.silu(gate.float()) * up.float()).to(rows.dtype)
+    else:  # rows past the bound are in no group: the second GEMM never reads them
+        act = gate.new_empty(gate.shape)
+        act[:bound] = (F.silu(gate[:bound].float()) * up[:bound].float()).to(rows.dtype)
     return F.grouped_mm(act, w.down.transpose(1, 2), offs=ends)
 
 
@@ -81,22 +94,42 @@ class EPMoELayer:
             ids = torch.where(real[:, None], ids, -1)
         return ids, torch.softmax(top, dim=-1)
 
-    def decode(self, d: symcomm.Dispatched) -> torch.Tensor:
-        if self.quant == "nvfp4":
-            return fp4.dequantize(d.x, d.scales, d.global_scale, self.cfg.dtype)
-        if self.quant == "fp8":
-            return fp8.dequantize(d.x, d.scales, self.cfg.dtype)
-        return d.x
+    def rows_bound(self, bucket: int | None) -> int | None:
+        """The rows a step's received rows lie below when no rank passes more than ``bucket``
+        tokens (layout.capacity for that many), or None: the whole receive buffer."""
+        if bucket is None:
+            return None
+        return layout.capacity(self.comm.world_size, bucket, self.cfg.top_k, self.cfg.experts, 1)
 
-    def local_experts(self, d: symcomm.Dispatched) -> torch.Tensor:
+    def decode(self, d: symcomm.Dispatched, bound: int | None = None) -> torch.Tensor:
+        """The received rows in the model's dtype; quantized ones decoded below ``bound`` only."""
+        if self.quant is None:
+            return d.x
+        n = d.x.shape[0] if bound is None else min(bound, d.x.shape[0])
+        if self.quant == "nvfp4":
+            decoded = fp4.dequantize(d.x[:n], d.scales[:n], d.global_scale, self.cfg.dtype)
+        else:
+            decoded = fp8.dequantize(d.x[:n], d.scales[:n], self.cfg.dtype)
+        if n == d.x.shape[0]:
+            return decoded
+        rows = decoded.new_empty((d.x.shape[0], decoded.shape[1]))  # past n: in no group, never read
+        rows[:n] = decoded
+        return rows
+
+    def local_experts(self, d: symcomm.Dispatched, bound: int | None = None) -> torch.Tensor:
         """Every received row through its expert: the rows arrive grouped by local expert, so
         the grouped GEMM takes the dispatch's expert offsets as they are (rows past the last
         group stay unwritten, and combine never reads them)."""
-        return expert_mlp(self.w, self.decode(d), d.expert_offsets[1:])
+        return expert_mlp(self.w, self.decode(d, bound), d.expert_offsets[1:], bound)
 
-    def moe(self, hidden: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
-        """The MoE branch alone: each token's weighted sum of its experts' outputs."""
+    def moe(self, hidden: torch.Tensor, real: torch.Tensor | None = None, bucket: int | None = None) -> torch.Tensor:
+        """The MoE branch alone: each token's weighted sum of its experts' outputs. ``bucket``:
+        the most tokens any rank passes in this step, the same on every rank (the bucket every
+        rank pads to under CUDA graphs), or None; a rank passing more would have rows past the
+        bound that nothing computes, so a rank checks its own count against it."""
         comm = self.comm
+        if bucket is not None and hidden.shape[0] > bucket:
+            raise ValueError(f"this rank passes {hidden.shape[0]} tokens, more than bucket={bucket}")
         x = rms_norm(hidden, self.w.norm, self.cfg.eps)
         ids, weights = self.route(x, real)
         gs = fp4.global_scale_for(x, comm) if self.quant == "nvfp4" else None  # collective, the same everywhere
@@ -104,10 +137,10 @@ class EPMoELayer:
         out = None if torch.compiler.is_compiling() else self.bufs
         d = comm.moe_dispatch(x, ids, weights, self.cfg.experts, max_tokens=self.capacity, quant=self.quant,
                               global_scale=gs, out=out)
-        return comm.moe_combine(self.local_experts(d), d.handle)
+        return comm.moe_combine(self.local_experts(d, self.rows_bound(bucket)), d.handle)
 
-    def forward(self, hidden: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
-        return hidden + self.moe(hidden, real)
+    def forward(self, hidden: torch.Tensor, real: torch.Tensor | None = None, bucket: int | None = None) -> torch.Tensor:
+        return hidden + self.moe(hidden, real, bucket)
 
     __call__ = forward
 
@@ -156,7 +189,7 @@ def check_eager(layer: EPMoELayer, steps: int, seed: int) -> list[Check]:
         counts = step_counts(seed, step, comm.world_size, layer.capacity)
         hidden = step_input(cfg, seed, step, comm.rank, counts[comm.rank], comm.device)
         sizes = token_counts(comm, hidden.shape[0])
-        moe = layer.moe(hidden)
+        moe = layer.moe(hidden, bucket=max(counts))  # every rank knows every count: the bounded step
         out = layer(hidden)
         ref = reference_step(cfg, [step_input(cfg, seed, step, r, c, comm.device) for r, c in enumerate(counts)],
                              layer.quant)
@@ -180,14 +213,14 @@ def check_graphs(layer: EPMoELayer, buckets: list[int], replays: int, seed: int)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for b in buckets:
-            layer(static[:b], real[:b])
+            layer(static[:b], real[:b], b)
     torch.cuda.current_stream().wait_stream(side)
     pool = torch.cuda.graph_pool_handle()
     graphs, outputs = {}, {}
     for b in sorted(buckets, reverse=True):
         graphs[b] = torch.cuda.CUDAGraph()
         with comm.graph_capture(), torch.cuda.graph(graphs[b], pool=pool):
-            outputs[b] = layer(static[:b], real[:b])
+            outputs[b] = layer(static[:b], real[:b], b)
     checks = []
     for step in range(replays):
         counts = step_counts(seed, 100 + step, world, max(buckets))
@@ -198,7 +231,7 @@ def check_graphs(layer: EPMoELayer, buckets: list[int], replays: int, seed: int)
         real[:n] = True
         graphs[bucket].replay()
         replayed = outputs[bucket].clone()
-        eager = layer(static[:bucket].clone(), real[:bucket].clone())
+        eager = layer(static[:bucket].clone(), real[:bucket].clone(), bucket)
         tag = f"graph bucket {bucket} replay {step}"
         checks.append(bitwise(f"{tag}: replay == eager", replayed, eager))
         ref = reference_step(cfg, [step_input(cfg, seed, 100 + step, r, c, comm.device) for r, c in enumerate(counts)],
@@ -221,8 +254,8 @@ def check_compiled(layer: EPMoELayer, buckets: list[int], seed: int) -> list[Che
     checks = []
     for i, bucket in enumerate(buckets):
         hidden = padded_input(cfg, seed, 200 + i, comm.rank, bucket, bucket, comm.device)
-        got = compiled(hidden).clone()
-        want = layer(hidden)
+        got = compiled(hidden, None, bucket).clone()
+        want = layer(hidden, None, bucket)
         checks.append(close_enough(f"compiled bucket {bucket} vs eager", got, want, 5e-2))
     return checks
 
