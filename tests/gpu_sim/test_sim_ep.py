@@ -116,6 +116,17 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
+def _full_ranks(sim: SimWorld, tokens: int, hidden: int, k: int, experts: int, seed: int):
+    """Every rank's SimComm, bf16 dispatch buffers, ``tokens`` random tokens (with top-k ids and
+    weights) on the GPU, and a stream: the setup of the tests where ranks stall or disagree."""
+    world = sim.world
+    comms = [SimComm(sim, r) for r in range(world)]
+    bufs = _buffers(sim, tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
+    xs, ids, ws = random_case(world, [tokens] * world, hidden, experts, k, seed=seed)
+    xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
+    return comms, bufs, xs, ids, ws, [torch.cuda.Stream() for _ in range(world)]
+
+
 def _check_received(got: Dispatched, rec, xs, quant, gs, swizzle, hidden, where: str) -> None:
     assert got.expert_counts.tolist() == rec.counts, where
     assert got.expert_offsets.tolist() == rec.offsets, where
@@ -249,11 +260,7 @@ def test_a_stalled_rank_raises_the_alarm_within_the_bound(missing_from):
     rank's later calls return at once without writing."""
     world, timeout_s, experts, k, hidden, max_tokens = 4, 1.0, 8, 2, 256, 3
     with SimWorld(world, timeout_s=timeout_s, graph_slots=8) as sim:
-        comms = [SimComm(sim, r) for r in range(world)]
-        bufs = _buffers(sim, max_tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
-        xs, ids, ws = random_case(world, [max_tokens] * world, hidden, experts, k, seed=5)
-        xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
-        streams = [torch.cuda.Stream() for _ in range(world)]
+        comms, bufs, xs, ids, ws, streams = _full_ranks(sim, max_tokens, hidden, k, experts, seed=5)
         got = [None] * world
 
         def dispatch(r):
@@ -320,11 +327,7 @@ def test_ranks_that_disagree_on_encoding_stop_at_once(differs):
     output."""
     world, experts, k, hidden, tokens, timeout_s = 2, 4, 2, 256, 3, 5.0
     with SimWorld(world, timeout_s=timeout_s, graph_slots=16) as sim:
-        comms = [SimComm(sim, r) for r in range(world)]
-        bufs = _buffers(sim, tokens, hidden, k, experts, 1, None, False, torch.bfloat16)
-        xs, ids, ws = random_case(world, [tokens] * world, hidden, experts, k, seed=17)
-        xs, ids, ws = ([t.cuda() for t in ts] for ts in (xs, ids, ws))
-        streams = [torch.cuda.Stream() for _ in range(world)]
+        comms, bufs, xs, ids, ws, streams = _full_ranks(sim, tokens, hidden, k, experts, seed=17)
         phase = 1 if differs == "dispatch dtype" else 2
         if differs == "dispatch dtype":
             # rank 1's fp16 buffers, at the counts table rank 0 writes to (as in the test above)
