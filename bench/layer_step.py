@@ -32,7 +32,8 @@ On GPUs each (variant, tokens) is one CUDA graph of one step, captured per bucke
 pool, replayed --iters times between two events (after one untimed replay that lines the ranks up),
 --rounds times; the table gives the median round, the slowest rank. ``comm`` is step minus local, so
 the communication's share is measured by difference: it includes the DP variants' FP4
-quantize/dequantize (symcomm) and whatever overlap the collectives cost or allow. On the CPU (--cpu,
+quantize/dequantize (symcomm, from 4 MiB gathered: MoEConfig.fp4_from_bytes) and whatever overlap
+the collectives cost or allow. On the CPU (--cpu,
 gloo) the steps run eagerly and the timings mean nothing: it only proves that every variant runs.
 """
 from __future__ import annotations
@@ -173,7 +174,7 @@ class EPLocal(ep.EPMoELayer):
         rows = self.bufs.x  # [capacity, H]: held entries never exceed it (layout.capacity's bound)
         used = min(order.numel(), rows.shape[0])
         rows[:used].copy_(x.index_select(0, (order[:used] % (n * k)) // k))
-        out = ep.expert_mlp(self.w, rows, ends, self.rows_bound(bucket))
+        out = ep.expert_mlp(self.w, rows, ends, self.rows_bound(self.bufs.handle, bucket))
         # Where copy 0's entries landed (sorted position), for the combine's stand-in.
         where = torch.empty_like(order)
         where[order] = torch.arange(order.numel(), device=x.device)

@@ -94,12 +94,14 @@ class EPMoELayer:
             ids = torch.where(real[:, None], ids, -1)
         return ids, torch.softmax(top, dim=-1)
 
-    def rows_bound(self, bucket: int | None) -> int | None:
-        """The rows a step's received rows lie below when no rank passes more than ``bucket``
-        tokens (layout.capacity for that many), or None: the whole receive buffer."""
+    @staticmethod
+    def rows_bound(handle: symcomm.EpHandle, bucket: int | None) -> int | None:
+        """The row every received row of ``handle``'s dispatch lies below when no rank passed
+        more than ``bucket`` tokens (layout.capacity for that many, with the dispatch's own
+        alignment padding), or None: the whole receive buffer."""
         if bucket is None:
             return None
-        return layout.capacity(self.comm.world_size, bucket, self.cfg.top_k, self.cfg.experts, 1)
+        return layout.capacity(handle.world, bucket, handle.topk, handle.num_experts, handle.align)
 
     def decode(self, d: symcomm.Dispatched, bound: int | None = None) -> torch.Tensor:
         """The received rows in the model's dtype; quantized ones decoded below ``bound`` only."""
@@ -125,8 +127,10 @@ class EPMoELayer:
     def moe(self, hidden: torch.Tensor, real: torch.Tensor | None = None, bucket: int | None = None) -> torch.Tensor:
         """The MoE branch alone: each token's weighted sum of its experts' outputs. ``bucket``:
         the most tokens any rank passes in this step, the same on every rank (the bucket every
-        rank pads to under CUDA graphs), or None; a rank passing more would have rows past the
-        bound that nothing computes, so a rank checks its own count against it."""
+        rank pads to under CUDA graphs), or None. Each rank checks only its own count against
+        it; nothing compares the ranks' buckets (the dispatch's fingerprint covers max_tokens,
+        not this), and a rank whose bucket is below a peer's count would leave rows past its
+        bound uncomputed and return them as they are."""
         comm = self.comm
         if bucket is not None and hidden.shape[0] > bucket:
             raise ValueError(f"this rank passes {hidden.shape[0]} tokens, more than bucket={bucket}")
@@ -137,7 +141,7 @@ class EPMoELayer:
         out = None if torch.compiler.is_compiling() else self.bufs
         d = comm.moe_dispatch(x, ids, weights, self.cfg.experts, max_tokens=self.capacity, quant=self.quant,
                               global_scale=gs, out=out)
-        return comm.moe_combine(self.local_experts(d, self.rows_bound(bucket)), d.handle)
+        return comm.moe_combine(self.local_experts(d, self.rows_bound(d.handle, bucket)), d.handle)
 
     def forward(self, hidden: torch.Tensor, real: torch.Tensor | None = None, bucket: int | None = None) -> torch.Tensor:
         return hidden + self.moe(hidden, real, bucket)

@@ -133,7 +133,33 @@ def _ep_world(rank, world, seed):
         assert any("MoE output" in f for f in _failed(bad)), "a 5% error in the experts went unnoticed"
     # ... while what the dispatch delivered (rows per local expert) is still exactly the reference's
     assert not [f for f in _failed(bad) if "received per local expert" in f]
+    _ep_bound_filled(comm, rank, world)
     comm.close()
+
+
+def _ep_bound_filled(comm, rank, world):
+    """Every token of every rank routes to experts 0-2, all on rank 0, so rank 0 receives exactly
+    the rows its bucket bound allows (layout.capacity for the bucket): the bounded step must give
+    the unbounded one's bits with its last row on the bound. A bound one row short leaves that
+    row's activation unwritten."""
+    cfg = dp_moe_step.MoEConfig(hidden=64, experts=4 * world, top_k=3, ffn=32, seed=5)
+    layer = ep_moe_step.EPMoELayer(comm, cfg, 8, None)  # buffers for 8 tokens a rank, steps of 5
+    layer.w.router.fill_(-1.0)
+    layer.w.router[:3] = torch.tensor([[3.0], [2.0], [1.0]])  # x is positive: experts 0, 1, 2 win
+    hidden = torch.ones(5, cfg.hidden, dtype=cfg.dtype) * (1 + rank)
+    whole = layer.moe(hidden)
+    # Deterministic mode fills new tensors with NaN, so a row past the bound that the step still
+    # needed would show up instead of holding whatever the allocator last left there.
+    torch.use_deterministic_algorithms(True)
+    try:
+        bounded = layer.moe(hidden, bucket=5)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    bound = ep_moe_step.EPMoELayer.rows_bound(layer.bufs.handle, 5)
+    assert bound < layer.bufs.x.shape[0]
+    if rank == 0:
+        assert int(layer.bufs.expert_offsets[-1]) == bound == world * 5 * 3
+    assert torch.equal(bounded, whole)
 
 
 def _both(rank, world, seed):

@@ -25,12 +25,13 @@ def _local_sums_to_the_step(rank: int, world: int) -> None:
     comm = symcomm.Communicator()
     try:
         weights = MoEWeights(cfg, experts_of(rank, world, cfg.experts), comm.device)
-        step = layer_step.ep.EPMoELayer(comm, cfg, 5, None, weights=weights)
-        local = layer_step.EPLocal(comm, cfg, 5, None, weights=weights)
+        # buffers for 8 tokens a rank, a step of 5: both variants' work bounded by that bucket
+        step = layer_step.ep.EPMoELayer(comm, cfg, 8, None, weights=weights)
+        local = layer_step.EPLocal(comm, cfg, 8, None, weights=weights)
         hidden = torch.randn(5, cfg.hidden, generator=torch.Generator().manual_seed(5)).to(cfg.dtype)
         real = torch.tensor([True, True, False, True, True])  # a padding row routed nowhere
-        want = step.moe(hidden, real).float()
-        got = local.moe(hidden, real).float()
+        want = step.moe(hidden, real, bucket=5).float()
+        got = local.moe(hidden, real, bucket=5).float()
         assert got.isfinite().all()
         dist.all_reduce(got)
         err = (got - want).abs().max().item()
