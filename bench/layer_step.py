@@ -33,8 +33,8 @@ pool, replayed --iters times between two events (after one untimed replay that l
 --rounds times; the table gives the median round, the slowest rank. ``comm`` is step minus local, so
 the communication's share is measured by difference: it includes the DP variants' FP4
 quantize/dequantize (symcomm, from 4 MiB gathered: MoEConfig.fp4_from_bytes) and whatever overlap
-the collectives cost or allow. On the CPU (--cpu,
-gloo) the steps run eagerly and the timings mean nothing: it only proves that every variant runs.
+the collectives cost or allow. On the CPU (--cpu, gloo) the steps run eagerly and the timings mean
+nothing: it only proves that every variant runs.
 """
 from __future__ import annotations
 

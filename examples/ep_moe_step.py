@@ -55,8 +55,9 @@ def expert_mlp(w: MoEWeights, rows: torch.Tensor, ends: torch.Tensor, bound: int
     """Rows grouped by local expert (group e ends at ends[e]) through their experts' gated MLP,
     as grouped GEMMs; rows past the last group stay unwritten. Where every group ends by row
     ``bound``, the SiLU-and-multiply between the GEMMs stops there too: over a whole receive
-    buffer of 32,768 rows (7168 x 2048, top-8 of 256 experts, world 2) it is about 2.5 GB of fp32
-    traffic, most of a decode step (bench/analysis_2026-11-28_model_steps.md)."""
+    buffer (16,384 rows of 7168 x 2048 at world 1, top-8 of 64 experts, 2048 tokens' capacity)
+    it took 0.42 ms of a 0.98 ms one-token step on an H200
+    (bench/results/2026-11-29_nvidia-h200_w1_tenth_session, run l)."""
     gate, up = F.grouped_mm(rows, w.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
     if bound is None or bound >= rows.shape[0]:
         act = (F.silu(gate.float()) * up.float()).to(rows.dtype)

@@ -29,6 +29,7 @@ from ..operations.moe_combine import OP as COMBINE_OP, QUANTS as COMBINE_QUANTS,
 from ..operations.moe_dispatch import A2A, OP as DISPATCH_OP, DispatchCall
 from .composite import CompositePath
 
+_DTYPE_NAMES = {code: str(dtype).removeprefix("torch.") for dtype, code in DTYPE_CODES.items()}
 CAPTURE_REASON = ("reads the token counts on the host, which a CUDA-graph capture cannot do; the peer-push path "
                   "serves captured calls")
 
@@ -179,9 +180,8 @@ class A2aCombinePath(CompositePath):
         that encoded its rows another way, or passed another dispatch's handle, would pair them
         with buffers sized for something else. Every rank sees the same table and raises alike."""
         h = call.handle
-        dtypes = {code: dtype for dtype, code in DTYPE_CODES.items()}
         columns = (("quant", COMBINE_QUANTS.index(call.quant), lambda v: COMBINE_QUANTS[v] or "none"),
-                   ("dtype", DTYPE_CODES[h.dtype], lambda v: str(dtypes[v]).removeprefix("torch.")),
+                   ("dtype", DTYPE_CODES[h.dtype], _DTYPE_NAMES.__getitem__),
                    ("hidden", h.hidden, str), ("max_tokens", h.max_tokens, str), ("top-k", h.topk, str),
                    ("num_experts", h.num_experts, str), ("align", h.align, str))
         mine = torch.tensor([value for _, value, _ in columns], dtype=torch.int32, device=h.recv_src.device)

@@ -7,8 +7,8 @@ top-k of at most 32, rows of whole 16-byte vectors (NVFP4 and FP8 read bf16 or f
 buffer peers write in a mapped symmetric pool region: the receive rows and scales, the handle's
 recv_src (dispatch) and its returned buffer (combine). The handle's table sits in the pool too
 (the a2a path's all-gather writes it), though here the kernel only copies the counts into it.
-Dispatch allocates them inside use_symmetric_memory, or takes them from ``out=``. Inputs (tokens, ids, weights, expert outputs)
-are read locally and may sit anywhere.
+Dispatch allocates them inside use_symmetric_memory, or takes them from ``out=``. Inputs (tokens,
+ids, weights, expert outputs) are read locally and may sit anywhere.
 """
 from __future__ import annotations
 
