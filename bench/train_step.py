@@ -9,8 +9,12 @@ backward and an SGD update of a tensor-parallel MLP (tp) and of an FSDP-style on
 per rank). Only their collectives change between variants:
 
     symcomm   the examples as written: copy_to_tp_region / reduce_from_tp_region; comm.all_gather
-              of the weight shards (in the symmetric pool), whose backward reduce-scatters
-    funcol    torch.distributed._functional_collectives: all_gather_tensor_autograd and
+              of the weight shards (in the symmetric pool), whose backward reduce-scatters, on a
+              communication stream beside the GEMMs (fsdp, on GPUs)
+    serial    fsdp only: the same collectives in order on the step's own stream, for the
+              overlap's share of symcomm's row
+    funcol    torch.distributed._functional_collectives (on NCCL's internal stream, waited
+              for where each result is used): all_gather_tensor_autograd and
               reduce_scatter_tensor_autograd; the tensor-parallel pair as autograd Functions
               over its all_reduce
     local     every collective replaced by a local stand-in of the same shape: compute alone
@@ -45,7 +49,7 @@ import tp_train_step as tp  # noqa: E402
 from layer_utils import init_distributed, seeded  # noqa: E402
 from train_utils import train_step, warm_up  # noqa: E402
 
-VARIANTS = ("symcomm", "funcol", "local")
+VARIANTS = {"tp": ("symcomm", "funcol", "local"), "fsdp": ("symcomm", "serial", "funcol", "local")}
 # torch 2.13 renamed it (the old name still works, with a deprecation warning per call).
 _gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
@@ -91,6 +95,11 @@ class FSDPFuncol(fsdp.FSDPMLP):
         return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
 
 
+class FSDPSerial(fsdp.FSDPMLP):
+    def __init__(self, comm, cfg, full):
+        super().__init__(comm, cfg, full, overlap=False)
+
+
 class FSDPLocal(fsdp.FSDPMLP):
     def loss(self, x, target):
         w1, w2 = (s.repeat(self.comm.world_size, 1) for s in self.params)
@@ -98,7 +107,8 @@ class FSDPLocal(fsdp.FSDPMLP):
 
 
 MODELS = {("tp", "symcomm"): tp.TPMLP, ("tp", "funcol"): TPFuncol, ("tp", "local"): TPLocal,
-          ("fsdp", "symcomm"): fsdp.FSDPMLP, ("fsdp", "funcol"): FSDPFuncol, ("fsdp", "local"): FSDPLocal}
+          ("fsdp", "symcomm"): fsdp.FSDPMLP, ("fsdp", "serial"): FSDPSerial, ("fsdp", "funcol"): FSDPFuncol,
+          ("fsdp", "local"): FSDPLocal}
 
 
 def build(step: str, variant: str, comm: symcomm.Communicator, hidden: int, ffn: int, dtype: torch.dtype):
@@ -192,14 +202,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {'step':<5} {'tokens':>7} {'variant':<8} {'us/step':>10} {'comm us':>10}", flush=True)
         for step in args.steps.split(","):
             times = {}
-            for variant in VARIANTS:
+            for variant in VARIANTS[step]:
                 model, cfg = build(step, variant, comm, hidden, ffn, dtype)
                 timer = time_cpu if small else time_gpu
                 times[variant] = {t: slowest(comm, v) for t, v in timer(comm, model, cfg, tokens_list, args.iters,
                                                                       args.rounds).items()}
                 del model
             for t in tokens_list:
-                for variant in VARIANTS:
+                for variant in VARIANTS[step]:
                     us = times[variant][t]
                     rows.append({"step": step, "tokens": t, "variant": variant, "us_per_step": us,
                                  "comm_us": us - times["local"][t]})

@@ -12,6 +12,11 @@ rows' gradients, the data-parallel sum, already sharded:
 In eager steps the reduce-scatter's output, the gradient shard, comes from the symmetric pool
 because the shard it differentiates sat there (on GPUs; gloo has no pool).
 
+On GPUs the collectives run on a stream of their own, as FSDP runs them: w2's gather overlaps
+x @ w1, and, since autograd runs a node's backward on its forward's stream, w2's reduce-scatter
+overlaps w1's backward. Every collective of the step stays on that one stream, so a rank's
+collectives keep their order, which symcomm's kernels need inside graph_capture().
+
 Run (every rank checks its loss, gradient shards and updated shards against one process with the
 full weights and every rank's tokens; on GPUs also CUDA graphs of whole steps, bitwise against
 eager, and torch.compile):
@@ -30,8 +35,8 @@ import torch.nn.functional as F
 
 import symcomm
 
-from layer_utils import Check, seeded
-from train_utils import Reference, TrainConfig, check_eager, example_main, run_modes
+from layer_utils import Check, bitwise, seeded
+from train_utils import Reference, TrainConfig, check_eager, example_main, run_modes, train_step
 
 
 class FullMLP:
@@ -53,7 +58,8 @@ class FSDPMLP:
 
     names = ("w1 shard", "w2 shard")
 
-    def __init__(self, comm: symcomm.Communicator, cfg: TrainConfig, full: FullMLP) -> None:
+    def __init__(self, comm: symcomm.Communicator, cfg: TrainConfig, full: FullMLP, overlap: bool = True,
+                 comm_stream: torch.cuda.Stream | None = None) -> None:
         for name, n in (("hidden", cfg.hidden), ("ffn", cfg.ffn)):
             if n % comm.world_size:
                 raise SystemExit(f"--{name} ({n}) must divide by the world size ({comm.world_size})")
@@ -63,6 +69,11 @@ class FSDPMLP:
         for s, t in zip(shards, self.shard(full.params)):
             s.copy_(t.detach())
         self.params = [s.requires_grad_() for s in shards]
+        # One stream for every module of a model (pass it to each): a rank's collectives then keep
+        # their order, and the caching allocator keeps one set of blocks for them, not one per module.
+        self.comm_stream = None
+        if overlap and comm.device.type == "cuda":
+            self.comm_stream = comm_stream if comm_stream is not None else torch.cuda.Stream(comm.device)
 
     def shard(self, full: list[torch.Tensor]) -> list[torch.Tensor]:
         r, w = self.comm.rank, self.comm.world_size
@@ -72,8 +83,34 @@ class FSDPMLP:
         return self.comm.all_reduce(loss.reshape(1))[0]  # the ranks' shares of the mean
 
     def loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        w1, w2 = (self.comm.all_gather(s) for s in self.params)
-        return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
+        if self.comm_stream is None or torch.compiler.is_compiling():
+            # In order on the caller's stream (fullgraph compile traces no stream switches).
+            w1, w2 = (self.comm.all_gather(s) for s in self.params)
+            return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
+        (w1, w1_ready), (w2, w2_ready) = self.gather_ahead()
+        here = torch.cuda.current_stream()
+        here.wait_event(w1_ready)
+        h = F.gelu(x @ w1.t())
+        here.wait_event(w2_ready)  # only now: w2's gather ran beside x @ w1
+        return F.mse_loss(h @ w2.t(), target) / self.comm.world_size
+
+    def gather_ahead(self) -> list[tuple[torch.Tensor, torch.cuda.Event]]:
+        """Every weight gathered on the communication stream, in order, each with the event
+        that marks it gathered."""
+        here = torch.cuda.current_stream()
+        self.comm_stream.wait_stream(here)  # the shards' last update
+        gathered = []
+        with torch.cuda.stream(self.comm_stream):
+            for s in self.params:
+                w = self.comm.all_gather(s)
+                gathered.append((w, torch.cuda.Event()))
+                gathered[-1][1].record()
+        # Once w is freed, the caching allocator may give its memory to the next allocation on
+        # the communication stream while this stream still reads w. No record_stream is needed
+        # (it also kept 64 MiB of destroyed graphs reserved in the 16-graph check at world 1):
+        # every later kernel on that stream runs behind a wait for this one, autograd's before
+        # each reduce-scatter (after the GEMM that last reads w) and the next step's above.
+        return gathered
 
 
 def batches_for(cfg: TrainConfig, comm: symcomm.Communicator, seed: int):
@@ -95,6 +132,24 @@ def gradients_from_the_pool(model: FSDPMLP, reference: Reference, batches, seed:
             for n, p in zip(model.names, model.params)]
 
 
+def overlap_changes_no_bit(model: FSDPMLP, full: FullMLP, batches, cfg: TrainConfig) -> list[Check]:
+    """The communication stream moves work in time, never in value: one eager step with it and
+    one in order on the caller's stream, from the same shards and batch, agree bit for bit."""
+    if model.comm_stream is None:
+        return []
+    serial = FSDPMLP(model.comm, cfg, full, overlap=False)
+    with torch.no_grad():
+        for s, p in zip(serial.params, model.params):
+            s.copy_(p)
+    batch = batches(300, 5)[model.comm.rank]
+    losses = [train_step(m, batch, cfg.lr, static_grads=False) for m in (model, serial)]
+    checks = [bitwise("overlapped step's loss == in-order step's", losses[0].reshape(1), losses[1].reshape(1))]
+    for n, p, s in zip(model.names, model.params, serial.params):
+        checks += [bitwise(f"overlapped step's gradient of {n} == in-order step's", p.grad, s.grad),
+                   bitwise(f"overlapped step's {n} after the update == in-order step's", p.detach(), s.detach())]
+    return checks
+
+
 def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, ...], steps: int = 3,
                seed: int = 0, tokens: int = 7) -> list[Check]:
     full = FullMLP(cfg, comm.device)
@@ -104,6 +159,7 @@ def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, .
     checks = run_modes(model, reference, batches, modes, steps, seed, cfg.lr, tokens)
     if "eager" in modes:
         checks += gradients_from_the_pool(model, reference, batches, seed, cfg.lr)
+        checks += overlap_changes_no_bit(model, full, batches, cfg)
     return checks
 
 
