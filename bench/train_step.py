@@ -95,9 +95,9 @@ class FSDPFuncol(fsdp.FSDPMLP):
         return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
 
 
-class FSDPSerial(fsdp.FSDPMLP):
+class FSDPOverlapped(fsdp.FSDPMLP):
     def __init__(self, comm, cfg, full):
-        super().__init__(comm, cfg, full, overlap=False)
+        super().__init__(comm, cfg, full, fsdp.communication_stream(comm))
 
 
 class FSDPLocal(fsdp.FSDPMLP):
@@ -107,7 +107,7 @@ class FSDPLocal(fsdp.FSDPMLP):
 
 
 MODELS = {("tp", "symcomm"): tp.TPMLP, ("tp", "funcol"): TPFuncol, ("tp", "local"): TPLocal,
-          ("fsdp", "symcomm"): fsdp.FSDPMLP, ("fsdp", "serial"): FSDPSerial, ("fsdp", "funcol"): FSDPFuncol,
+          ("fsdp", "symcomm"): FSDPOverlapped, ("fsdp", "serial"): fsdp.FSDPMLP, ("fsdp", "funcol"): FSDPFuncol,
           ("fsdp", "local"): FSDPLocal}
 
 

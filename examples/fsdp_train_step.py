@@ -12,10 +12,12 @@ rows' gradients, the data-parallel sum, already sharded:
 In eager steps the reduce-scatter's output, the gradient shard, comes from the symmetric pool
 because the shard it differentiates sat there (on GPUs; gloo has no pool).
 
-On GPUs the collectives run on a stream of their own, as FSDP runs them: w2's gather overlaps
-x @ w1, and, since autograd runs a node's backward on its forward's stream, w2's reduce-scatter
-overlaps w1's backward. Every collective of the step stays on that one stream, so a rank's
-collectives keep their order, which symcomm's kernels need inside graph_capture().
+On GPUs, given a communication stream (``communication_stream(comm)``, one per model, shared
+by its modules), the collectives run there: w2's gather runs beside x @ w1, and since autograd
+runs a node's backward on its forward's stream, w2's reduce-scatter runs beside the rest of
+the backward. The overlap is within the module: unlike FSDP2, nothing prefetches the next
+module's weights. Every collective of a captured step must be on that one stream (symcomm
+checks this for its own kernels only, not for NCCL's).
 
 Run (every rank checks its loss, gradient shards and updated shards against one process with the
 full weights and every rank's tokens; on GPUs also CUDA graphs of whole steps, bitwise against
@@ -52,13 +54,37 @@ class FullMLP:
         return sum(F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), t) for x, t in batches) / len(batches)
 
 
+def communication_stream(comm: symcomm.Communicator) -> torch.cuda.Stream | None:
+    """A stream for one model's collectives (pass the same one to every module), None on the CPU."""
+    return torch.cuda.Stream(comm.device) if comm.device.type == "cuda" else None
+
+
+def _letting_go(held: dict[int, torch.Tensor], i: int):
+    """The hook that drops gathered weight i once its gradient is accumulated. It holds the dict,
+    not the module: a module held by its parameters' hooks would keep its shards in the pool
+    until the garbage collector ran."""
+    def hook(_param: torch.Tensor) -> None:
+        held.pop(i, None)
+    return hook
+
+
 class FSDPMLP:
     """This rank's rows of each weight, in the symmetric pool (the same shapes on every rank).
-    The sizes must divide by the world size (TrainConfig's --cpu ones do up to world 4)."""
+    The sizes must divide by the world size (TrainConfig's --cpu ones do up to world 4).
+
+    With ``comm_stream`` the collectives run there (see the module's docstring); without, in
+    order on the caller's stream. Two rules make memory shared by the two streams safe without
+    record_stream (which also kept 64 MiB of destroyed graphs reserved in the 16-graph check
+    at world 1): every entry to the communication stream first waits for the caller's stream,
+    and a gathered weight is held until its gradient shard has been accumulated. The caching
+    allocator gives a freed block to the next allocation on the stream that made it, so a
+    gathered weight freed when autograd drops it could become a later reduce-scatter's output
+    while a GEMM still reads it; its own reduce-scatter waits for every reader of it (all of
+    them feed its gradient), so once that has run, the block is free."""
 
     names = ("w1 shard", "w2 shard")
 
-    def __init__(self, comm: symcomm.Communicator, cfg: TrainConfig, full: FullMLP, overlap: bool = True,
+    def __init__(self, comm: symcomm.Communicator, cfg: TrainConfig, full: FullMLP,
                  comm_stream: torch.cuda.Stream | None = None) -> None:
         for name, n in (("hidden", cfg.hidden), ("ffn", cfg.ffn)):
             if n % comm.world_size:
@@ -69,22 +95,33 @@ class FSDPMLP:
         for s, t in zip(shards, self.shard(full.params)):
             s.copy_(t.detach())
         self.params = [s.requires_grad_() for s in shards]
-        # One stream for every module of a model (pass it to each): a rank's collectives then keep
-        # their order, and the caching allocator keeps one set of blocks for them, not one per module.
-        self.comm_stream = None
-        if overlap and comm.device.type == "cuda":
-            self.comm_stream = comm_stream if comm_stream is not None else torch.cuda.Stream(comm.device)
+        self.comm_stream = comm_stream
+        self.held: dict[int, torch.Tensor] = {}  # gathered weights whose gradients are not accumulated yet
+        if comm_stream is not None:
+            for i, p in enumerate(self.params):
+                p.register_post_accumulate_grad_hook(_letting_go(self.held, i))
 
     def shard(self, full: list[torch.Tensor]) -> list[torch.Tensor]:
         r, w = self.comm.rank, self.comm.world_size
         return [t[r * t.shape[0] // w:(r + 1) * t.shape[0] // w] for t in full]
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(loss.reshape(1))[0]  # the ranks' shares of the mean
+        if self.comm_stream is None:
+            return self.comm.all_reduce(loss.reshape(1))[0]  # the ranks' shares of the mean
+        # On the communication stream too: a symcomm kernel launched from a second stream waits
+        # for all the work queued on the first, which would hold the next reduce-scatter
+        # behind the whole backward.
+        here = torch.cuda.current_stream()
+        self.comm_stream.wait_stream(here)
+        with torch.cuda.stream(self.comm_stream):
+            total = self.comm.all_reduce(loss.reshape(1))[0]
+        here.wait_stream(self.comm_stream)
+        return total
 
     def loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.comm_stream is None or torch.compiler.is_compiling():
-            # In order on the caller's stream (fullgraph compile traces no stream switches).
+            # In order on the caller's stream (compiled, the backward runs as one node on the
+            # forward's stream, so its reduce-scatters could not move anyway).
             w1, w2 = (self.comm.all_gather(s) for s in self.params)
             return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
         (w1, w1_ready), (w2, w2_ready) = self.gather_ahead()
@@ -98,18 +135,14 @@ class FSDPMLP:
         """Every weight gathered on the communication stream, in order, each with the event
         that marks it gathered."""
         here = torch.cuda.current_stream()
-        self.comm_stream.wait_stream(here)  # the shards' last update
+        self.comm_stream.wait_stream(here)  # the shards' last update, and every reader of held weights
+        self.held.clear()  # a step without backward leaves them: the wait above covers their readers
         gathered = []
         with torch.cuda.stream(self.comm_stream):
-            for s in self.params:
-                w = self.comm.all_gather(s)
+            for i, s in enumerate(self.params):
+                w = self.held[i] = self.comm.all_gather(s)
                 gathered.append((w, torch.cuda.Event()))
                 gathered[-1][1].record()
-        # Once w is freed, the caching allocator may give its memory to the next allocation on
-        # the communication stream while this stream still reads w. No record_stream is needed
-        # (it also kept 64 MiB of destroyed graphs reserved in the 16-graph check at world 1):
-        # every later kernel on that stream runs behind a wait for this one, autograd's before
-        # each reduce-scatter (after the GEMM that last reads w) and the next step's above.
         return gathered
 
 
@@ -137,7 +170,7 @@ def overlap_changes_no_bit(model: FSDPMLP, full: FullMLP, batches, cfg: TrainCon
     one in order on the caller's stream, from the same shards and batch, agree bit for bit."""
     if model.comm_stream is None:
         return []
-    serial = FSDPMLP(model.comm, cfg, full, overlap=False)
+    serial = FSDPMLP(model.comm, cfg, full)
     with torch.no_grad():
         for s, p in zip(serial.params, model.params):
             s.copy_(p)
@@ -150,16 +183,30 @@ def overlap_changes_no_bit(model: FSDPMLP, full: FullMLP, batches, cfg: TrainCon
     return checks
 
 
+def held_until_accumulated(model: FSDPMLP, batches) -> list[Check]:
+    """The lifetime rule of FSDPMLP's docstring: the gathered weights live through the forward
+    and are let go once their gradient shards are accumulated."""
+    if model.comm_stream is None:
+        return []
+    loss = model.loss(*batches(301, 3)[model.comm.rank])
+    during = sorted(model.held)
+    loss.backward()
+    return [Check("gathered weights held after the forward", during == [0, 1], f"held: {during}"),
+            Check("gathered weights let go once their gradients are accumulated", not model.held,
+                  f"still held: {sorted(model.held)}")]
+
+
 def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, ...], steps: int = 3,
                seed: int = 0, tokens: int = 7) -> list[Check]:
     full = FullMLP(cfg, comm.device)
-    model = FSDPMLP(comm, cfg, full)
+    model = FSDPMLP(comm, cfg, full, communication_stream(comm))
     reference = Reference(full, cfg.lr)
     batches = batches_for(cfg, comm, seed)
     checks = run_modes(model, reference, batches, modes, steps, seed, cfg.lr, tokens)
     if "eager" in modes:
         checks += gradients_from_the_pool(model, reference, batches, seed, cfg.lr)
         checks += overlap_changes_no_bit(model, full, batches, cfg)
+        checks += held_until_accumulated(model, batches)
     return checks
 
 
