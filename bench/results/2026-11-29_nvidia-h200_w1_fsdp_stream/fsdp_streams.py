@@ -18,7 +18,7 @@ comm = symcomm.Communicator(symmetric_capacity=1 << 30)
 cfg = fsdp.TrainConfig(hidden=a.hidden, ffn=a.ffn, dtype=torch.bfloat16)
 full = fsdp.FullMLP(cfg, device)
 for overlap in (True, False):
-    m = fsdp.FSDPMLP(comm, cfg, full, overlap=overlap)
+    m = fsdp.FSDPMLP(comm, cfg, full, fsdp.communication_stream(comm) if overlap else None)
     x = torch.randn(a.tokens, a.hidden, device=device, dtype=torch.bfloat16)
     t = torch.randn(a.tokens, a.hidden, device=device, dtype=torch.bfloat16)
     warm_up([(m, (x, t))], cfg.lr)
