@@ -8,11 +8,11 @@ The steps are the examples' own (examples/tp_train_step.py, examples/fsdp_train_
 backward and an SGD update of a tensor-parallel MLP (tp) and of an FSDP-style one (fsdp, tokens
 per rank). Only their collectives change between variants:
 
-    symcomm   the examples as written: copy_to_tp_region / reduce_from_tp_region; comm.all_gather
-              of the weight shards (in the symmetric pool), whose backward reduce-scatters, on a
-              communication stream beside the GEMMs (fsdp, on GPUs)
-    serial    fsdp only: the same collectives in order on the step's own stream, for the
-              overlap's share of symcomm's row
+    symcomm   the examples as written, with a communication stream on GPUs: copy_to_tp_region /
+              reduce_from_tp_region, the first fused with the column-parallel linear so that its
+              backward all-reduce runs beside w1's gradient; comm.all_gather of the weight shards
+              (in the symmetric pool), whose backward reduce-scatters, beside the GEMMs
+    serial    the same collectives in order on the step's own stream: the overlap's share
     funcol    torch.distributed._functional_collectives (on NCCL's internal stream, waited
               for where each result is used): all_gather_tensor_autograd and
               reduce_scatter_tensor_autograd; the tensor-parallel pair as autograd Functions
@@ -47,9 +47,9 @@ import symcomm  # noqa: E402
 import fsdp_train_step as fsdp  # noqa: E402
 import tp_train_step as tp  # noqa: E402
 from layer_utils import init_distributed, seeded  # noqa: E402
-from train_utils import train_step, warm_up  # noqa: E402
+from train_utils import communication_stream, train_step, warm_up  # noqa: E402
 
-VARIANTS = {"tp": ("symcomm", "funcol", "local"), "fsdp": ("symcomm", "serial", "funcol", "local")}
+VARIANTS = ("symcomm", "serial", "funcol", "local")
 # torch 2.13 renamed it (the old name still works, with a deprecation warning per call).
 _gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
@@ -95,9 +95,14 @@ class FSDPFuncol(fsdp.FSDPMLP):
         return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
 
 
+class TPOverlapped(tp.TPMLP):
+    def __init__(self, comm, cfg, full):
+        super().__init__(comm, cfg, full, communication_stream(comm))
+
+
 class FSDPOverlapped(fsdp.FSDPMLP):
     def __init__(self, comm, cfg, full):
-        super().__init__(comm, cfg, full, fsdp.communication_stream(comm))
+        super().__init__(comm, cfg, full, communication_stream(comm))
 
 
 class FSDPLocal(fsdp.FSDPMLP):
@@ -106,7 +111,7 @@ class FSDPLocal(fsdp.FSDPMLP):
         return F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), target) / self.comm.world_size
 
 
-MODELS = {("tp", "symcomm"): tp.TPMLP, ("tp", "funcol"): TPFuncol, ("tp", "local"): TPLocal,
+MODELS = {("tp", "symcomm"): TPOverlapped, ("tp", "serial"): tp.TPMLP, ("tp", "funcol"): TPFuncol, ("tp", "local"): TPLocal,
           ("fsdp", "symcomm"): FSDPOverlapped, ("fsdp", "serial"): fsdp.FSDPMLP, ("fsdp", "funcol"): FSDPFuncol,
           ("fsdp", "local"): FSDPLocal}
 
@@ -202,14 +207,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {'step':<5} {'tokens':>7} {'variant':<8} {'us/step':>10} {'comm us':>10}", flush=True)
         for step in args.steps.split(","):
             times = {}
-            for variant in VARIANTS[step]:
+            for variant in VARIANTS:
                 model, cfg = build(step, variant, comm, hidden, ffn, dtype)
                 timer = time_cpu if small else time_gpu
                 times[variant] = {t: slowest(comm, v) for t, v in timer(comm, model, cfg, tokens_list, args.iters,
                                                                       args.rounds).items()}
                 del model
             for t in tokens_list:
-                for variant in VARIANTS[step]:
+                for variant in VARIANTS:
                     us = times[variant][t]
                     rows.append({"step": step, "tokens": t, "variant": variant, "us_per_step": us,
                                  "comm_us": us - times["local"][t]})

@@ -37,8 +37,9 @@ import torch.nn.functional as F
 
 import symcomm
 
-from layer_utils import Check, bitwise, seeded
-from train_utils import Reference, TrainConfig, check_eager, example_main, run_modes, train_step
+from layer_utils import Check, seeded
+from train_utils import (Reference, TrainConfig, check_eager, communication_stream, example_main,
+                         overlap_changes_no_bit, run_modes)
 
 
 class FullMLP:
@@ -52,11 +53,6 @@ class FullMLP:
     def loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         w1, w2 = self.params
         return sum(F.mse_loss(F.gelu(x @ w1.t()) @ w2.t(), t) for x, t in batches) / len(batches)
-
-
-def communication_stream(comm: symcomm.Communicator) -> torch.cuda.Stream | None:
-    """A stream for one model's collectives (pass the same one to every module), None on the CPU."""
-    return torch.cuda.Stream(comm.device) if comm.device.type == "cuda" else None
 
 
 def _letting_go(held: dict[int, torch.Tensor], i: int):
@@ -165,24 +161,6 @@ def gradients_from_the_pool(model: FSDPMLP, reference: Reference, batches, seed:
             for n, p in zip(model.names, model.params)]
 
 
-def overlap_changes_no_bit(model: FSDPMLP, full: FullMLP, batches, cfg: TrainConfig) -> list[Check]:
-    """The communication stream moves work in time, never in value: one eager step with it and
-    one in order on the caller's stream, from the same shards and batch, agree bit for bit."""
-    if model.comm_stream is None:
-        return []
-    serial = FSDPMLP(model.comm, cfg, full)
-    with torch.no_grad():
-        for s, p in zip(serial.params, model.params):
-            s.copy_(p)
-    batch = batches(300, 5)[model.comm.rank]
-    losses = [train_step(m, batch, cfg.lr, static_grads=False) for m in (model, serial)]
-    checks = [bitwise("overlapped step's loss == in-order step's", losses[0].reshape(1), losses[1].reshape(1))]
-    for n, p, s in zip(model.names, model.params, serial.params):
-        checks += [bitwise(f"overlapped step's gradient of {n} == in-order step's", p.grad, s.grad),
-                   bitwise(f"overlapped step's {n} after the update == in-order step's", p.detach(), s.detach())]
-    return checks
-
-
 def held_until_accumulated(model: FSDPMLP, batches) -> list[Check]:
     """The lifetime rule of FSDPMLP's docstring: the gathered weights live through the forward
     and are let go once their gradient shards are accumulated."""
@@ -205,7 +183,8 @@ def run_checks(comm: symcomm.Communicator, cfg: TrainConfig, modes: tuple[str, .
     checks = run_modes(model, reference, batches, modes, steps, seed, cfg.lr, tokens)
     if "eager" in modes:
         checks += gradients_from_the_pool(model, reference, batches, seed, cfg.lr)
-        checks += overlap_changes_no_bit(model, full, batches, cfg)
+        if model.comm_stream is not None:
+            checks += overlap_changes_no_bit(model, FSDPMLP(comm, cfg, full), batches(300, 5)[comm.rank], cfg.lr)
         checks += held_until_accumulated(model, batches)
     return checks
 

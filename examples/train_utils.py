@@ -41,6 +41,13 @@ Batches = Callable[[int, int], list[Batch]]
 REL = 1e-4  # fp32 on both sides: sums in another order differ by rounding, orders of magnitude below this
 
 
+def communication_stream(comm: symcomm.Communicator) -> torch.cuda.Stream | None:
+    """A stream for one model's collectives (pass the same one to every module), None on the CPU.
+    Every entry to it must first wait for the compute stream: the examples' memory rules rest
+    on that (see FSDPMLP's docstring)."""
+    return torch.cuda.Stream(comm.device) if comm.device.type == "cuda" else None
+
+
 def train_step(model, batch: Batch, lr: float, static_grads: bool) -> torch.Tensor:
     """One SGD step on this rank's parameters; returns the loss. ``static_grads`` keeps the
     gradient tensors (zeroed in place), as a CUDA graph that replays the step needs; otherwise
@@ -57,6 +64,21 @@ def train_step(model, batch: Batch, lr: float, static_grads: bool) -> torch.Tens
         for p in model.params:
             p.add_(p.grad, alpha=-lr)
     return loss.detach()
+
+
+def overlap_changes_no_bit(model, in_order, batch: Batch, lr: float) -> list[Check]:
+    """The communication stream moves work in time, never in value: one eager step of ``model``
+    (with its stream) and one of ``in_order`` (the same model without, given the same parameters
+    here), on the same batch, agree bit for bit."""
+    with torch.no_grad():
+        for q, p in zip(in_order.params, model.params):
+            q.copy_(p)
+    losses = [train_step(m, batch, lr, static_grads=False) for m in (model, in_order)]
+    checks = [bitwise("overlapped step's loss == in-order step's", losses[0].reshape(1), losses[1].reshape(1))]
+    for n, p, q in zip(model.names, model.params, in_order.params):
+        checks += [bitwise(f"overlapped step's gradient of {n} == in-order step's", p.grad, q.grad),
+                   bitwise(f"overlapped step's {n} after the update == in-order step's", p.detach(), q.detach())]
+    return checks
 
 
 class Reference:
