@@ -3,10 +3,10 @@
     python3 scripts/verify_report.py FOLDER
 
 scripts/gpu_check.sh's verify mode appends one tab-separated line per step to
-FOLDER/outcomes_part<N>.tsv (name, PASS or FAIL, detail, seconds, command); this merges every
-part's lines, prints them as one table with the counts, writes FOLDER/README.md (the commands and
-their outcomes, failures included, and where each raw log is), and exits 1 if any step failed
-or none ran.
+FOLDER/outcomes_part<N>.tsv (name, PASS, FAIL or NOT RUN, detail, seconds, command); this merges
+every part's lines, prints them as one table with the counts, writes FOLDER/README.md (the
+commands and their outcomes, failures included, and where each raw log is), and exits 1 if any
+step failed or was not run (the deadline came first), or none ran.
 """
 from __future__ import annotations
 
@@ -31,9 +31,15 @@ def screen(rows: list[dict[str, str]]) -> str:
     width = max([len(r["step"]) for r in rows] + [4])
     lines = [f"{'step':<{width}}  result  detail"]
     lines += [f"{r['step']:<{width}}  {r['outcome']:<6}  {r.get('detail', '')}" for r in rows]
-    failed = sum(r["outcome"] != "PASS" for r in rows)
-    lines.append(f"verify: {len(rows) - failed} passed, {failed} failed, of {len(rows)} steps")
+    lines.append(f"verify: {counts(rows)}")
     return "\n".join(lines)
+
+
+def counts(rows: list[dict[str, str]]) -> str:
+    passed = sum(r["outcome"] == "PASS" for r in rows)
+    skipped = sum(r["outcome"] == "NOT RUN" for r in rows)
+    text = f"{passed} passed, {len(rows) - passed - skipped} failed"
+    return text + (f", {skipped} not run (deadline)" if skipped else "") + f", of {len(rows)} steps"
 
 
 def readme(folder: Path, rows: list[dict[str, str]], headers: list[str]) -> str:
@@ -48,8 +54,7 @@ def readme(folder: Path, rows: list[dict[str, str]], headers: list[str]) -> str:
         cells = [r.get(f, "").replace("|", "\\|") for f in FIELDS]
         cells[4] = f"`{cells[4]}`"
         out.append("| " + " | ".join(cells) + " |")
-    failed = sum(r["outcome"] != "PASS" for r in rows)
-    out += ["", f"**{len(rows) - failed} passed, {failed} failed, of {len(rows)} steps.**", ""]
+    out += ["", f"**{counts(rows)}.**", ""]
     return "\n".join(out)
 
 
