@@ -38,7 +38,7 @@ def many_graphs(comm: symcomm.Communicator) -> list[tuple[str, bool, str]]:
     communicator's own memory does not grow with them, torch's reserved memory grows by about
     one step's temporaries, replays run, and destroying the graphs gives the memory back."""
     cfg = fsdp_train_step.TrainConfig(hidden=1024, ffn=4096)
-    comm_stream = torch.cuda.Stream(comm.device)
+    comm_stream = train_utils.communication_stream(comm)  # one for all four stages
     stages = [fsdp_train_step.FSDPMLP(comm, cfg, fsdp_train_step.FullMLP(
         fsdp_train_step.TrainConfig(hidden=1024, ffn=4096, seed=s), comm.device), comm_stream=comm_stream)
         for s in range(4)]
