@@ -29,8 +29,9 @@ def read(folder: Path) -> tuple[list[dict[str, str]], list[str]]:
 
 def screen(rows: list[dict[str, str]]) -> str:
     width = max([len(r["step"]) for r in rows] + [4])
-    lines = [f"{'step':<{width}}  result  detail"]
-    lines += [f"{r['step']:<{width}}  {r['outcome']:<6}  {r.get('detail', '')}" for r in rows]
+    result = max([len(r["outcome"]) for r in rows] + [6])  # "NOT RUN" is wider than "result"
+    lines = [f"{'step':<{width}}  {'result':<{result}}  detail"]
+    lines += [f"{r['step']:<{width}}  {r['outcome']:<{result}}  {r.get('detail', '')}" for r in rows]
     lines.append(f"verify: {counts(rows)}")
     return "\n".join(lines)
 
