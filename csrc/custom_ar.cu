@@ -579,6 +579,17 @@ int symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch) {
   return cudaMemcpy(dev, cur, sizeof(cur), cudaMemcpyHostToDevice);
 }
 
+// Testing only: how many meetings of every block (meet_all_blocks) this rank has completed, read
+// from its Signal block. Tests use it to see that a kernel took the path that meets.
+int symcomm_ar_debug_meetings(symcomm_ar_t ctx, uint64_t* meetings) {
+  if (meetings == nullptr) return cudaErrorInvalidValue;
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  return cudaMemcpy(meetings, &reinterpret_cast<Signal*>(c->base)->meetings, sizeof(uint64_t),
+                    cudaMemcpyDeviceToHost);
+}
+
 int symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled) {
   ctx->impl.overlap = enabled != 0;
   return cudaSuccess;

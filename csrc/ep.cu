@@ -12,7 +12,9 @@
 // blocks write every token, quantized on the way, into the receive buffers of its entries' ranks,
 // with its origin in their recv_src, and meet the peers again (kEnd): when that completes on a
 // rank, every peer's block b has arrived after its writes for every b, so everything sent there
-// has landed.
+// has landed. Past kDedupFromEntries a token's row crosses once to each peer rank instead, and
+// after a meeting of every block the receiver copies it into that token's other rows there
+// (expand_duplicates).
 //
 // Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners of
 // the tokens must have finished adding the previous combine's rows, which they read from the buffer
@@ -33,6 +35,7 @@
 #include "symcomm_testing.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -49,8 +52,14 @@ constexpr int kLayoutInts = 8192;  // ep_dispatch's shared [warps][experts] coun
 constexpr int kDispatchThreads = 1024;
 constexpr int kMaxExperts = SYMCOMM_EP_MAX_EXPERTS;
 constexpr unsigned kFull = 0xFFFFFFFFu;
+// Dispatch sends a token once per peer rank, not once per entry, from this many valid entries per
+// rank on average (every rank sums the same counts table, so all decide alike). Below it the
+// expansion's extra meeting and round trips cost more than the NVLink bytes saved: a predicted
+// threshold (bench/NOTES.md, twelfth session), 64 tokens at top-8.
+constexpr int kDedupFromEntries = 512;
 static_assert(SYMCOMM_EP_MAX_TOPK <= 32, "one lane per top-k slot");
 static_assert(kLayoutInts / kMaxExperts >= 1, "at least one warp's counters fit");
+static_assert(2 * kDispatchThreads <= kLayoutInts, "expand_duplicates' list fits in the layout's table");
 
 struct Buf {
   int slot;
@@ -80,6 +89,8 @@ struct Dispatch {
   int64_t units;      // lane units per token row (16 bytes, an NVFP4 block, or 8 FP8 values)
   int64_t row_bytes;  // bytes of one received row
   int32_t mark;       // this rank's fingerprint (ep.cuh)
+  bool dedup_ok;      // a row number times topk fits the marker (see expand_duplicates)
+  int64_t dedup_from;  // valid entries per rank from which tokens cross once per peer
 };
 
 struct Combine {
@@ -212,6 +223,96 @@ __device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, 
   }
 }
 
+// A token bound for several experts of one peer crosses NVLink once (dispatch's sending lanes,
+// past kDedupFromEntries): its first entry for that rank (the lead) gets the row, each other entry
+// gets only a marker in recv_src, -2 - (lead row * topk + slot), and once every block of every
+// rank has met, the receiving rank copies the lead's row (and scales) into each marked row and
+// puts the entry's origin back in recv_src. At world 2 with top-8 a token's rows for the peer
+// fall from about 4 to 1.
+//
+// Each block takes blockDim rows spread over the grid at a time: every thread loads one recv_src
+// word, a thread that finds a marker lists its row in shared memory and loads the lead's origin,
+// and then the whole block copies the listed rows, 4 pieces a thread in flight, so that a decode
+// call's few rows take a round trip or two rather than one per 4 x 512 bytes of a row. The thread
+// that listed a row restores its word after the block's copies, so no thread reads a half-restored
+// one; lead rows hold origins and are never marked, so the origin loaded early is final.
+// `list` is shared memory for 2 * blockDim ints (the layout's table, no longer used by then).
+template <int Q>
+__device__ void expand_duplicates(const Dispatch& job, char* recv, char* scales, int32_t* src, int64_t used,
+                                  int32_t* list) {
+  __shared__ int listed;
+  constexpr int kAhead = 4;
+  const int threads = int(blockDim.x);
+  const bool wide = job.row_bytes % 16 == 0;
+  const int pieces = int(wide ? job.row_bytes / 16 : job.row_bytes / 8);
+  for (int64_t round = 0; round * threads * gridDim.x < used; ++round) {
+    if (threadIdx.x == 0) listed = 0;
+    __syncthreads();
+    const int64_t row = blockIdx.x + int64_t(gridDim.x) * (round * threads + threadIdx.x);
+    const int32_t word = row < used ? *reinterpret_cast<volatile int32_t*>(src + row) : -1;
+    int32_t lead_origin = 0;
+    int slot = 0;
+    if (word <= -2) {
+      const int64_t code = -2 - int64_t(word);
+      const int32_t lead = int32_t(code / job.topk);
+      slot = int(code % job.topk);
+      lead_origin = src[lead];  // used after the copies: its round trip overlaps them
+      const int at = atomicAdd(&listed, 1);
+      list[2 * at] = int32_t(row);
+      list[2 * at + 1] = lead;
+    }
+    __syncthreads();
+    const int n = listed;
+    const int items = n * pieces;
+    for (int i0 = threadIdx.x; i0 < items; i0 += kAhead * threads) {
+      int64_t from[kAhead], to[kAhead];  // byte offsets of the piece in the lead's row and the marked one
+#pragma unroll
+      for (int k = 0; k < kAhead; ++k) {
+        const int i = i0 + k * threads, m = i / pieces, piece = i - m * pieces;
+        const int64_t at = int64_t(piece) * (wide ? 16 : 8);
+        from[k] = i < items ? int64_t(list[2 * m + 1]) * job.row_bytes + at : 0;
+        to[k] = i < items ? int64_t(list[2 * m]) * job.row_bytes + at : 0;
+      }
+      if (wide) {
+        uint4 v[kAhead];
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k)
+          if (i0 + k * threads < items) v[k] = *reinterpret_cast<const uint4*>(recv + from[k]);
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k)
+          if (i0 + k * threads < items) *reinterpret_cast<uint4*>(recv + to[k]) = v[k];
+      } else {
+        uint2 v[kAhead];
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k)
+          if (i0 + k * threads < items) v[k] = *reinterpret_cast<const uint2*>(recv + from[k]);
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k)
+          if (i0 + k * threads < items) *reinterpret_cast<uint2*>(recv + to[k]) = v[k];
+      }
+    }
+    if constexpr (Q == SYMCOMM_EP_NVFP4) {
+      const int64_t padded_cols = fp4::padded_cols(job.cols / fp4::kBlock);
+      const int units = int(job.units);
+      for (int i = threadIdx.x; i < n * units; i += threads) {
+        const int64_t to = list[2 * (i / units)], from = list[2 * (i / units) + 1], u = i % units;
+        const int64_t at_from = job.swizzle ? fp4::swizzled_index(from, u, padded_cols) : from * units + u;
+        const int64_t at_to = job.swizzle ? fp4::swizzled_index(to, u, padded_cols) : to * units + u;
+        reinterpret_cast<uint8_t*>(scales)[at_to] = reinterpret_cast<const uint8_t*>(scales)[at_from];
+      }
+    } else if constexpr (Q == SYMCOMM_EP_FP8) {
+      const int blocks = int(job.cols / ep::kFp8Block);
+      for (int i = threadIdx.x; i < n * blocks; i += threads) {
+        const int64_t to = list[2 * (i / blocks)], from = list[2 * (i / blocks) + 1];
+        reinterpret_cast<float*>(scales)[to * blocks + i % blocks] =
+            reinterpret_cast<const float*>(scales)[from * blocks + i % blocks];
+      }
+    }
+    __syncthreads();
+    if (word <= -2) src[row] = lead_origin - lead_origin % job.topk + slot;
+  }
+}
+
 template <int Q, typename T, typename Id, int W>
 __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Peers* slots, Dispatch job) {
   // [warp][expert]: counts, then each warp's running row numbers; then each counting warp's first
@@ -222,6 +323,10 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   __shared__ int32_t starts[kMaxExperts];  // segment scan: every expert's start over all ranks
   __shared__ int32_t warp_sum[32];
   __shared__ bool mapped;
+  __shared__ bool dedup;           // this call sends a token once per peer (expand_duplicates)
+  __shared__ int32_t used_rows;    // rows of this rank's receive layout
+  __shared__ int32_t valid_total;  // valid entries of every rank: what the dedup decision reads
+  __shared__ uint64_t meeting;     // meet_all_blocks' number, for a call that dedups
   __shared__ Signal* signal_at[kMaxRanks];  // every rank's Signal block, which holds its counts table
   constexpr int64_t kRowCache = kLayoutInts / 2;
   const int E = job.experts, warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -251,6 +356,10 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
 #pragma unroll
   for (int k = 0; k < 3; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
   if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x]);
+  if (threadIdx.x == 0) {
+    meeting = next_meeting(s);
+    valid_total = 0;
+  }
   int32_t* const src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
   int32_t* const table_here = reinterpret_cast<int32_t*>(at(slots, job.table, s.rank));
   const int first_key = lo < hi && lo + lane < hi ? ep::entry_key(ids, lo + lane, job.topk, E) : -1;
@@ -282,8 +391,8 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   // blocks, so no barrier comes first: a rank reads its table only in its own dispatch, and a peer
   // writes it again only in its next dispatch, which begins (griddepcontrol.wait) after the whole
   // previous dispatch grid of that peer completed; each of those blocks met this rank's block of
-  // the same index at kEnd (the grids are equal), which that block reached after reading the
-  // table. A pool buffer could have served some other use on this rank until this call, so
+  // the same index at kEnd (the grids are equal), or every block of it at a dedup call's meeting,
+  // which that block reached after reading the table. A pool buffer could have served some other use on this rank until this call, so
   // writing one needed a start barrier. The kMid barrier still proves every rank got here after
   // all its earlier work, before any row moves into its pool buffers. Every block writes the
   // whole row, W * (E + 1) words to the peers: 8 KiB a block at 256 experts and world 8.
@@ -312,6 +421,7 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
       agree = false;
     }
   }
+  int32_t my_valid = 0;
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t total = 0, before = 0;
 #pragma unroll
@@ -323,7 +433,9 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     }
     counts[id] = total;
     base[id] = before;
+    my_valid += total;
   }
+  if (my_valid) atomicAdd(&valid_total, my_valid);
   if (!__syncthreads_and(agree)) return;
   // Segment starts: one block-wide exclusive scan of every expert's aligned total, each rank's
   // segment then measured from its first expert. A thread scans `per` consecutive experts, each
@@ -356,6 +468,11 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     running += aligned(counts[first_id + k]);
   }
   __syncthreads();
+  if (threadIdx.x == 0) {  // the same in every block of every rank: all read one table
+    const int32_t total = starts[E - 1] + aligned(counts[E - 1]);
+    dedup = W > 1 && job.dedup_ok && valid_total >= job.dedup_from * W;
+    used_rows = (s.rank + 1 < W ? starts[(s.rank + 1) * L] : total) - starts[s.rank * L];
+  }
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     const int p = id / L, e = id % L;
     const int32_t start = starts[id] - starts[p * L];
@@ -408,15 +525,23 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     if (item != first_item) unit = load_unit<Q, T>(job, t, u);
     const bool in_row = u < job.units;
     const Encoded piece = encode_unit<Q, T>(unit, in_row, gs);
+    // The lead of a destination is its lowest slot; on a dedup call only leads carry the row to a
+    // peer, the others a marker (expand_duplicates). Rows to this rank itself are stored whole.
+    const int lead = __ffs(__match_any_sync(kFull, dest)) - 1;
+    const int32_t lead_row = __shfl_sync(kFull, at_row, lead);
+    const bool carries = !dedup || lead == lane || dest == s.rank;
     char* const src_at = peer_buffer(lane_buf[1], dest);
     if (u == lane && at_row >= 0)
-      reinterpret_cast<int32_t*>(src_at)[at_row] = ep::origin(s.rank, job.max_tokens, t, job.topk, lane);
+      reinterpret_cast<int32_t*>(src_at)[at_row] =
+          carries ? ep::origin(s.rank, job.max_tokens, t, job.topk, lane)
+                  : int32_t(-2 - (int64_t(lead_row) * job.topk + lane));
     for (int j = 0; j < job.topk; ++j) {
       const int d = __shfl_sync(kFull, dest, j);
       const int64_t r = __shfl_sync(kFull, at_row, j);
+      const bool sent = __shfl_sync(kFull, carries, j);
       char* const recv_at = peer_buffer(lane_buf[0], d);
       char* const scales_at = peer_buffer(lane_buf[2], d);
-      if (d < 0 || !in_row) continue;
+      if (d < 0 || !in_row || !sent) continue;
       char* out = recv_at + r * job.row_bytes;
       if constexpr (Q == SYMCOMM_EP_NONE) {
         reinterpret_cast<uint4*>(out)[u] = piece.plain;
@@ -430,7 +555,13 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
       }
     }
   }
-  barrier(s, kEnd, W, epoch);
+  if (!dedup) {
+    barrier(s, kEnd, W, epoch);
+    return;
+  }
+  // Marked rows copy rows that any peer block may have sent, so every block meets every block.
+  if (!meet_all_blocks(s, W, meeting, uint32_t(job.mark))) return;
+  expand_duplicates<Q>(job, at(slots, job.recv, s.rank), at(slots, job.scales, s.rank), src_here, used_rows, table);
 }
 
 // ------------------------------------------------------------------ combine
@@ -617,6 +748,7 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
   }
   j.mark = ep::fingerprint(a.capacity, j.row_bytes, a.topk, a.align, a.max_tokens, a.num_experts, a.quant, a.cols,
                            a.dtype);
+  j.dedup_ok = a.capacity * a.topk < int64_t(INT32_MAX) - 2;  // equal on every rank: the fingerprint has both
   return true;
 }
 
@@ -833,6 +965,13 @@ int symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args
       (args->quant != SYMCOMM_EP_NONE && bad_slot(c, args->scales_slot)))
     return cudaErrorInvalidValue;
   if (args->quant == SYMCOMM_EP_NONE) job.scales = job.recv;  // never written: any mapped slot
+  job.dedup_from = c->ep_dedup_from < 0 ? kDedupFromEntries : c->ep_dedup_from;
+  // A threshold moved by the testing hook joins the fingerprint: ranks that use different ones
+  // stop at kMid with the mismatch, before any row moves, where one that dedups and one that does
+  // not would leave rows unexpanded and then time out.
+  if (job.dedup_from != kDedupFromEntries)
+    job.mark = int32_t((uint32_t(job.mark) ^ uint32_t((uint64_t(job.dedup_from) + 1) * 0x9E3779B97F4A7C15ull >> 33)) &
+                       0x7FFFFFFFu);
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     const cudaError_t loaded = preload<W>(c->device);
@@ -840,6 +979,12 @@ int symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args
     return args->ids_int64 ? launch_dispatch<W, int64_t>(c, job, args->quant, args->dtype, stream)
                            : launch_dispatch<W, int32_t>(c, job, args->quant, args->dtype, stream);
   });
+}
+
+int symcomm_ep_debug_dedup_from(symcomm_ar_t ctx, int64_t entries) {
+  if (entries < -1) return cudaErrorInvalidValue;
+  ctx->impl.ep_dedup_from = entries < INT32_MAX ? entries : INT32_MAX;  // past any count, and W * it fits
+  return cudaSuccess;
 }
 
 int symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args, cudaStream_t stream) {

@@ -157,6 +157,10 @@ struct Context {
   // Launch every kernel as a programmatic dependent launch (launch.cuh). On unless
   // symcomm_ar_set_overlap turned it off, which only measurements do.
   bool overlap = true;
+  // From how many valid entries per rank EP dispatch sends a token once per peer rank
+  // (csrc/ep.cu's expand_duplicates); -1 for ep.cu's kDedupFromEntries. Only
+  // symcomm_ep_debug_dedup_from changes it, for tests and measurements.
+  int64_t ep_dedup_from = -1;
   char* base = nullptr;  // this rank's allocation
   size_t total_bytes = 0;
   Peers bases{};        // every rank's allocation, mapped here (own = base)
@@ -308,10 +312,12 @@ __device__ __forceinline__ uint64_t next_meeting(const Sync& s) {
 // for each i = j, j + 64, ... below grid * world, one flag after another under one bound.
 //
 // A flag of this meeting whose mark is not this rank's stops the rank (SYMCOMM_AR_ABORT_MISMATCH,
-// phase kEnd). A flag past this meeting has its mark unread, but none gets there while a block
-// of this rank is still here: a peer's next kernel passes a barrier with this rank's whole grid
-// first. So with marks that differ no block of either rank completes the meeting, and no rank
-// sums. Every rank names the mismatch unless one of its waiters is held first by a flag that never
+// phase kEnd). A flag past this meeting has its mark unread, and counts as an arrival: the peer
+// got past this meeting first. A combine's waiters never see one, since a peer's next kernel
+// passes a barrier with this rank's whole grid first. A dedup dispatch's waiters can (the
+// peer's next combine skips its start barrier), but that meeting's marks were already compared
+// at the dispatch's kMid. So with marks that differ no block of either rank completes a
+// combine's meeting, and no rank sums. Every rank names the mismatch unless one of its waiters is held first by a flag that never
 // comes (a peer that already gave up starts no more blocks); that rank then stops at the bound,
 // with a timeout. The meeting number has 48 bits: 2^48 combines at one a microsecond take 9 years.
 //

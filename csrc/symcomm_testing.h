@@ -32,11 +32,23 @@ symcomm_status_t symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_bloc
  * any block's current epoch is refused (invalid value). Blocks for device copies. */
 symcomm_status_t symcomm_ar_debug_seed_epochs(symcomm_ar_t ctx, uint64_t epoch);
 
+/* Testing only. How many meetings of every block of every rank (the MoE combine's, and a
+ * deduplicating MoE dispatch's) this context has completed. Blocks for a device copy. */
+symcomm_status_t symcomm_ar_debug_meetings(symcomm_ar_t ctx, uint64_t* meetings);
+
 /* Whether this context's later launches are programmatic dependent launches (csrc/launch.cuh):
  * on (nonzero) from symcomm_ar_create. Every rank may choose for itself; the kernels are the
  * same either way, only when their blocks are scheduled differs. It exists to measure what the
  * overlap gains. Graphs keep the launches they captured. */
 symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
+
+/* Testing and measurement only. From how many valid entries per rank, on average over the world,
+ * this context's EP dispatches send a token once to each peer rank that holds some of its experts
+ * (the receiver copies the row to the others): 0 always, a count past every call's never, -1 the
+ * built-in threshold (csrc/ep.cu's kDedupFromEntries, where every context starts). The received
+ * bytes are the same either way. Every rank of a world must pass the same value before its next
+ * dispatch: ranks that disagree leave rows unexpanded and then time out. */
+symcomm_status_t symcomm_ep_debug_dedup_from(symcomm_ar_t ctx, int64_t entries);
 
 /* Testing only: copies nbytes from src to dst on stream, but only after delay_ns, in a kernel
  * that lets a programmatic dependent launch behind it be scheduled at once. A peer kernel

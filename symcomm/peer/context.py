@@ -103,6 +103,15 @@ class PeerContext:
         from the start; only measurements of what the overlap gains turn it off."""
         self.check("symcomm_ar_set_overlap", self.lib.symcomm_ar_set_overlap(self.ctx, int(enabled)))
 
+    def set_ep_dedup_from(self, entries: int | None) -> None:
+        """From how many valid entries per rank (the world's average) EP dispatch sends a token
+        once to each peer rank rather than once per entry; None for the built-in threshold.
+        For tests and measurements: every rank of the world must set the same value."""
+        value = -1 if entries is None else int(entries)
+        if value < -1:
+            raise ValueError(f"entries must be None or >= 0, got {entries}")
+        self.check("symcomm_ep_debug_dedup_from", self.lib.symcomm_ep_debug_dedup_from(self.ctx, value))
+
     def describe_abort(self, code: int) -> str:
         kind, phase, peer = code >> 32, (code >> 16) & 0xFFFF, code & 0xFFFF
         if kind == ABORT_TIMEOUT:

@@ -122,6 +122,15 @@ class SimWorld:
             _native.check(self.lib, f"symcomm_ar_debug_seed_epochs(rank {r})",
                           self.lib.symcomm_ar_debug_seed_epochs(self.ctxs[r], epoch))
 
+    def meetings(self, rank: int) -> int:
+        """How many meetings of every block rank `rank` has completed (symcomm_ar_debug_meetings):
+        one per combine, and one more per dispatch that sent each token once per peer."""
+        torch.cuda.synchronize()
+        count = ctypes.c_uint64()
+        _native.check(self.lib, f"symcomm_ar_debug_meetings(rank {rank})",
+                      self.lib.symcomm_ar_debug_meetings(self.ctxs[rank], ctypes.byref(count)))
+        return count.value
+
     def close(self, sync: bool = True) -> None:
         if sync:
             torch.cuda.synchronize()  # peers read each other's buffers until every rank is done

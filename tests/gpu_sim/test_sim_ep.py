@@ -36,16 +36,21 @@ from _ep_reference import encode, random_case, world_combine, world_dispatch  # 
 # (tokens per rank, experts, top-k, align, quant, swizzle, hidden): zero-token ranks, one token,
 # top-k 1..8, 12 and 32 (past one group of the sum's loads), experts nobody picks (few tokens,
 # many experts), alignment, the three encodings, and thousands of entries (a counting warp's run
-# of many 32-entry chunks, and entries past the dispatch's shared cache of rows).
+# of many 32-entry chunks, and entries past the dispatch's shared cache of rows). The last case of
+# each world passes the built-in dedup threshold (NVFP4 rows of 72 bytes, swizzled scales with
+# alignment, rows of 272 bytes at world 8), and so does each world's large FP8 or bf16 case.
 CASES = {
     2: [((0, 5), 4, 1, 1, None, False, 256), ((7, 3), 8, 2, 4, "nvfp4", False, 256),
         ((1, 9), 16, 8, 1, "fp8", False, 256), ((4, 0), 6, 3, 128, "nvfp4", True, 7168),
-        ((3, 2), 32, 12, 1, None, False, 256), ((700, 651), 256, 8, 1, None, False, 128)],
+        ((3, 2), 32, 12, 1, None, False, 256), ((700, 651), 256, 8, 1, None, False, 128),
+        ((260, 300), 32, 5, 1, "nvfp4", False, 144)],
     4: [((3, 0, 5, 1), 8, 4, 1, None, False, 7168), ((0, 0, 2, 0), 64, 7, 2, "fp8", False, 128),
         ((6, 6, 6, 6), 16, 5, 1, "nvfp4", False, 512), ((2, 9, 1, 4), 4, 3, 8, None, False, 136),
-        ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256), ((300, 0, 530, 129), 64, 8, 2, "fp8", False, 128)],
+        ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256), ((300, 0, 530, 129), 64, 8, 2, "fp8", False, 128),
+        ((140, 130, 150, 120), 16, 5, 8, "nvfp4", True, 256)],
     8: [((1, 0, 3, 2, 0, 4, 1, 2), 16, 6, 1, None, False, 256), ((5,) * 8, 64, 8, 1, "nvfp4", True, 256),
-        ((0, 2, 0, 0, 3, 0, 0, 1), 256, 8, 4, "fp8", False, 384)],
+        ((0, 2, 0, 0, 3, 0, 0, 1), 256, 8, 4, "fp8", False, 384),
+        ((90, 0, 110, 85, 80, 150, 1, 120), 256, 8, 1, None, False, 136)],
 }
 
 
@@ -146,8 +151,24 @@ def _check_received(got: Dispatched, rec, xs, quant, gs, swizzle, hidden, where:
         assert torch.equal(got_scales, torch.cat([_bytes(w[1]).reshape(1, -1) for w in want])), f"{where}: scales"
 
 
+# expand_duplicates' threshold (valid entries per rank): the built-in one, which only the cases
+# of hundreds of tokens pass; 0, so that every case sends a token once per peer; and one no case
+# reaches, so that the cases past the built-in threshold also run with a row per entry.
+DEDUP = {"builtin": None, "always": 0, "never": 1 << 40}
+BUILTIN_DEDUP_FROM = 512  # csrc/ep.cu's kDedupFromEntries
+
+
+def _dedups(dedup: str, received, world: int) -> bool:
+    """Whether a dispatch sends each token once per peer: every rank's valid entries against the
+    threshold times the world (csrc/ep.cu's decision, from the counts table every rank sees)."""
+    entries = sum(sum(rec.counts) for rec in received)
+    threshold = BUILTIN_DEDUP_FROM if DEDUP[dedup] is None else DEDUP[dedup]
+    return world > 1 and entries >= threshold * world
+
+
+@pytest.mark.parametrize("dedup", sorted(DEDUP))
 @pytest.mark.parametrize("world", sorted(CASES))
-def test_peer_dispatch_and_combine_equal_the_reference(world):
+def test_peer_dispatch_and_combine_equal_the_reference(world, dedup):
     for i, (tokens, experts, k, align, quant, swizzle, hidden) in enumerate(CASES[world]):
         dtype = torch.float16 if i % 2 else torch.bfloat16
         max_tokens = max(tokens) + 1
@@ -159,6 +180,8 @@ def test_peer_dispatch_and_combine_equal_the_reference(world):
         gs = (gs_value if i % 2 == 0 else torch.tensor([gs_value], device="cuda")) if quant == "nvfp4" else None
         where = f"world {world} case {i} tokens {tokens} E {experts} k {k} align {align} {quant} {dtype}"
         with SimWorld(world, graph_slots=8) as sim:
+            for r in range(world):
+                sim.state(r).set_ep_dedup_from(DEDUP[dedup])
             comms = [SimComm(sim, r) for r in range(world)]
             bufs = _buffers(sim, max_tokens, hidden, k, experts, align, quant, swizzle, dtype)
             xd = [x.cuda() for x in xs]
@@ -176,6 +199,9 @@ def test_peer_dispatch_and_combine_equal_the_reference(world):
             for r in range(world):
                 _check_received(got[r], received[r], xs, quant, gs_value, swizzle, hidden, f"{where} rank {r}")
                 assert torch.equal(got[r].handle.send_rows[:tokens[r]].cpu(), send_rows[r]), where
+            # The dispatch met every block (the dedup path) exactly when the threshold says so.
+            meetings = int(_dedups(dedup, received, world))
+            assert [sim.meetings(r) for r in range(world)] == [meetings] * world, f"{where} {dedup}"
             # Expert outputs drawn per rank in the received layout, summed back
             gen = torch.Generator().manual_seed(i)
             outs = [torch.randn(got[r].x.shape[0], hidden, generator=gen).to(dtype) for r in range(world)]
@@ -190,16 +216,82 @@ def test_peer_dispatch_and_combine_equal_the_reference(world):
                 want = world_combine(ids, ws, send_rows, outs, experts, combine_quant)
                 for r in range(world):
                     assert torch.equal(_bytes(combined[r].cpu()), _bytes(want[r])), f"{where} combine {combine_quant}"
+                meetings += 1
+            assert [sim.meetings(r) for r in range(world)] == [meetings] * world, where
             assert all(sim.alarm(r) == 0 for r in range(world)), where
 
 
-def test_replay_equals_eager_and_reuses_the_buffers():
+def test_calls_that_dedup_and_calls_that_do_not_interleave():
+    """One world alternates dispatches that send each token once per peer with dispatches that send
+    a row per entry, eagerly and then as graphs captured under one setting and replayed after eager
+    calls under the other: every call gives the reference's rows and sums, and each rank's count of
+    meetings grows by one per combine and one per deduplicating dispatch, so each call took the
+    path its setting asked for."""
+    world, experts, k, hidden, tokens = 2, 16, 6, 256, 37
+    with SimWorld(world, graph_slots=16) as sim:
+        comms, bufs, xs, ids, ws, streams = _full_ranks(sim, tokens, hidden, k, experts, seed=29)
+        cpu_ids, cpu_ws = [t.cpu() for t in ids], [t.cpu() for t in ws]
+        received, send_rows = world_dispatch(cpu_ids, experts, tokens, 1)
+        gen = torch.Generator().manual_seed(5)
+        outs = [torch.randn(bufs[r].x.shape[0], hidden, generator=gen).to(torch.bfloat16) for r in range(world)]
+        outs_d = [o.cuda() for o in outs]
+        want = world_combine(cpu_ids, cpu_ws, send_rows, outs, experts)
+        got, combined = [None] * world, [None] * world
+
+        def step(r):
+            got[r] = comms[r].moe_dispatch(xs[r], ids[r], ws[r], experts, max_tokens=tokens, out=bufs[r])
+            combined[r] = comms[r].moe_combine(outs_d[r], got[r].handle)
+
+        def check(where: str, results=None) -> None:
+            for r, (dispatched, summed) in enumerate(results or zip(got, combined)):
+                _check_received(dispatched, received[r], xs, None, None, False, hidden, f"{where} rank {r}")
+                assert torch.equal(_bytes(summed.cpu()), _bytes(want[r])), f"{where} rank {r}"
+
+        def use(dedup: str) -> None:
+            for r in range(world):
+                sim.state(r).set_ep_dedup_from(DEDUP[dedup])
+
+        meetings = 0
+        for dedup in ("always", "never", "always", "builtin", "always"):
+            use(dedup)
+            _each_rank(sim, streams, step)
+            check(f"eager {dedup}")
+            meetings += 1 + int(_dedups(dedup, received, world))
+            assert [sim.meetings(r) for r in range(world)] == [meetings] * world, dedup
+        graphs, captured = {}, {}
+        for dedup in ("always", "never"):
+            use(dedup)
+            graphs[dedup], captured[dedup] = [], []
+            for r in range(world):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(streams[r]), torch.cuda.graph(g, stream=streams[r]):
+                    step(r)
+                graphs[dedup].append(g)
+                captured[dedup].append((got[r], combined[r]))
+        for replayed, eager in (("always", "never"), ("never", "always"), ("always", "always")):
+            use(eager)
+            _each_rank(sim, streams, step)
+            check(f"eager {eager}")
+            # Graphs keep the launches they captured, with the setting of their capture.
+            for _, summed in captured[replayed]:
+                summed.fill_(7)
+            _each_rank(sim, streams, lambda r: graphs[replayed][r].replay())
+            check(f"replayed {replayed} after eager {eager}", captured[replayed])
+            meetings += 2 + int(eager == "always") + int(replayed == "always")
+            assert [sim.meetings(r) for r in range(world)] == [meetings] * world, (replayed, eager)
+        assert all(sim.alarm(r) == 0 for r in range(world))
+
+
+@pytest.mark.parametrize("dedup", ["builtin", "always"])
+def test_replay_equals_eager_and_reuses_the_buffers(dedup):
     """dispatch + a stand-in expert + combine captured once per rank, replayed with new tokens:
     the same bits as the eager calls on those tokens. Eagerly the three run as three passes over
     the ranks (a rank's torch kernels must not be first loaded while its dispatch spins for a
     peer its host thread has not launched yet); a graph holds all three."""
     world, experts, k, hidden, max_tokens = 4, 16, 4, 512, 6
     with SimWorld(world, graph_slots=8) as sim:
+        for r in range(world):
+            sim.state(r).set_ep_dedup_from(DEDUP[dedup])
         comms = [SimComm(sim, r) for r in range(world)]
         bufs = _buffers(sim, max_tokens, hidden, k, experts, 1, "fp8", False, torch.bfloat16)
         streams = [torch.cuda.Stream() for _ in range(world)]
@@ -317,6 +409,25 @@ def test_ranks_that_disagree_on_sizes_stop_before_any_row_moves():
             assert sim.alarm(r) >> 32 == ABORT_MISMATCH and sim.alarm(r) & 0xFFFF == 1 - r, hex(sim.alarm(r))
         after = [big[0].handle.recv_src, small.handle.recv_src, big[1].handle.recv_src]
         assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_ranks_that_disagree_on_the_dedup_threshold_stop_at_once():
+    """The threshold from which a token crosses once per peer is part of the fingerprint (one rank
+    would send markers the other never expands): rank 0 dedups every call, rank 1 keeps the
+    built-in threshold, and both raise the mismatch alarm naming the other before any row moves.
+    It also shows the testing hook reaches the kernels, which the equality tests alone cannot."""
+    world, experts, k, hidden, tokens = 2, 4, 2, 256, 3
+    with SimWorld(world, timeout_s=5.0, graph_slots=16) as sim:
+        sim.state(0).set_ep_dedup_from(0)
+        comms, bufs, xs, ids, ws, streams = _full_ranks(sim, tokens, hidden, k, experts, seed=23)
+        before = [b.handle.recv_src.clone() for b in bufs]
+        started = time.monotonic()
+        _each_rank(sim, streams, lambda r: comms[r].moe_dispatch(xs[r], ids[r], ws[r], experts, max_tokens=tokens,
+                                                                out=bufs[r]))
+        assert time.monotonic() - started < 4.0
+        for r in range(world):
+            assert sim.alarm(r) >> 32 == ABORT_MISMATCH and sim.alarm(r) & 0xFFFF == 1 - r, hex(sim.alarm(r))
+        assert all(torch.equal(b.handle.recv_src, a) for b, a in zip(bufs, before))
 
 
 @pytest.mark.parametrize("differs", ["dispatch dtype", "combine quant"])
