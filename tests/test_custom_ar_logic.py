@@ -555,9 +555,25 @@ class FakeLib:
         self.calls.append(("retire",))
         return 0
 
+    def symcomm_ep_debug_dedup_from(self, ctx, entries):
+        self.calls.append(("dedup_from", entries))
+        return 0
+
 
 def _state(lib, graph_slots=8):
     return peer_context.PeerContext(lib, 1, 0, 2, torch.device("cuda", 0), 1 << 20, 1 << 16, graph_slots, None, 3.0)
+
+
+def test_the_dedup_threshold_hook_passes_minus_one_for_the_builtin_and_refuses_negatives():
+    lib = FakeLib()
+    state = _state(lib)
+    state.set_ep_dedup_from(0)
+    state.set_ep_dedup_from(None)
+    state.set_ep_dedup_from(4096)
+    assert lib.calls == [("dedup_from", 0), ("dedup_from", -1), ("dedup_from", 4096)]
+    with pytest.raises(ValueError, match="entries must be None or >= 0"):
+        state.set_ep_dedup_from(-1)
+    assert len(lib.calls) == 3  # refused before the library saw it
 
 
 def test_launches_follow_the_previous_stream_once_per_switch(monkeypatch):

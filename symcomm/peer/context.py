@@ -107,9 +107,9 @@ class PeerContext:
         """From how many valid entries per rank (the world's average) EP dispatch sends a token
         once to each peer rank rather than once per entry; None for the built-in threshold.
         For tests and measurements: every rank of the world must set the same value."""
-        value = -1 if entries is None else int(entries)
-        if value < -1:
+        if entries is not None and int(entries) < 0:
             raise ValueError(f"entries must be None or >= 0, got {entries}")
+        value = -1 if entries is None else int(entries)
         self.check("symcomm_ep_debug_dedup_from", self.lib.symcomm_ep_debug_dedup_from(self.ctx, value))
 
     def describe_abort(self, code: int) -> str:
