@@ -133,7 +133,9 @@ __global__ void __launch_bounds__(kThreads) two_shot(Sync s, Peers scratch, cons
 // A peer writes buffer (k-1)%3 again only at its call k+2, which it can reach only after
 // receiving our call k+1 data, sent after this clear finished; and nobody still writes it,
 // since we consumed all of call k-1 before returning from it. Two buffers would not do: a
-// peer that finished call k could start writing call k+1 into the buffer being cleared.
+// peer that finished call k could start writing call k+1 into the buffer being cleared. Since
+// nothing reads or writes buffer (k-1)%3 during call k, the clear comes between the sends and
+// the receive: its stores drain while the peers' data is on its way, not after the output.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const uint4* in, uint4* out, size_t nvec,
                                                       size_t slot_vecs) {
@@ -141,27 +143,30 @@ __global__ void __launch_bounds__(kThreads) flag_free(Sync s, Peers recv, const 
   const int rank = s.rank;
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
-  flagfree_turn(s, nvec, &buf, &prev, &stopped);
-  if (stopped) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const FlagFreeWords words = flagfree_begin(s);
+  const uint4 first_in = first < nvec ? in[first] : uint4{};  // in the round trip of the turn's loads
+  flagfree_end(s, words, nvec, &buf, &prev, &stopped);
+  if (stopped) return;
   for (size_t i = first; i < nvec; i += stride) {
-    const uint4 v = without_sentinel(in[i]);
+    const uint4 v = without_sentinel(i == first ? first_in : in[i]);
     for (int p = 0; p < world; ++p) {
       if (p == rank) continue;
       flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = v;
     }
   }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
   for (size_t i = first; i < nvec; i += stride) {
     uint4 v[W];
-    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(in[i]), v)) return;
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, without_sentinel(i == first ? first_in : in[i]), v))
+      return;
     out[i] = sum_in_rank_order<T, W>(v);
   }
-  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
 
 // The flag-free all-gather and reduce-scatter are the all-reduce's protocol with other
-// payloads: the same receive buffers, slot layout, turn (flagfree_turn) and clear, so calls of
+// payloads: the same receive buffers, slot layout, turn (flagfree_begin/_end) and clear, so calls of
 // all three may follow each other in any order. Each records as `prev` the most vectors any
 // peer wrote into one of its slots (exact for the scatter, an upper bound for an uneven
 // gather), which is what the clear two calls later resets, whichever kernel runs then.
@@ -210,17 +215,20 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv,
   }
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
-  flagfree_turn(s, received, &buf, &prev, &stopped);
-  if (stopped) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t mine = of_rank<W>(c.count, rank);
+  const FlagFreeWords words = flagfree_begin(s);
+  const uint4 first_in = first < mine ? in[first] : uint4{};  // in the round trip of the turn's loads
+  flagfree_end(s, words, received, &buf, &prev, &stopped);
+  if (stopped) return;
   for (size_t i = first; i < sent(mine); i += stride) {
-    const uint4 v = i < mine ? without_sentinel(in[i]) : uint4{};
+    const uint4 v = i < mine ? without_sentinel(i == first ? first_in : in[i]) : uint4{};
 #pragma unroll
     for (int p = 0; p < W; ++p)
       if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = v;
   }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
   // In place (in == out + start[rank], the only overlap the host lets through), the thread
   // that stores out[start[rank] + i] is the one that loaded in[i], after loading it.
   for (size_t i = first; i < most; i += stride) {
@@ -229,13 +237,12 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather(Sync s, Peers recv,
     for (int r = 0; r < W; ++r)
       if (i < sent(c.count[r])) senders |= 1u << r;
     uint4 v[W];
-    const uint4 own = i < mine ? without_sentinel(in[i]) : uint4{};
+    const uint4 own = i < mine ? without_sentinel(i == first ? first_in : in[i]) : uint4{};
     if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, own, v, senders)) return;
 #pragma unroll
     for (int r = 0; r < W; ++r)
       if (i < c.count[r]) out[c.start[r] + i] = v[r];
   }
-  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
 
 // Reduce-scatter (sum): rank r sends its input's chunk j to rank j's slot r, and rank j sums
@@ -254,27 +261,37 @@ __global__ void __launch_bounds__(kThreads) flag_free_scatter(Sync s, Peers recv
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
   const size_t mine = of_rank<W>(c.count, rank), at = of_rank<W>(c.start, rank);
-  flagfree_turn(s, sent(mine), &buf, &prev, &stopped);  // every peer sends us our chunk's length
-  if (stopped) return;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The first pass's loads (every peer's chunk and this rank's own) in the round trip of the
+  // turn's: W independent loads in flight per thread.
+  const FlagFreeWords words = flagfree_begin(s);
+  uint4 first_in[W];
+#pragma unroll
+  for (int p = 0; p < W; ++p) first_in[p] = first < c.count[p] ? in[c.start[p] + first] : uint4{};
+  flagfree_end(s, words, sent(mine), &buf, &prev, &stopped);  // every peer sends us our chunk's length
+  if (stopped) return;
   for (size_t i = first; i < longest; i += stride) {
     // Every chunk's load before any store: W-1 independent loads in flight per thread.
     uint4 v[W];
 #pragma unroll
     for (int p = 0; p < W; ++p)
-      if (p != rank) v[p] = i < c.count[p] ? in[c.start[p] + i] : uint4{};
+      if (p != rank) v[p] = i == first ? first_in[p] : i < c.count[p] ? in[c.start[p] + i] : uint4{};
 #pragma unroll
     for (int p = 0; p < W; ++p)
       if (p != rank && i < sent(c.count[p])) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[i] = without_sentinel(v[p]);
   }
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
   for (size_t i = first; i < sent(mine); i += stride) {
     uint4 v[W];
-    const uint4 own = i < mine ? without_sentinel(in[at + i]) : uint4{};
+    uint4 own_in{};
+#pragma unroll
+    for (int p = 0; p < W; ++p)
+      if (p == rank) own_in = first_in[p];  // a compile-time index: no local-memory copy
+    const uint4 own = i < mine ? without_sentinel(i == first ? own_in : in[at + i]) : uint4{};
     if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, own, v)) return;
     if (i < mine) out[i] = sum_in_rank_order<T, W>(v);
   }
-  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
 }
 
 // P2P test: every rank writes a token into every rank's probe[rank] ...

@@ -1,5 +1,5 @@
 // Programmatic dependent launch (PDL) for every kernel that follows model work on a stream:
-// the peer kernels (peer.cuh's next_epoch and flagfree_turn, which every one of them enters
+// the peer kernels (peer.cuh's begin_epoch and flagfree_begin, which every one of them enters
 // through) and the standalone RMSNorm.
 //
 // In a decode step the all-reduce follows a GEMM on the same stream. Launched plainly, the

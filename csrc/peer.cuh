@@ -441,15 +441,34 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 // uint32_t count wraps at 2^32, and 2^32 % 3 == 1 would make two calls in a row write buffer 0.
 // Every block of every flag-free launch takes a turn (so they launch flagfree_blocks blocks),
 // whatever their thread mapping: the clear below covers [0, prev) with the launch's own stride.
-__device__ __forceinline__ void flagfree_turn(const Sync& s, size_t nvec, uint32_t* buf, uint32_t* prev,
-                                              bool* stopped) {
-  enter_after_predecessor(s.early);  // the flag-free kernels' entry, as next_epoch is the others'
+//
+// The turn is taken in two halves, flagfree_begin (the wait for the kernel before, then thread
+// 0's loads of the block's words) and flagfree_end, so that a kernel issues its first input
+// loads between them and both wait out one memory round trip together: at the sizes these
+// kernels serve, the prologue is a chain of round trips, and the peers wait for its end.
+struct FlagFreeWords {
+  uint32_t buf = 0, prev = 0;  // thread 0's
+  bool stopped = false;
+};
+
+__device__ __forceinline__ FlagFreeWords flagfree_begin(const Sync& s) {
+  enter_after_predecessor(s.early);  // the flag-free kernels' entry, as begin_epoch is the others'
+  FlagFreeWords w;
+  if (threadIdx.x == 0) {
+    const Signal* self = own_signal(s);
+    w.stopped = has_given_up(s);
+    w.buf = self->flagfree_buf[blockIdx.x];
+    w.prev = self->flagfree_prev[blockIdx.x];
+  }
+  return w;
+}
+
+__device__ __forceinline__ void flagfree_end(const Sync& s, FlagFreeWords w, size_t nvec, uint32_t* buf,
+                                             uint32_t* prev, bool* stopped) {
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
-    *stopped = has_given_up(s);
-    *buf = self->flagfree_buf[blockIdx.x];
-    *prev = self->flagfree_prev[blockIdx.x];
-    self->flagfree_buf[blockIdx.x] = *buf == 2 ? 0 : *buf + 1;
+    *stopped = w.stopped, *buf = w.buf, *prev = w.prev;
+    self->flagfree_buf[blockIdx.x] = w.buf == 2 ? 0 : w.buf + 1;
     self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
   }
   __syncthreads();
@@ -484,7 +503,7 @@ __device__ __forceinline__ uint4* flagfree_slot(const Peers& recv, int to, uint3
 // vector is consumed only once none of its words is the sentinel, so a reader never combines a
 // word before the peer's store of that word arrived. Returns false when this rank gave up (the
 // bounded wait expired, or another thread of the context gave up): the caller returns at once,
-// without its clear, as after any give-up. `senders` (bit r for rank r) names the slots that
+// as after any give-up. `senders` (bit r for rank r) names the slots that
 // hold a vector i: an uneven all-gather's shorter chunks end before others, and v[r] of a slot
 // left out is not touched.
 template <int W>
