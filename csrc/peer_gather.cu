@@ -30,8 +30,10 @@ struct Pieces {
 // release of our flag). Peers are visited from rank+1 on, so ranks do not all write one peer
 // at once.
 // Copies each piece's vectors into every rank's slot, this thread's share of them (grid stride).
+// `first_v` is the first piece's first vector of this thread, loaded by the caller before its
+// start barrier (first_vector).
 template <int W>
-__device__ __forceinline__ void push_pieces(const Sync& s, const Peers* slots, const Pieces& pieces) {
+__device__ __forceinline__ void push_pieces(const Sync& s, const Peers* slots, const Pieces& pieces, uint4 first_v) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int k = 0; k < pieces.count; ++k) {
@@ -40,21 +42,39 @@ __device__ __forceinline__ void push_pieces(const Sync& s, const Peers* slots, c
     for (int q = 0; q < W; ++q) dst[q] = reinterpret_cast<uint4*>(slots[pieces.slot[k]].ptr[(s.rank + q) % W] + pieces.dst_offset[k]);
     const uint4* src = pieces.src[k];
     for (size_t i = first; i < pieces.nvec[k]; i += stride) {
-      const uint4 v = src[i];
+      const uint4 v = k == 0 && i == first ? first_v : src[i];
 #pragma unroll
       for (int q = 0; q < W; ++q) dst[q][i] = v;
     }
   }
 }
 
+// This thread's first vector of the first piece: local input, so it is loaded in the prologue's
+// round trip, before the start barrier (which guards only the peers' outputs).
+__device__ __forceinline__ uint4 first_vector(const Pieces& pieces) {
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  return pieces.count > 0 && first < pieces.nvec[0] ? pieces.src[0][first] : uint4{};
+}
+
+// Whether every piece's slot is mapped on every rank (slot_ready), its pointers loaded together.
+template <int W>
+__device__ __forceinline__ bool pieces_ready(const Sync& s, const Peers* slots, const Pieces& pieces) {
+  bool ready = true;
+  for (int k = 0; k < pieces.count; ++k) ready = ready && slot_ready(s, slots + pieces.slot[k], W);
+  return ready;
+}
+
+// The prologue's loads (the epoch's words, the slots' pointers, the first input vector) share one
+// round trip: at the sizes where push serves first (tens of KiB), the kernel is a chain of them.
 template <int W>
 __global__ void __launch_bounds__(kThreads) gather_push(Sync s, const Peers* slots, Pieces pieces) {
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
-  for (int k = 0; k < pieces.count; ++k)
-    if (!slot_ready(s, slots + pieces.slot[k], W)) return;
+  const EpochWords words = begin_epoch(s);
+  const uint4 first_v = first_vector(pieces);
+  const bool ready = pieces_ready<W>(s, slots, pieces);
+  const uint64_t epoch = end_epoch(s, words);
+  if (epoch == 0 || !ready) return;
   if (!barrier(s, kStart, W, epoch)) return;
-  push_pieces<W>(s, slots, pieces);
+  push_pieces<W>(s, slots, pieces, first_v);
   barrier(s, kEnd, W, epoch);
 }
 
@@ -99,18 +119,29 @@ struct Fp4Push {
 // may still be reading its outputs from the previous use; end, every peer's rows have landed.
 // A warp stores 256 consecutive payload bytes and 32 consecutive scale bytes per peer, which
 // the memory system merges into whole sectors, so byte-sized scales cost no extra transactions.
+//
+// Everything the prologue can load without the peers (the epoch's words, the slots' pointers,
+// the global scale, this thread's first block of values and the extras' first vector) is loaded
+// in one round trip before the start barrier, as gather_push does.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers* slots, Fp4Push job, Pieces extras) {
-  const uint64_t epoch = next_epoch(s);
-  if (epoch == 0) return;
-  const Peers* const used[] = {slots + job.payload_slot, slots + job.scales_slot};
-  if (!slots_ready(s, used, W)) return;
-  for (int k = 0; k < extras.count; ++k)
-    if (!slot_ready(s, slots + extras.slot[k], W)) return;
-  if (!barrier(s, kStart, W, epoch)) return;
-  const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
+  constexpr int kLoads = symcomm::fp4::kBlock * sizeof(T) / 16;
+  const uint4* x = static_cast<const uint4*>(job.x);
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const EpochWords words = begin_epoch(s);
+  const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
+  alignas(16) T first_block[symcomm::fp4::kBlock];
+  if (first < size_t(job.rows.blocks)) {
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) reinterpret_cast<uint4*>(first_block)[j] = __ldg(x + first * kLoads + j);
+  }
+  const uint4 first_extra = first_vector(extras);
+  const Peers* const used[] = {slots + job.payload_slot, slots + job.scales_slot};
+  const bool ready = slots_ready(s, used, W) && pieces_ready<W>(s, slots, extras);
+  const uint64_t epoch = end_epoch(s, words);
+  if (epoch == 0 || !ready) return;
+  if (!barrier(s, kStart, W, epoch)) return;
   uint8_t* payload[W];
   uint8_t* scales[W];
 #pragma unroll
@@ -119,12 +150,15 @@ __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers*
     payload[q] = reinterpret_cast<uint8_t*>(slots[job.payload_slot].ptr[peer] + job.payload_offset);
     scales[q] = reinterpret_cast<uint8_t*>(slots[job.scales_slot].ptr[peer] + job.scales_offset);
   }
-  constexpr int kLoads = symcomm::fp4::kBlock * sizeof(T) / 16;
-  const uint4* x = static_cast<const uint4*>(job.x);
   for (size_t b = first; b < size_t(job.rows.blocks); b += stride) {
     alignas(16) T v[symcomm::fp4::kBlock];
+    if (b == first) {
 #pragma unroll
-    for (int j = 0; j < kLoads; ++j) reinterpret_cast<uint4*>(v)[j] = __ldg(x + b * kLoads + j);
+      for (int j = 0; j < kLoads; ++j) reinterpret_cast<uint4*>(v)[j] = reinterpret_cast<const uint4*>(first_block)[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) reinterpret_cast<uint4*>(v)[j] = __ldg(x + b * kLoads + j);
+    }
     uint32_t words[2];
     const uint8_t scale = encode16(v, gs, words);
     const uint2 packed = make_uint2(words[0], words[1]);
@@ -135,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers*
       scales[q][sat] = scale;
     }
   }
-  push_pieces<W>(s, slots, extras);
+  push_pieces<W>(s, slots, extras, first_extra);
   barrier(s, kEnd, W, epoch);
 }
 
