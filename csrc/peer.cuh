@@ -4,7 +4,8 @@
 // the per-block epochs, the slot tables of peer addresses, the fp32 lanes the sums run in, and
 // the host-side Context of one rank. custom_ar.cu's opening comment explains the memory
 // ordering and the failure model; every kernel that meets peers must use barrier() and
-// next_epoch() from here so that all kernels of a context share one epoch sequence.
+// next_epoch() (or its halves, begin_epoch and end_epoch) from here so that all kernels of a
+// context share one epoch sequence.
 #ifndef SYMCOMM_PEER_CUH_
 #define SYMCOMM_PEER_CUH_
 
@@ -370,7 +371,7 @@ __device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meetin
 // the check adds no round trip to the prologue. Every peer kernel but the flag-free ones enters
 // here, so this is where they wait for the kernel before them (launch.cuh). A kernel that has
 // loads of its own to issue in the same round trip calls the two halves, begin_epoch and
-// end_epoch, with the loads between them (csrc/ep.cu).
+// end_epoch, with the loads between them (csrc/ep.cu, csrc/peer_gather.cu).
 struct EpochWords {
   uint64_t last;     // the block's previous epoch (thread 0's)
   uint64_t aborted;  // the rank's abort word (thread 0's)
@@ -406,9 +407,11 @@ __device__ __forceinline__ uint64_t next_epoch(const Sync& s) { return end_epoch
 
 // Kernels read peers' buffers through slots. A slot whose pointers were never filled in (a
 // graph replayed although its registration failed) is refused, never dereferenced. Every
-// pointer of every slot is loaded before any is tested: tested one by one, each load waited
-// for the last, and a kernel checking four slots at world 2 paid eight memory round trips in
-// its prologue instead of one.
+// pointer of every slot is loaded before any is tested, and the tests are folded without a
+// branch: tested one by one with an early return, each load waited for the test before it (the
+// compiler keeps a load behind a branch that may skip it), and a kernel checking four slots at
+// world 2 paid eight memory round trips in its prologue instead of one. Only a failure looks
+// for the rank to name.
 template <int N>
 __device__ __forceinline__ bool slots_ready(const Sync& s, const Peers* const (&in)[N], int world) {
   const char* ptr[N][kMaxRanks];
@@ -416,16 +419,21 @@ __device__ __forceinline__ bool slots_ready(const Sync& s, const Peers* const (&
   for (int n = 0; n < N; ++n)
 #pragma unroll
     for (int r = 0; r < kMaxRanks; ++r) ptr[n][r] = r < world ? in[n]->ptr[r] : "";
+  bool ok = true;
 #pragma unroll
   for (int n = 0; n < N; ++n)
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
+    for (int r = 0; r < kMaxRanks; ++r) ok &= ptr[n][r] != nullptr;
+  if (ok) return true;
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
       if (ptr[n][r] == nullptr) {
         give_up(s, abort_code(SYMCOMM_AR_ABORT_UNREGISTERED, 0, r));
         return false;
       }
-    }
-  return true;
+  return false;
 }
 
 __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int world) {

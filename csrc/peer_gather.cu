@@ -56,11 +56,16 @@ __device__ __forceinline__ uint4 first_vector(const Pieces& pieces) {
   return pieces.count > 0 && first < pieces.nvec[0] ? pieces.src[0][first] : uint4{};
 }
 
-// Whether every piece's slot is mapped on every rank (slot_ready), its pointers loaded together.
+// Whether every piece's slot is mapped on every rank (slot_ready), folded with & rather than &&
+// so that no piece's check waits for the one before to pass. (Loading all kMaxPieces slots'
+// pointers up front, unused ones as slot 0, took gather_push to 128 registers and spills at
+// world 8; the pieces' pointers come a round trip after the first slots' instead.)
 template <int W>
 __device__ __forceinline__ bool pieces_ready(const Sync& s, const Peers* slots, const Pieces& pieces) {
   bool ready = true;
-  for (int k = 0; k < pieces.count; ++k) ready = ready && slot_ready(s, slots + pieces.slot[k], W);
+#pragma unroll
+  for (int k = 0; k < kMaxPieces; ++k)
+    if (k < pieces.count) ready &= slot_ready(s, slots + pieces.slot[k], W);
   return ready;
 }
 
@@ -129,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers*
   const uint4* x = static_cast<const uint4*>(job.x);
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const EpochWords words = begin_epoch(s);
+  const EpochWords epoch_words = begin_epoch(s);
   const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
   alignas(16) T first_block[symcomm::fp4::kBlock];
   if (first < size_t(job.rows.blocks)) {
@@ -138,8 +143,8 @@ __global__ void __launch_bounds__(kThreads) gather_fp4_push(Sync s, const Peers*
   }
   const uint4 first_extra = first_vector(extras);
   const Peers* const used[] = {slots + job.payload_slot, slots + job.scales_slot};
-  const bool ready = slots_ready(s, used, W) && pieces_ready<W>(s, slots, extras);
-  const uint64_t epoch = end_epoch(s, words);
+  const bool ready = slots_ready(s, used, W) & pieces_ready<W>(s, slots, extras);
+  const uint64_t epoch = end_epoch(s, epoch_words);
   if (epoch == 0 || !ready) return;
   if (!barrier(s, kStart, W, epoch)) return;
   uint8_t* payload[W];

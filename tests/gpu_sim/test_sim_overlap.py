@@ -7,7 +7,7 @@ writes the all-reduce's input only 2 ms later, after the input was filled with a
 kernel that read before waiting would sum the marker, and a rank that arrived at the barrier
 before waiting would let its peers read it. Inputs are read in place through a graph slot (no
 staging copy between the two kernels), eagerly and in CUDA-graph replay, with the overlap on
-and off. ALGOS holds the flag-free kernel (entered through flagfree_turn) and one-shot and
+and off. ALGOS holds the flag-free kernel (entered through flagfree_begin) and one-shot and
 two-shot (through next_epoch), so both entries are covered. Timings here are never performance.
 """
 from __future__ import annotations
