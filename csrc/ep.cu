@@ -12,7 +12,7 @@
 // blocks write every token, quantized on the way, into the receive buffers of its entries' ranks,
 // with its origin in their recv_src, and meet the peers again (kEnd): when that completes on a
 // rank, every peer's block b has arrived after its writes for every b, so everything sent there
-// has landed. Past kDedupFromEntries a token's row crosses once to each peer rank instead, and
+// has landed. Past kDedupFromBytes of rows a token's row crosses once to each peer rank instead, and
 // after a meeting of every block the receiver copies it into that token's other rows there
 // (expand_duplicates).
 //
@@ -52,11 +52,14 @@ constexpr int kLayoutInts = 8192;  // ep_dispatch's shared [warps][experts] coun
 constexpr int kDispatchThreads = 1024;
 constexpr int kMaxExperts = SYMCOMM_EP_MAX_EXPERTS;
 constexpr unsigned kFull = 0xFFFFFFFFu;
-// Dispatch sends a token once per peer rank, not once per entry, from this many valid entries per
-// rank on average (every rank sums the same counts table, so all decide alike). Below it the
-// expansion's extra meeting and round trips cost more than the NVLink bytes saved: a predicted
-// threshold (bench/NOTES.md, twelfth session), 64 tokens at top-8.
-constexpr int kDedupFromEntries = 512;
+// Dispatch sends a token once per peer rank, not once per entry, from this many bytes of valid
+// rows per rank on average (every rank sums the same counts table, and the row size is in the
+// fingerprint, so all decide alike). Below it the expansion's extra meeting and round trips cost
+// more than the NVLink bytes saved. Bytes, not entries: at world 2 (bench/NOTES.md, twelfth and
+// thirteenth sessions) 512 bf16 rows of hidden 7168 (7 MiB) gained 5 us while 512 NVFP4 rows of
+// the same hidden (1.75 MiB) lost 1.6; the break-even by a fixed cost plus a per-byte saving is
+// near 4 MiB.
+constexpr int64_t kDedupFromBytes = int64_t(4) << 20;
 static_assert(SYMCOMM_EP_MAX_TOPK <= 32, "one lane per top-k slot");
 static_assert(kLayoutInts / kMaxExperts >= 1, "at least one warp's counters fit");
 static_assert(2 * kDispatchThreads <= kLayoutInts, "expand_duplicates' list fits in the layout's table");
@@ -90,7 +93,7 @@ struct Dispatch {
   int64_t row_bytes;  // bytes of one received row
   int32_t mark;       // this rank's fingerprint (ep.cuh)
   bool dedup_ok;      // a row number times topk fits the marker (see expand_duplicates)
-  int64_t dedup_from;  // valid entries per rank from which tokens cross once per peer
+  int64_t dedup_from;  // valid entries per rank from which tokens cross once per peer (kDedupFromBytes)
 };
 
 struct Combine {
@@ -224,7 +227,7 @@ __device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, 
 }
 
 // A token bound for several experts of one peer crosses NVLink once (dispatch's sending lanes,
-// past kDedupFromEntries): its first entry for that rank (the lead) gets the row, each other entry
+// past kDedupFromBytes): its first entry for that rank (the lead) gets the row, each other entry
 // gets only a marker in recv_src, -2 - (lead row * topk + slot), and once every block of every
 // rank has met, the receiving rank copies the lead's row (and scales) into each marked row and
 // puts the entry's origin back in recv_src. At world 2 with top-8 a token's rows for the peer
@@ -965,11 +968,12 @@ int symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args
       (args->quant != SYMCOMM_EP_NONE && bad_slot(c, args->scales_slot)))
     return cudaErrorInvalidValue;
   if (args->quant == SYMCOMM_EP_NONE) job.scales = job.recv;  // never written: any mapped slot
-  job.dedup_from = c->ep_dedup_from < 0 ? kDedupFromEntries : c->ep_dedup_from;
+  const int64_t builtin_from = (kDedupFromBytes + job.row_bytes - 1) / job.row_bytes;
+  job.dedup_from = c->ep_dedup_from < 0 ? builtin_from : c->ep_dedup_from;
   // A threshold moved by the testing hook joins the fingerprint: ranks that use different ones
   // stop at kMid with the mismatch, before any row moves, where one that dedups and one that does
   // not would leave rows unexpanded and then time out.
-  if (job.dedup_from != kDedupFromEntries)
+  if (job.dedup_from != builtin_from)
     job.mark = int32_t((uint32_t(job.mark) ^ uint32_t((uint64_t(job.dedup_from) + 1) * 0x9E3779B97F4A7C15ull >> 33)) &
                        0x7FFFFFFFu);
   return for_world(c->world, [&](auto w) {

@@ -159,7 +159,7 @@ struct Context {
   // symcomm_ar_set_overlap turned it off, which only measurements do.
   bool overlap = true;
   // From how many valid entries per rank EP dispatch sends a token once per peer rank
-  // (csrc/ep.cu's expand_duplicates); -1 for ep.cu's kDedupFromEntries. Only
+  // (csrc/ep.cu's expand_duplicates); -1 for ep.cu's kDedupFromBytes over the row size. Only
   // symcomm_ep_debug_dedup_from changes it, for tests and measurements.
   int64_t ep_dedup_from = -1;
   char* base = nullptr;  // this rank's allocation

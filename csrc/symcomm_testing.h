@@ -45,9 +45,10 @@ symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
 /* Testing and measurement only. From how many valid entries per rank, on average over the world,
  * this context's EP dispatches send a token once to each peer rank that holds some of its experts
  * (the receiver copies the row to the others): 0 always, a count past every call's never, -1 the
- * built-in threshold (csrc/ep.cu's kDedupFromEntries, where every context starts). The received
- * bytes are the same either way. Every rank of a world must pass the same value before its next
- * dispatch: ranks that disagree leave rows unexpanded and then time out. */
+ * built-in threshold, where every context starts (csrc/ep.cu's kDedupFromBytes of rows, over the
+ * call's row size). The received bytes are the same either way. Every rank of a world must pass
+ * the same value before its next dispatch: a value other than the built-in one joins the call's
+ * fingerprint, so ranks that disagree stop with the layout mismatch before any row moves. */
 symcomm_status_t symcomm_ep_debug_dedup_from(symcomm_ar_t ctx, int64_t entries);
 
 /* Testing only: copies nbytes from src to dst on stream, but only after delay_ns, in a kernel

@@ -37,20 +37,21 @@ from _ep_reference import encode, random_case, world_combine, world_dispatch  # 
 # top-k 1..8, 12 and 32 (past one group of the sum's loads), experts nobody picks (few tokens,
 # many experts), alignment, the three encodings, and thousands of entries (a counting warp's run
 # of many 32-entry chunks, and entries past the dispatch's shared cache of rows). The last case of
-# each world passes the built-in dedup threshold (NVFP4 rows of 72 bytes, swizzled scales with
-# alignment, rows of 272 bytes at world 8), and so does each world's large FP8 or bf16 case.
+# each world passes the built-in dedup threshold (4 MiB of rows per rank: about 300 rows of hidden
+# 7168); the cases of small rows reach dedup only at DEDUP's "always".
 CASES = {
     2: [((0, 5), 4, 1, 1, None, False, 256), ((7, 3), 8, 2, 4, "nvfp4", False, 256),
         ((1, 9), 16, 8, 1, "fp8", False, 256), ((4, 0), 6, 3, 128, "nvfp4", True, 7168),
         ((3, 2), 32, 12, 1, None, False, 256), ((700, 651), 256, 8, 1, None, False, 128),
-        ((260, 300), 32, 5, 1, "nvfp4", False, 144)],
+        ((260, 300), 32, 5, 1, "nvfp4", False, 144), ((48, 44), 256, 8, 1, None, False, 7168)],
     4: [((3, 0, 5, 1), 8, 4, 1, None, False, 7168), ((0, 0, 2, 0), 64, 7, 2, "fp8", False, 128),
         ((6, 6, 6, 6), 16, 5, 1, "nvfp4", False, 512), ((2, 9, 1, 4), 4, 3, 8, None, False, 136),
         ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256), ((300, 0, 530, 129), 64, 8, 2, "fp8", False, 128),
-        ((140, 130, 150, 120), 16, 5, 8, "nvfp4", True, 256)],
+        ((140, 130, 150, 120), 16, 5, 8, "nvfp4", True, 256), ((44, 48, 40, 46), 64, 8, 2, None, False, 7168)],
     8: [((1, 0, 3, 2, 0, 4, 1, 2), 16, 6, 1, None, False, 256), ((5,) * 8, 64, 8, 1, "nvfp4", True, 256),
         ((0, 2, 0, 0, 3, 0, 0, 1), 256, 8, 4, "fp8", False, 384),
-        ((90, 0, 110, 85, 80, 150, 1, 120), 256, 8, 1, None, False, 136)],
+        ((90, 0, 110, 85, 80, 150, 1, 120), 256, 8, 1, None, False, 136),
+        ((44, 40, 48, 44, 42, 46, 44, 45), 256, 8, 1, None, False, 7168)],
 }
 
 
@@ -152,17 +153,23 @@ def _check_received(got: Dispatched, rec, xs, quant, gs, swizzle, hidden, where:
 
 
 # expand_duplicates' threshold (valid entries per rank): the built-in one, which only the cases
-# of hundreds of tokens pass; 0, so that every case sends a token once per peer; and one no case
-# reaches, so that the cases past the built-in threshold also run with a row per entry.
+# of hundreds of large rows pass; 0, so that every case sends a token once per peer; and one no
+# case reaches, so that the cases past the built-in threshold also run with a row per entry.
 DEDUP = {"builtin": None, "always": 0, "never": 1 << 40}
-BUILTIN_DEDUP_FROM = 512  # csrc/ep.cu's kDedupFromEntries
+BUILTIN_DEDUP_BYTES = 4 << 20  # csrc/ep.cu's kDedupFromBytes
 
 
-def _dedups(dedup: str, received, world: int) -> bool:
+def _row_bytes(hidden: int, quant, dtype: torch.dtype) -> int:
+    """Bytes of one received row (the dispatch's rows on the wire, scales aside)."""
+    return {None: hidden * dtype.itemsize, "nvfp4": hidden // 2, "fp8": hidden}[quant]
+
+
+def _dedups(dedup: str, received, world: int, row_bytes: int) -> bool:
     """Whether a dispatch sends each token once per peer: every rank's valid entries against the
     threshold times the world (csrc/ep.cu's decision, from the counts table every rank sees)."""
     entries = sum(sum(rec.counts) for rec in received)
-    threshold = BUILTIN_DEDUP_FROM if DEDUP[dedup] is None else DEDUP[dedup]
+    builtin = -(-BUILTIN_DEDUP_BYTES // row_bytes)
+    threshold = builtin if DEDUP[dedup] is None else DEDUP[dedup]
     return world > 1 and entries >= threshold * world
 
 
@@ -200,7 +207,9 @@ def test_peer_dispatch_and_combine_equal_the_reference(world, dedup):
                 _check_received(got[r], received[r], xs, quant, gs_value, swizzle, hidden, f"{where} rank {r}")
                 assert torch.equal(got[r].handle.send_rows[:tokens[r]].cpu(), send_rows[r]), where
             # The dispatch met every block (the dedup path) exactly when the threshold says so.
-            meetings = int(_dedups(dedup, received, world))
+            meetings = int(_dedups(dedup, received, world, _row_bytes(hidden, quant, dtype)))
+            if dedup == "builtin" and i == len(CASES[world]) - 1:
+                assert meetings == 1, f"{where}: the last case is meant to pass the built-in threshold"
             assert [sim.meetings(r) for r in range(world)] == [meetings] * world, f"{where} {dedup}"
             # Expert outputs drawn per rank in the received layout, summed back
             gen = torch.Generator().manual_seed(i)
@@ -256,7 +265,7 @@ def test_calls_that_dedup_and_calls_that_do_not_interleave():
             use(dedup)
             _each_rank(sim, streams, step)
             check(f"eager {dedup}")
-            meetings += 1 + int(_dedups(dedup, received, world))
+            meetings += 1 + int(_dedups(dedup, received, world, _row_bytes(hidden, None, torch.bfloat16)))
             assert [sim.meetings(r) for r in range(world)] == [meetings] * world, dedup
         graphs, captured = {}, {}
         for dedup in ("always", "never"):
