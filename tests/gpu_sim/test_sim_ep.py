@@ -161,7 +161,8 @@ BUILTIN_DEDUP_BYTES = 4 << 20  # csrc/ep.cu's kDedupFromBytes
 
 def _row_bytes(hidden: int, quant, dtype: torch.dtype) -> int:
     """Bytes of one received row (the dispatch's rows on the wire, scales aside)."""
-    return {None: hidden * dtype.itemsize, "nvfp4": hidden // 2, "fp8": hidden}[quant]
+    (shape, row_dtype), _ = received_shapes(1, hidden, dtype, quant, False)
+    return shape[1] * row_dtype.itemsize
 
 
 def _dedups(dedup: str, received, world: int, row_bytes: int) -> bool:
