@@ -828,7 +828,12 @@ int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dty
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
   if (nbytes % 16 || slot < 0 || slot >= c->max_slots) return cudaErrorInvalidValue;
-  if (algo == kFlagFree ? nbytes > c->flagfree_bytes : nbytes > c->staging_bytes) return cudaErrorInvalidValue;
+  // One-shot reads an unstaged input through its own slot (a mapped pool region or a captured
+  // buffer), so only staged inputs are bounded by the staging buffer; two-shot's reduced chunks
+  // pass through the scratch buffer, of the same size, whatever the input.
+  const bool read_in_place = algo == kOneShot && !stage && slot != 0;
+  if (algo == kFlagFree ? nbytes > c->flagfree_bytes : nbytes > c->staging_bytes && !read_in_place)
+    return cudaErrorInvalidValue;
   if (nbytes == 0) return cudaSuccess;
   if (stage && algo != kFlagFree && (err = stage_input(c, in, nbytes, &slot, &in_offset, stream)) != cudaSuccess)
     return err;

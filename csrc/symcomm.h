@@ -232,13 +232,14 @@ symcomm_status_t symcomm_ar_import_region(symcomm_ar_t ctx, int fd, size_t size,
  * Blocks for a host-to-device copy. */
 symcomm_status_t symcomm_ar_set_slot_ptrs(symcomm_ar_t ctx, int slot, const uint64_t* ptrs);
 
-/* One sum all-reduce of nbytes (a multiple of 16, at most the buffer size of the algorithm)
- * from in to out, enqueued on stream; returns without waiting for it. stage != 0 first copies
- * in to the staging buffer and reads slot 0; otherwise one-shot/two-shot read slot `slot` at
- * in_offset, and flag-free reads in directly. Collective: every rank enqueues the same algo,
- * dtype and nbytes, and the kernel waits on its peers; a peer missing past timeout_s makes
- * the kernel give up and set the alarm word (SYMCOMM_AR_ABORT_TIMEOUT), never trap: the CUDA
- * context stays usable, the output of that call and of every later one is not written. */
+/* One sum all-reduce of nbytes (a multiple of 16, at most the buffer size of the algorithm;
+ * a one-shot that reads a slot other than 0 without staging may be any size) from in to out,
+ * enqueued on stream; returns without waiting for it. stage != 0 first copies in to the
+ * staging buffer and reads slot 0; otherwise one-shot/two-shot read slot `slot` at in_offset,
+ * and flag-free reads in directly. Collective: every rank enqueues the same algo, dtype and
+ * nbytes, and the kernel waits on its peers; a peer missing past timeout_s makes the kernel
+ * give up and set the alarm word (SYMCOMM_AR_ABORT_TIMEOUT), never trap: the CUDA context
+ * stays usable, the output of that call and of every later one is not written. */
 symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* in,
                                 int slot, uint64_t in_offset, void* out, uint64_t nbytes, int stage,
                                 symcomm_stream_t stream);

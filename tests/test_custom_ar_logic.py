@@ -92,6 +92,27 @@ def test_capacity_differs_by_kernel():
         assert "capacity" in custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(state)).why_not(over_staging)
 
 
+def test_one_shot_reads_pool_inputs_out_of_place_past_the_staging_capacity():
+    """An input in a mapped pool region is read where it lies, so the staging buffer does not
+    bound a one-shot out of place. In place the input is staged (the kernel would write what
+    peers still read), a non-pool input is staged, and two-shot reduces through its scratch
+    buffer of the staging size: all three keep the limit and say so."""
+    granule = (1 << 30) >> GRANULE_SHIFT
+    state = FakeState(granules={g: granule << GRANULE_SHIFT for g in range(granule, granule + 64)})
+    state.region_slots = {granule << GRANULE_SHIFT: 3}
+    numel = peer_context.DEFAULT_STAGING_BYTES // 2 + 8
+    oneshot = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state))
+    twoshot = custom_ar.AllReduceKernelPath(TWOSHOT, peer_setup.SharedContext(state))
+    assert oneshot.why_not(_call(numel=numel)) is None
+    in_place = oneshot.why_not(_call(numel=numel, out_ptr=1 << 30))
+    assert "capacity" in in_place and "out-of-place input in the symmetric pool" in in_place
+    assert "capacity" in oneshot.why_not(_call(numel=numel, in_ptr=3 << 30))  # not in the pool
+    assert "capacity" in twoshot.why_not(_call(numel=numel))
+    assert "symmetric pool" not in twoshot.why_not(_call(numel=numel))
+    # run() reads that input in place: no staging, the region's slot.
+    assert state.input_of(1 << 30, numel * 2, 0, peers_read=True)[:3] == (0, 3, 0)
+
+
 GATHERS = ("all_gather", "all_gatherv")
 
 

@@ -75,11 +75,22 @@ class AllReduceKernelPath(PeerPath):
         nbytes = call.nbytes
         if nbytes % 16:
             return f"{nbytes} bytes is not a multiple of 16 (the kernels move 16-byte vectors)"
-        if nbytes > self.capacity:
-            return f"{nbytes} bytes exceeds {self.name}'s capacity of {self.capacity} bytes"
         if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
             return "input or output is not 16-byte aligned"
+        if nbytes > self.capacity and not self._reads_in_place(call):
+            return (f"{nbytes} bytes exceeds {self.name}'s capacity of {self.capacity} bytes"
+                    + (" (an out-of-place input in the symmetric pool is read in place, with no limit)"
+                       if self.name == ONESHOT else ""))
         return None
+
+    def _reads_in_place(self, call: Call) -> bool:
+        """Whether this one-shot all-reduce reads its input where it lies, so the staging buffer
+        does not bound it: an input in a mapped pool region, out of place (in place, the kernel
+        writes what peers still read, and run() stages it). Two-shot's reduced chunks pass
+        through the scratch buffer, of the staging buffer's size, whatever the input. A pool
+        input sits at one offset on every rank, so every rank decides alike."""
+        return (self.name == ONESHOT and call.in_ptrs[0] != call.out_ptrs[0]
+                and self._context.region_of(call.in_ptrs[0]) is not None)
 
     def _why_not_flagfree(self, call: Call) -> str | None:
         """all_gather / reduce_scatter on the flag-free kernel. The receive buffers start filled

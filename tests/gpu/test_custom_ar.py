@@ -185,6 +185,42 @@ def test_symmetric_inputs_are_read_in_place_without_copy(comm):
         assert_reduced(results[0], inputs, f"{algo} on symmetric input")
 
 
+def test_one_shot_reads_symmetric_inputs_past_the_staging_capacity(comm):
+    """Out of place, a symmetric input is read where it lies, so one-shot serves messages past
+    the staging buffer (odd vector count, not a power of two). Its bits equal the same kernel's
+    on the first staging-buffer's worth of the same input, its sums are within the reference's
+    bound, every rank holds the same bits, and a captured replay gives them again. In place,
+    on an ordinary input, or as two-shot, the staging limit holds and the error says which."""
+    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
+    nbytes = peer_context.DEFAULT_STAGING_BYTES + 4096 + 48
+    numel, head = nbytes // 2, peer_context.DEFAULT_STAGING_BYTES // 2
+    inputs = all_inputs(numel, dtype, w, seed=43)
+    with symcomm.use_symmetric_memory(comm):
+        x = torch.empty(numel, dtype=dtype, device=comm.device)
+    x.copy_(inputs[rank])
+    assert comm.select("all_reduce", x, algo=base.ONESHOT).algo == base.ONESHOT
+    out = comm.all_reduce(x, algo=base.ONESHOT)
+    assert torch.equal(x, inputs[rank]), "one-shot modified its input"
+    assert_reduced(out, inputs, "one-shot past the staging capacity")
+    within = comm.all_reduce(x[:head], algo=base.ONESHOT)
+    assert torch.equal(out[:head].view(torch.int16), within.view(torch.int16))
+    assert _gathered_equal(out), "ranks hold different bits"
+    graph, replayed = torch.cuda.CUDAGraph(), torch.full_like(out, float("nan"))
+    with comm.graph_capture(), torch.cuda.graph(graph):
+        comm.all_reduce(x, out=replayed, algo=base.ONESHOT)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed.view(torch.int16), out.view(torch.int16))
+    del graph
+    plain = inputs[rank].clone()
+    for why, call in (("in place", lambda: comm.all_reduce(x, out=x, algo=base.ONESHOT)),
+                      ("ordinary input", lambda: comm.all_reduce(plain, algo=base.ONESHOT)),
+                      ("two-shot", lambda: comm.all_reduce(x, algo=base.TWOSHOT))):
+        with pytest.raises(symcomm.ArgumentError, match="capacity"):
+            call()
+    assert torch.equal(x, inputs[rank]), "a refused call wrote its input"
+
+
 def test_capture_count_mismatch_raises_on_every_rank(fast):
     x = rank_input(4096, torch.bfloat16, fast.rank, seed=3)
     ys = [torch.empty_like(x) for _ in range(2)]
