@@ -335,13 +335,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("mode", ("stall", "kill"))
-def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
-    """Two fresh processes on GPUs 0 and 1 (rank 0 of this suite runs them): rank 1 stalls or
-    dies before an all-reduce; rank 0's kernel must give up within SYMCOMM_TIMEOUT_S (6 s
-    here, which also bounds their NCCL init), the next call must raise CommTimeoutError naming
-    rank 1, and rank 0's CUDA context must still work afterwards."""
-    if dist.get_rank() == 0:
+def _missing_peer_workers(mode: str, tmp_path) -> tuple[str, str]:
+    """Rank 0's and rank 1's output of the two worker processes for ``mode``. A port that
+    _free_port found free can be taken by another process's socket before the workers bind it;
+    that attempt fails at setup with EADDRINUSE and is retried on a new port."""
+    for attempt in range(3):
         port = _free_port()
         procs, logs = [], []
         for r in range(2):
@@ -350,7 +348,7 @@ def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
             env = dict(base, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SYMCOMM_TIMEOUT_S="6")
             # Output to files, not pipes: reading a pipe waits for every holder of its write end.
-            logs.append(tmp_path / f"rank{r}.log")
+            logs.append(tmp_path / f"{mode}{attempt}_rank{r}.log")
             with open(logs[-1], "w") as log:
                 procs.append(subprocess.Popen([sys.executable, _WORKER, mode], env=env, stdout=log,
                                               stderr=subprocess.STDOUT))
@@ -363,13 +361,31 @@ def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
                 p.kill()
                 p.wait()
         out, peer = (log.read_text() for log in logs)
-        print(f"\n{mode} worker rank 0:\n{out}\nrank 1:\n{peer}")
-        line = next((l for l in out.splitlines() if l.startswith("RESULT")), "RESULT none (no result within 45 s)")
-        _, raised, seconds = line.split()[:3]
-        assert raised == "raised", line
-        # A stalled peer: the kernel waits out its 6 s bound, then gives up, and the context
-        # lives on. A dead peer's memory may vanish under rank 0's stores (a fault CUDA reports
-        # on its own), so for it only the bound is checked: an error well before any hang.
-        assert float(seconds) < 20 and (mode == "kill" or float(seconds) >= 5.5), line
-        assert mode == "kill" or "CONTEXT ok" in out, out
-    dist.barrier()
+        print(f"\n{mode} worker rank 0 (port {port}):\n{out}\nrank 1:\n{peer}")
+        if "EADDRINUSE" not in out:
+            break
+    return out, peer
+
+
+@pytest.mark.parametrize("mode", ("stall", "kill"))
+def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
+    """Two fresh processes on GPUs 0 and 1 (rank 0 of this suite runs them): rank 1 stalls or
+    dies before an all-reduce; rank 0's kernel must give up within SYMCOMM_TIMEOUT_S (6 s
+    here, which also bounds their NCCL init), the next call must raise CommTimeoutError naming
+    rank 1, and rank 0's CUDA context must still work afterwards."""
+    try:
+        if dist.get_rank() == 0:
+            out, _ = _missing_peer_workers(mode, tmp_path)
+            line = next((l for l in out.splitlines() if l.startswith("RESULT")),
+                        "RESULT none (no result within 45 s)")
+            _, raised, seconds = line.split()[:3]
+            assert raised == "raised", line
+            # A stalled peer: the kernel waits out its 6 s bound, then gives up, and the context
+            # lives on. A dead peer's memory may vanish under rank 0's stores (a fault CUDA reports
+            # on its own), so for it only the bound is checked: an error well before any hang.
+            assert float(seconds) < 20 and (mode == "kill" or float(seconds) >= 5.5), line
+            assert mode == "kill" or "CONTEXT ok" in out, out
+    finally:
+        # Every rank meets here even when rank 0's checks fail: a barrier one rank skipped would
+        # pair with the next test's, and the ranks' later collectives would cross (a hang).
+        dist.barrier()
