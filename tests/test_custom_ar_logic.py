@@ -92,11 +92,12 @@ def test_capacity_differs_by_kernel():
         assert "capacity" in custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(state)).why_not(over_staging)
 
 
-def test_one_shot_reads_pool_inputs_out_of_place_past_the_staging_capacity():
+def test_one_shot_reads_pool_inputs_past_the_staging_capacity_in_place_or_not():
     """An input in a mapped pool region is read where it lies, so the staging buffer does not
-    bound a one-shot out of place. In place the input is staged (the kernel would write what
-    peers still read), a non-pool input is staged, and two-shot reduces through its scratch
-    buffer of the staging size: all three keep the limit and say so."""
+    bound a one-shot, in place or not (run() sums an in-place one into a fresh tensor): whether
+    a call is in place is this rank's own fact and must not decide the path. A non-pool input
+    is staged, and two-shot reduces through its scratch buffer of the staging size: both keep
+    the limit and say so."""
     granule = (1 << 30) >> GRANULE_SHIFT
     state = FakeState(granules={g: granule << GRANULE_SHIFT for g in range(granule, granule + 64)})
     state.region_slots = {granule << GRANULE_SHIFT: 3}
@@ -104,9 +105,9 @@ def test_one_shot_reads_pool_inputs_out_of_place_past_the_staging_capacity():
     oneshot = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state))
     twoshot = custom_ar.AllReduceKernelPath(TWOSHOT, peer_setup.SharedContext(state))
     assert oneshot.why_not(_call(numel=numel)) is None
-    in_place = oneshot.why_not(_call(numel=numel, out_ptr=1 << 30))
-    assert "capacity" in in_place and "out-of-place input in the symmetric pool" in in_place
-    assert "capacity" in oneshot.why_not(_call(numel=numel, in_ptr=3 << 30))  # not in the pool
+    assert oneshot.why_not(_call(numel=numel, out_ptr=1 << 30)) is None  # in place
+    not_pool = oneshot.why_not(_call(numel=numel, in_ptr=3 << 30))
+    assert "capacity" in not_pool and "input in the symmetric pool is read in place" in not_pool
     assert "capacity" in twoshot.why_not(_call(numel=numel))
     assert "symmetric pool" not in twoshot.why_not(_call(numel=numel))
     # run() reads that input in place: no staging, the region's slot.

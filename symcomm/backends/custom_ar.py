@@ -77,20 +77,19 @@ class AllReduceKernelPath(PeerPath):
             return f"{nbytes} bytes is not a multiple of 16 (the kernels move 16-byte vectors)"
         if (call.in_ptrs[0] | call.out_ptrs[0]) & 15:
             return "input or output is not 16-byte aligned"
-        if nbytes > self.capacity and not self._reads_in_place(call):
+        if nbytes > self.capacity and not self._unbounded(call):
             return (f"{nbytes} bytes exceeds {self.name}'s capacity of {self.capacity} bytes"
-                    + (" (an out-of-place input in the symmetric pool is read in place, with no limit)"
+                    + (" (an input in the symmetric pool is read in place, with no limit)"
                        if self.name == ONESHOT else ""))
         return None
 
-    def _reads_in_place(self, call: Call) -> bool:
-        """Whether this one-shot all-reduce reads its input where it lies, so the staging buffer
-        does not bound it: an input in a mapped pool region, out of place (in place, the kernel
-        writes what peers still read, and run() stages it). Two-shot's reduced chunks pass
-        through the scratch buffer, of the staging buffer's size, whatever the input. A pool
-        input sits at one offset on every rank, so every rank decides alike."""
-        return (self.name == ONESHOT and call.in_ptrs[0] != call.out_ptrs[0]
-                and self._context.region_of(call.in_ptrs[0]) is not None)
+    def _unbounded(self, call: Call) -> bool:
+        """Whether the staging buffer does not bound this call: a one-shot all-reduce of an input
+        in a mapped pool region, read where it lies (run() sums an in-place one into a fresh
+        tensor first). Two-shot's reduced chunks pass through the scratch buffer, of the staging
+        buffer's size, whatever the input. Pool membership is the same on every rank (the pool
+        rule), while in place need not be: so in place must not decide (symcomm/dispatch.py)."""
+        return self.name == ONESHOT and self._context.region_of(call.in_ptrs[0]) is not None
 
     def _why_not_flagfree(self, call: Call) -> str | None:
         """all_gather / reduce_scatter on the flag-free kernel. The receive buffers start filled
@@ -158,19 +157,29 @@ class AllReduceKernelPath(PeerPath):
             self._run_scatter(call)
             return
         context, ptr = self._context, call.in_ptrs[0]
-        # In place, one-shot writes what peers may still be reading: that input is staged.
+        # In place, one-shot writes what peers may still be reading: that input is staged, or,
+        # past the staging buffer (a pool input, why_not says), read in place and summed into a
+        # fresh tensor, copied back after the kernel's end barrier (every peer has read it then).
         overwritten = self.name == ONESHOT and ptr == call.out_ptrs[0]
+        through = torch.empty_like(call.outputs[0]) if overwritten and call.nbytes > self.capacity else None
         stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name],
-                                                        peers_read=self.name != FLAGFREE, overwritten=overwritten)
-        self.launch(call, stage, slot, offset, session)
+                                                        peers_read=self.name != FLAGFREE,
+                                                        overwritten=overwritten and through is None)
+        if through is None:
+            self.launch(call, stage, slot, offset, session)
+        else:
+            self.launch(call, stage, slot, offset, session, out_ptr=through.data_ptr())
+            call.outputs[0].copy_(through)
 
-    def launch(self, call: Call, stage: int, slot: int, offset: int = 0, session=None) -> None:
+    def launch(self, call: Call, stage: int, slot: int, offset: int = 0, session=None,
+               out_ptr: int | None = None) -> None:
         """The all-reduce launch itself, reading the input as told (run() decides how; tests force
-        a staged or slot read). ``session``: the capture session the launch is recorded in."""
+        a staged or slot read). ``session``: the capture session the launch is recorded in;
+        ``out_ptr``: where the sum goes, if not the call's output."""
         context = self._context
         code = context.lib.symcomm_ar_run(context.ctx, self._algo, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot,
-                                          offset, call.out_ptrs[0], call.nbytes, stage,
-                                          context.launch_stream(session))
+                                          offset, call.out_ptrs[0] if out_ptr is None else out_ptr, call.nbytes,
+                                          stage, context.launch_stream(session))
         if code:
             context.check("custom all-reduce launch", code)
 

@@ -186,11 +186,12 @@ def test_symmetric_inputs_are_read_in_place_without_copy(comm):
 
 
 def test_one_shot_reads_symmetric_inputs_past_the_staging_capacity(comm):
-    """Out of place, a symmetric input is read where it lies, so one-shot serves messages past
-    the staging buffer (odd vector count, not a power of two). Its bits equal the same kernel's
-    on the first staging-buffer's worth of the same input, its sums are within the reference's
-    bound, every rank holds the same bits, and a captured replay gives them again. In place,
-    on an ordinary input, or as two-shot, the staging limit holds and the error says which."""
+    """A symmetric input is read where it lies, so one-shot serves messages past the staging
+    buffer (odd vector count, not a power of two), out of place and in place (summed into a
+    fresh tensor, copied back once every peer has read the input). Its bits equal the same
+    kernel's on the first staging buffer's worth of the same input, in place too; its sums are
+    within the reference's bound; every rank holds the same bits; captured replays give them
+    again. An ordinary input, or two-shot, keeps the staging limit and the error says so."""
     w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
     nbytes = peer_context.DEFAULT_STAGING_BYTES + 4096 + 48
     numel, head = nbytes // 2, peer_context.DEFAULT_STAGING_BYTES // 2
@@ -198,27 +199,36 @@ def test_one_shot_reads_symmetric_inputs_past_the_staging_capacity(comm):
     with symcomm.use_symmetric_memory(comm):
         x = torch.empty(numel, dtype=dtype, device=comm.device)
     x.copy_(inputs[rank])
-    assert comm.select("all_reduce", x, algo=base.ONESHOT).algo == base.ONESHOT
+    for in_place in (False, True):
+        assert comm.select("all_reduce", x, out=x if in_place else None, algo=base.ONESHOT).algo == base.ONESHOT
     out = comm.all_reduce(x, algo=base.ONESHOT)
     assert torch.equal(x, inputs[rank]), "one-shot modified its input"
     assert_reduced(out, inputs, "one-shot past the staging capacity")
     within = comm.all_reduce(x[:head], algo=base.ONESHOT)
     assert torch.equal(out[:head].view(torch.int16), within.view(torch.int16))
     assert _gathered_equal(out), "ranks hold different bits"
-    graph, replayed = torch.cuda.CUDAGraph(), torch.full_like(out, float("nan"))
-    with comm.graph_capture(), torch.cuda.graph(graph):
+    comm.all_reduce(x, out=x, algo=base.ONESHOT)
+    assert torch.equal(x.view(torch.int16), out.view(torch.int16)), "in place differs from out of place"
+    replayed = torch.full_like(out, float("nan"))
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    with comm.graph_capture(), torch.cuda.graph(graphs[0]):
         comm.all_reduce(x, out=replayed, algo=base.ONESHOT)
-    graph.replay()
+    with comm.graph_capture(), torch.cuda.graph(graphs[1]):
+        comm.all_reduce(x, out=x, algo=base.ONESHOT)
+    x.copy_(inputs[rank])
+    graphs[0].replay()
+    graphs[1].replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed.view(torch.int16), out.view(torch.int16))
-    del graph
+    assert torch.equal(x.view(torch.int16), out.view(torch.int16)), "in-place replay"
+    del graphs
+    x.copy_(inputs[rank])
     plain = inputs[rank].clone()
-    for why, call in (("in place", lambda: comm.all_reduce(x, out=x, algo=base.ONESHOT)),
-                      ("ordinary input", lambda: comm.all_reduce(plain, algo=base.ONESHOT)),
+    for why, call in (("ordinary input", lambda: comm.all_reduce(plain, algo=base.ONESHOT)),
                       ("two-shot", lambda: comm.all_reduce(x, algo=base.TWOSHOT))):
         with pytest.raises(symcomm.ArgumentError, match="capacity"):
             call()
-    assert torch.equal(x, inputs[rank]), "a refused call wrote its input"
+    assert torch.equal(x, inputs[rank]) and torch.equal(plain, inputs[rank]), "a refused call wrote its input"
 
 
 def test_capture_count_mismatch_raises_on_every_rank(fast):
