@@ -51,7 +51,7 @@ using symcomm::launch;
 // ------------------------------------------------------------------ kernels
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) one_shot(Sync s, const Peers* in, size_t in_offset, uint4* out,
-                                                     size_t nvec) {
+                                                     size_t nvec, uint4* copy_to) {
   constexpr int world = W;
   const uint64_t epoch = next_epoch(s);
   if (epoch == 0 || !slot_ready(s, in, world)) return;
@@ -78,7 +78,13 @@ __global__ void __launch_bounds__(kThreads) one_shot(Sync s, const Peers* in, si
   }
   for (; i < nvec; i += stride) out[i] = reduce_at<T, W>(src, i);
   // Peers read this rank's input until they pass here; it must not be reused before then.
-  barrier(s, kEnd, world, epoch);
+  if (!barrier(s, kEnd, world, epoch) || copy_to == nullptr) return;
+  // In place past the staging buffer (symcomm_ar_oneshot_in_place): `out` is scratch and copy_to
+  // the input. Peer block b read exactly this block's indices of it (the same grid-stride on
+  // every rank, whose grids are equal) and has passed the end barrier, so they may be overwritten
+  // now. Each thread copies the vectors it wrote itself; a block that gave up writes nothing.
+  for (size_t j = size_t(blockIdx.x) * blockDim.x + threadIdx.x; j < nvec; j += size_t(gridDim.x) * blockDim.x)
+    copy_to[j] = out[j];
 }
 
 template <typename T, int W>
@@ -338,7 +344,7 @@ cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t
                     c->flagfree_bytes / 16);
     case kOneShot:
       return launch(c->overlap, one_shot<T, W>, blocks_for(c, nvec), kThreads, stream, s, c->slots + slot, in_offset,
-                    out, nvec);
+                    out, nvec, static_cast<uint4*>(nullptr));
     case kTwoShot:
       return launch(c->overlap, two_shot<T, W>, blocks_for(c, (nvec + W - 1) / W), kThreads, stream, s, c->scratch,
                     c->slots + slot, in_offset, out, nvec);
@@ -848,6 +854,27 @@ int symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dty
   });
 }
 
+int symcomm_ar_oneshot_in_place(symcomm_ar_t ctx, symcomm_dtype_t dtype, int slot, uint64_t in_offset, void* scratch,
+                                void* inout, uint64_t nbytes, cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  // Slot 0 is the staging buffer, which holds no input here; a pool region's slot is read in place.
+  if (nbytes % 16 || slot <= 0 || slot >= c->max_slots || ((reinterpret_cast<uintptr_t>(scratch) |
+      reinterpret_cast<uintptr_t>(inout)) & 15))
+    return cudaErrorInvalidValue;
+  if (nbytes == 0) return cudaSuccess;
+  const size_t nvec = nbytes / 16;
+  const Sync s = make_sync(c);
+  return for_dtype(dtype, [&](auto t) {
+    return for_world(c->world, [&](auto w) {
+      return launch(c->overlap, one_shot<typename decltype(t)::type, decltype(w)::value>, blocks_for(c, nvec), kThreads,
+                    stream, s, c->slots + slot, size_t(in_offset), static_cast<uint4*>(scratch), nvec,
+                    static_cast<uint4*>(inout));
+    });
+  });
+}
+
 // Both flag-free collectives check what symcomm_ar_run checks of the flag-free all-reduce:
 // whole vectors, at most one receive slot per chunk, and a dtype whose 0xFFFFFFFF word is a
 // NaN, so that no real value collides with the sentinel. Fills `c` from chunk_bytes (one entry
@@ -924,7 +951,7 @@ int symcomm_ar_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const vo
   return for_dtype(dtype, [&](auto t) {
     return for_world(c->world, [&](auto w) {
       return launch(c->overlap, one_shot<typename decltype(t)::type, decltype(w)::value>, blocks, kThreads, stream, s,
-                    c->slots + slot, in_offset + row_offset, dst, nbytes / 16);
+                    c->slots + slot, in_offset + row_offset, dst, nbytes / 16, static_cast<uint4*>(nullptr));
     });
   });
 }

@@ -35,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 9
+#define SYMCOMM_ABI_VERSION 10
 int symcomm_abi_version(void);
 
 /*
@@ -243,6 +243,14 @@ symcomm_status_t symcomm_ar_set_slot_ptrs(symcomm_ar_t ctx, int slot, const uint
 symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcomm_dtype_t dtype, const void* in,
                                 int slot, uint64_t in_offset, void* out, uint64_t nbytes, int stage,
                                 symcomm_stream_t stream);
+
+/* One-shot sum all-reduce in place, of any size, of an input every rank reads through slot
+ * `slot` (not 0: a mapped pool region) at in_offset, which is also inout's address here. The
+ * sums go to scratch (nbytes of this rank's own memory), and each block copies its share to
+ * inout once its end barrier shows every peer has read it; a kernel that gives up leaves inout
+ * as it was. nbytes and both pointers are multiples of 16. Collective like symcomm_ar_run. */
+symcomm_status_t symcomm_ar_oneshot_in_place(symcomm_ar_t ctx, symcomm_dtype_t dtype, int slot, uint64_t in_offset,
+                                             void* scratch, void* inout, uint64_t nbytes, symcomm_stream_t stream);
 
 /* Flag-free all-gather(v): rank r's chunk of chunk_bytes[r] bytes (one entry per rank, the same
  * array on every rank; each a multiple of 16 and at most the context's flag-free buffer size)

@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 9  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 10  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -103,6 +103,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_import_region": ([_ar, _int, _size, _c.POINTER(_ptr)], _status),
     "symcomm_ar_set_slot_ptrs": ([_ar, _int, _c.POINTER(_u64)], _status),
     "symcomm_ar_run": ([_ar, _algo, _dtype, _ptr, _int, _u64, _ptr, _u64, _int, _stream], _status),
+    "symcomm_ar_oneshot_in_place": ([_ar, _dtype, _int, _u64, _ptr, _ptr, _u64, _stream], _status),
     "symcomm_ar_flagfree_all_gatherv": ([_ar, _dtype, _ptr, _ptr, _c.POINTER(_u64), _stream], _status),
     "symcomm_ar_flagfree_reduce_scatterv": ([_ar, _dtype, _ptr, _ptr, _c.POINTER(_u64), _stream], _status),
     "symcomm_ar_gatherv": ([_ar, _int, _c.POINTER(_u64), _c.POINTER(_int), _c.POINTER(_u64), _c.POINTER(_u64), _u64,

@@ -507,6 +507,39 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     assert len(session.calls) == 6 and launched[-1][1:] == (1, 0, 0)
 
 
+def test_in_place_one_shot_past_the_staging_buffer_sums_through_scratch(monkeypatch):
+    """An in-place one-shot past the staging buffer reads its pool input through the region's
+    slot (no staging) and hands the kernel a scratch tensor plus the input to copy back to; a
+    capture records it exactly as the same call out of place, so ranks that differ only in
+    calling in place compare equal. Within the buffer an in-place call is still staged."""
+    granule = (1 << 30) >> GRANULE_SHIFT
+    base_ptr = granule << GRANULE_SHIFT
+    state = FakeState(granules={g: base_ptr for g in range(granule, granule + 64)})
+    state.region_slots, state.region_numbers = {base_ptr: 5}, {base_ptr: 0}
+    through, plain = [], []
+
+    def in_place(ctx, dtype, slot, offset, scratch, inout, nbytes, stream):
+        through.append((slot, offset, inout, nbytes, scratch != inout))
+        return 0
+
+    def run(ctx, algo, dtype, ptr, slot, offset, out, nbytes, stage, stream):
+        plain.append((ptr == out, stage, slot, offset))
+        return 0
+    state.lib = SimpleNamespace(symcomm_ar_oneshot_in_place=in_place, symcomm_ar_run=run)
+    state.ctx, state.launch_stream = 1, lambda session: 0
+    state.capture = session = peer_capture.CaptureSession()
+    monkeypatch.setattr(base, "_stream_capturing", lambda: True)
+    one = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state))
+    numel, ptr = peer_context.DEFAULT_STAGING_BYTES // 2 + 8, base_ptr + 4096
+    one.run(_call(numel=numel, in_ptr=ptr, out_ptr=ptr))       # in place, past the buffer
+    one.run(_call(numel=numel, in_ptr=ptr, out_ptr=2 << 30))   # the same out of place
+    one.run(_call(numel=1024, in_ptr=ptr, out_ptr=ptr))        # in place within it: staged
+    assert through == [(5, 4096, ptr, numel * 2, True)]
+    assert plain == [(False, 0, 5, 4096), (True, 1, 0, 0)]
+    assert session.calls[0] == session.calls[1] == (peer_capture.IN_REGION, 1, numel * 2, 0, 4096)
+    assert session.calls[2][0] == peer_capture.STAGED
+
+
 @pytest.mark.parametrize("world", (2, 4))
 def test_builtin_table_puts_the_kernels_first_up_to_their_capacity(world):
     table = dispatch.builtin_table(world)

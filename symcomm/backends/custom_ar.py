@@ -16,6 +16,7 @@ import torch
 
 from .. import _native
 from ..base import FLAGFREE, ONESHOT, SCATTERING_OPS, TWOSHOT, Call
+from ..errors import SymmetricMemoryError
 from ..peer.capture import CAPTURE_CODES, IN_REGION, SCATTER_CODE, STAGED
 from ..peer.context import PeerContext, aligned
 from .peer_path import PeerPath, offset_unit
@@ -85,8 +86,8 @@ class AllReduceKernelPath(PeerPath):
 
     def _unbounded(self, call: Call) -> bool:
         """Whether the staging buffer does not bound this call: a one-shot all-reduce of an input
-        in a mapped pool region, read where it lies (run() sums an in-place one into a fresh
-        tensor first). Two-shot's reduced chunks pass through the scratch buffer, of the staging
+        in a mapped pool region, read where it lies (an in-place one is summed into scratch and
+        copied back by the kernel). Two-shot's reduced chunks pass through the scratch buffer, of the staging
         buffer's size, whatever the input. Pool membership is the same on every rank (the pool
         rule), while in place need not be: so in place must not decide (symcomm/dispatch.py)."""
         return self.name == ONESHOT and self._context.region_of(call.in_ptrs[0]) is not None
@@ -158,28 +159,40 @@ class AllReduceKernelPath(PeerPath):
             return
         context, ptr = self._context, call.in_ptrs[0]
         # In place, one-shot writes what peers may still be reading: that input is staged, or,
-        # past the staging buffer (a pool input, why_not says), read in place and summed into a
-        # fresh tensor, copied back after the kernel's end barrier (every peer has read it then).
+        # past the staging buffer (a pool input, why_not says), read in place and summed into
+        # scratch that the kernel copies back once every peer has read it.
         overwritten = self.name == ONESHOT and ptr == call.out_ptrs[0]
-        through = torch.empty_like(call.outputs[0]) if overwritten and call.nbytes > self.capacity else None
+        if overwritten and call.nbytes > self.capacity:
+            self._run_in_place_through(call)
+            return
         stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name],
-                                                        peers_read=self.name != FLAGFREE,
-                                                        overwritten=overwritten and through is None)
-        if through is None:
-            self.launch(call, stage, slot, offset, session)
-        else:
-            self.launch(call, stage, slot, offset, session, out_ptr=through.data_ptr())
-            call.outputs[0].copy_(through)
+                                                        peers_read=self.name != FLAGFREE, overwritten=overwritten)
+        self.launch(call, stage, slot, offset, session)
 
-    def launch(self, call: Call, stage: int, slot: int, offset: int = 0, session=None,
-               out_ptr: int | None = None) -> None:
+    def _run_in_place_through(self, call: Call) -> None:
+        """An in-place one-shot past the staging buffer: its pool input is read where it lies
+        (recorded like an out-of-place one, so ranks that differ only in calling in place agree)
+        and summed into a fresh tensor, which the kernel copies to the input after its end
+        barrier. A kernel that gives up leaves the input as it was."""
+        context, ptr = self._context, call.in_ptrs[0]
+        stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name], peers_read=True)
+        if stage or not slot:  # why_not took it from a mapped region: a broken invariant, not bad input
+            raise SymmetricMemoryError(f"an in-place one-shot of {call.nbytes} bytes past the staging buffer "
+                                       f"found its input outside the mapped pool")
+        scratch = torch.empty_like(call.outputs[0])
+        code = context.lib.symcomm_ar_oneshot_in_place(context.ctx, DTYPE_CODES[call.dtype], slot, offset,
+                                                       scratch.data_ptr(), ptr, call.nbytes,
+                                                       context.launch_stream(session))
+        if code:
+            context.check("custom all-reduce launch (in place, through scratch)", code)
+
+    def launch(self, call: Call, stage: int, slot: int, offset: int = 0, session=None) -> None:
         """The all-reduce launch itself, reading the input as told (run() decides how; tests force
-        a staged or slot read). ``session``: the capture session the launch is recorded in;
-        ``out_ptr``: where the sum goes, if not the call's output."""
+        a staged or slot read). ``session``: the capture session the launch is recorded in."""
         context = self._context
         code = context.lib.symcomm_ar_run(context.ctx, self._algo, DTYPE_CODES[call.dtype], call.in_ptrs[0], slot,
-                                          offset, call.out_ptrs[0] if out_ptr is None else out_ptr, call.nbytes,
-                                          stage, context.launch_stream(session))
+                                          offset, call.out_ptrs[0], call.nbytes, stage,
+                                          context.launch_stream(session))
         if code:
             context.check("custom all-reduce launch", code)
 
