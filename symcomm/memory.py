@@ -13,8 +13,9 @@ def use_symmetric_memory(comm, disabled: bool = False):
     SYMCOMM_CHECK=1 to verify). Inside it, every allocation must be alike on every rank: make
     calls whose outputs or temporaries have per-rank shapes (all_to_allv, uneven
     reduce_scatterv, moe_combine, misaligned views), pass out= on some ranks only, or call an
-    all-reduce past custom_ar_capacity in place on some ranks only, outside it. It does not nest, and is open on one thread at a time (torch routes a pool so): a second
-    one raises SymmetricMemoryError. With ``disabled=True``, or where symmetric memory is off,
+    all-reduce past custom_ar_capacity in place on some ranks only, outside it. It does not
+    nest, and is open on one thread at a time (torch routes a pool so): a second one raises
+    SymmetricMemoryError. With ``disabled=True``, or where symmetric memory is off,
     this returns a shared no-op context and allocations go to torch's normal allocator.
     """
     pool = None if disabled else comm.symmetric_pool

@@ -87,9 +87,10 @@ class AllReduceKernelPath(PeerPath):
     def _unbounded(self, call: Call) -> bool:
         """Whether the staging buffer does not bound this call: a one-shot all-reduce of an input
         in a mapped pool region, read where it lies (an in-place one is summed into scratch and
-        copied back by the kernel). Two-shot's reduced chunks pass through the scratch buffer, of the staging
-        buffer's size, whatever the input. Pool membership is the same on every rank (the pool
-        rule), while in place need not be: so in place must not decide (symcomm/dispatch.py)."""
+        copied back by the kernel). Two-shot's reduced chunks pass through the scratch buffer, of
+        the staging buffer's size, whatever the input. Pool membership is the same on every rank
+        (the pool rule), while in place need not be: so in place must not decide
+        (symcomm/dispatch.py)."""
         return self.name == ONESHOT and self._context.region_of(call.in_ptrs[0]) is not None
 
     def _why_not_flagfree(self, call: Call) -> str | None:
