@@ -44,7 +44,9 @@ CSRC = ROOT / "csrc"
 SOURCES = sorted(str(p.relative_to(ROOT)) for p in CSRC.iterdir() if p.suffix in (".cu", ".cc"))
 # sm_90 machine code for Hopper plus compute_90 PTX so newer GPUs can JIT it.
 DEFAULT_ARCHS = "-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"
-FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC"]
+# A host-only call from a __host__ __device__ function is only a warning by default, and the device
+# code it leaves computes garbage: made an error.
+FLAGS = ["-O3", "-std=c++17", "-Werror", "cross-execution-space-call", "-Xcompiler", "-fPIC"]
 CACHE = ROOT / "build" / "nvcc-cache"
 STATUS_FILE = "build.json"
 # Seconds each unit took to compile alone with nvcc 13.0 on one core (bench/NOTES.md, issue 24).
