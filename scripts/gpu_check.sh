@@ -125,6 +125,11 @@ sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path
   done
 }
 
+nccl_tests_libdir() {  # the image's libnccl: the nvidia-nccl-cu13 wheel in torch's venv, which torch and symcomm load
+  # nvidia.nccl is a namespace package (no __init__.py, no __file__): its __path__ says where it is.
+  python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))'
+}
+
 # verify: is this machine's symcomm correct at world W (default: every GPU)? PART=1 runs tests/gpu
 # and every example, PART=2 every symcomm-bench op with --algo all, bench/layer_step.py and
 # bench/train_step.py: each part fits one 10-minute device call; PART=all runs both; ONLY (globs)
@@ -200,8 +205,29 @@ if [[ $MODE == verify ]]; then
       vrun "bench_$op" 120 symcomm-bench "$op" -g "$W" -b 1K -e 64M -f 8 "${SWEEP[@]}"
     done
     vrun bench_all_reduce_rmsnorm 240 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
+    # The norm's yardstick beside it: FlashInfer's fused kernel, where bench/flashinfer_pack.sh's
+    # archive is carried as .fi/ (this image has no network to install it).
+    if [[ -f .fi/flashinfer.tar.xz ]]; then
+      FI_SITE=$(mktemp -d)
+      python3 -m pip install -q --no-index --no-deps --target "$FI_SITE" .fi/*.whl >/dev/null 2>&1
+      tar xJf .fi/flashinfer.tar.xz -C "$FI_SITE"
+      vrun flashinfer_norm 150 env PYTHONPATH="$FI_SITE:$PYTHONPATH" FLASHINFER_DISABLE_JIT=1 \
+        torchrun --nproc-per-node="$W" bench/flashinfer_norm.py --json "$VDIR/flashinfer_norm.json"
+    fi
     vrun bench_moe 150 symcomm-bench moe -g "$W" --tokens 1,8,64,512,2048 "${SWEEP[@]}"
     vrun bench_moe_eager 120 symcomm-bench moe -g "$W" --tokens 1,512 -n 5 -w 2 -G 0 --algo all
+    # The MoE yardstick in the same call: nccl-tests' all-to-all of the bytes one rank
+    # dispatches at 512 and 2048 tokens (hidden 7168, top-8, bf16), plain buffers and symmetric
+    # windows. Needs .nccl-tests/ carried (scripts/build_nccl_tests.sh); the outcomes say NOT RUN
+    # without it.
+    if [[ -x .nccl-tests/bin/alltoall_perf ]] || chmod +x .nccl-tests/bin/* 2>/dev/null; then
+      for reg in 0 2; do
+        vrun "nccl_tests_alltoall_R$reg" 60 env LD_LIBRARY_PATH="$(nccl_tests_libdir)" .nccl-tests/bin/alltoall_perf \
+          -g "$W" -b 58720256 -e 234881024 -f 4 -n 20 -w 5 -G 20 -d bfloat16 -R "$reg"
+      done
+    else
+      vrecord nccl_tests_alltoall "NOT RUN" "no .nccl-tests/bin/alltoall_perf (scripts/build_nccl_tests.sh, carried)" 0 ""
+    fi
     for layer in dp_moe tp_block ep_moe; do  # one step per layer: a slow or failing one names itself
       vrun "layer_step_$layer" 240 torchrun --nproc-per-node="$W" bench/layer_step.py --layers "$layer" \
         --tokens 1,8,64,2048 --iters 10 --rounds 2 --json "$VDIR/layer_step_$layer.json"
@@ -221,10 +247,6 @@ fi
 # exit 1 on any #wrong). The binaries come from scripts/build_nccl_tests.sh on the CPU machine
 # (carry .nccl-tests); where this image refuses them they are rebuilt here from the sources
 # carried beside them, against the image's own NCCL.
-nccl_tests_libdir() {  # the image's libnccl: the nvidia-nccl-cu13 wheel in torch's venv, which torch and symcomm load
-  # nvidia.nccl is a namespace package (no __init__.py, no __file__): its __path__ says where it is.
-  python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))'
-}
 if [[ $MODE == compare ]]; then
   DEADLINE=${DEADLINE:-520}
   W=${WORLD:-$NGPU}
