@@ -45,8 +45,13 @@ SOURCES = sorted(str(p.relative_to(ROOT)) for p in CSRC.iterdir() if p.suffix in
 # sm_90 machine code for Hopper plus compute_90 PTX so newer GPUs can JIT it.
 DEFAULT_ARCHS = "-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"
 # A host-only call from a __host__ __device__ function is only a warning by default, and the device
-# code it leaves computes garbage: made an error.
-FLAGS = ["-O3", "-std=c++17", "-Werror", "cross-execution-space-call", "-Xcompiler", "-fPIC"]
+# code it leaves computes garbage: made an error. -ffp-contract=off: the host twins of the kernels
+# (the CPU paths of MoE combine and the norm) must round each multiply and add as the device's
+# __fmul_rn / __fadd_rn do, and GCC fuses `t = w * y; acc + t` into an FMA wherever the target has
+# one (aarch64 hosts such as Grace, or x86 built with -mfma), across statements after inlining.
+# On x86-64 as built here the objects' code is identical with and without it (bench/NOTES.md).
+FLAGS = ["-O3", "-std=c++17", "-Werror", "cross-execution-space-call", "-Xcompiler", "-fPIC",
+         "-Xcompiler", "-ffp-contract=off"]
 CACHE = ROOT / "build" / "nvcc-cache"
 STATUS_FILE = "build.json"
 # Seconds each unit took to compile alone with nvcc 13.0 on one core (bench/NOTES.md, issue 24).

@@ -83,7 +83,9 @@ struct alignas(16) Vec {
 };
 
 // Correctly rounded fp32 operations, spelled out so that no compiler flag (contraction into an
-// FMA, fast-math division or square root) can make the device differ from the host.
+// FMA, fast-math division or square root) can make the device differ from the host. The host
+// halves are plain operators: setup.py builds with -ffp-contract=off so that the host compiler
+// does not fuse a mul_rn into the add_rn after it.
 SYMCOMM_HD float add_rn(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fadd_rn(a, b);
