@@ -46,7 +46,8 @@ def counts(rows: list[dict[str, str]]) -> str:
 def readme(folder: Path, rows: list[dict[str, str]], headers: list[str]) -> str:
     out = [f"# {folder.name}", "",
            "World-N verification by `scripts/gpu_check.sh verify` (PART=1: tests/gpu and the examples; "
-           "PART=2: every symcomm-bench op with --algo all, bench/layer_step.py and bench/train_step.py), "
+           "PART=2: every symcomm-bench op with --algo all, bench/layer_step.py and bench/train_step.py, and "
+           "where carried nccl-tests' all-to-all and FlashInfer's fused norm as yardsticks), "
            "one device call per part. A sweep fails on any #wrong above 0; tests fail on any failure, error "
            "or skip, on either rank. Raw output of each step: `logs/<step>.log` (tests: one log per rank).", ""]
     out += [f"- {h}" for h in headers]
