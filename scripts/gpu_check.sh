@@ -125,6 +125,14 @@ sweep() {  # sweep WORLD: tune, then per op NCCL alone (baseline) and every path
   done
 }
 
+flashinfer_site() {  # installs bench/flashinfer_pack.sh's archive (.fi/, carried) in a new folder and prints it; fails without .fi/
+  # The image has no network: FlashInfer comes only from the carried archive.
+  [[ -f .fi/flashinfer.tar.xz ]] || return 1
+  local site; site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --target "$site" .fi/*.whl >/dev/null 2>&1
+  tar xJf .fi/flashinfer.tar.xz -C "$site" && echo "$site"
+}
+
 nccl_tests_libdir() {  # the image's libnccl: the nvidia-nccl-cu13 wheel in torch's venv, which torch and symcomm load
   # nvidia.nccl is a namespace package (no __init__.py, no __file__): its __path__ says where it is.
   python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))'
@@ -205,12 +213,8 @@ if [[ $MODE == verify ]]; then
       vrun "bench_$op" 120 symcomm-bench "$op" -g "$W" -b 1K -e 64M -f 8 "${SWEEP[@]}"
     done
     vrun bench_all_reduce_rmsnorm 240 symcomm-bench all_reduce_rmsnorm -g "$W" -b 16K -e 64M -f 4 "${SWEEP[@]}"
-    # The norm's yardstick beside it: FlashInfer's fused kernel, where bench/flashinfer_pack.sh's
-    # archive is carried as .fi/ (this image has no network to install it).
-    if [[ -f .fi/flashinfer.tar.xz ]]; then
-      FI_SITE=$(mktemp -d)
-      python3 -m pip install -q --no-index --no-deps --target "$FI_SITE" .fi/*.whl >/dev/null 2>&1
-      tar xJf .fi/flashinfer.tar.xz -C "$FI_SITE"
+    # The norm's yardstick beside it: FlashInfer's fused kernel, where .fi/ is carried.
+    if FI_SITE=$(flashinfer_site); then
       vrun flashinfer_norm 150 env PYTHONPATH="$FI_SITE:$PYTHONPATH" FLASHINFER_DISABLE_JIT=1 \
         torchrun --nproc-per-node="$W" bench/flashinfer_norm.py --json "$VDIR/flashinfer_norm.json"
     else
@@ -220,9 +224,9 @@ if [[ $MODE == verify ]]; then
     vrun bench_moe_eager 120 symcomm-bench moe -g "$W" --tokens 1,512 -n 5 -w 2 -G 0 --algo all
     # The MoE yardstick in the same call: nccl-tests' all-to-all of the bytes one rank
     # dispatches at 512 and 2048 tokens (hidden 7168, top-8, bf16), plain buffers and symmetric
-    # windows. Needs .nccl-tests/ carried (scripts/build_nccl_tests.sh); the outcomes say NOT RUN
-    # without it. A yardstick, not a check of symcomm: its absence is noted, not an outcome (the
-    # report counts NOT RUN as a failed verification).
+    # windows, where .nccl-tests/ is carried (scripts/build_nccl_tests.sh). Like FlashInfer's, a
+    # yardstick rather than a check of symcomm: its absence goes to the summary, not the outcomes
+    # (the report counts a NOT RUN step as a failed verification).
     chmod +x .nccl-tests/bin/* 2>/dev/null  # in case the copy lost the mode bits
     if [[ -x .nccl-tests/bin/alltoall_perf ]]; then
       for reg in 0 2; do
@@ -310,8 +314,9 @@ if [[ $MODE == norm ]]; then
     step "gemm_overlap_w$world" 120 "${tuned[@]}" torchrun --nproc-per-node="$world" \
       bench/gemm_overlap.py --json "$OUT/results/gemm_overlap_w$world.json"
     # symcomm's op against FlashInfer's fused kernel per token count (says so and
-    # stops where flashinfer-python is not installed: bench/flashinfer_pack.sh packs it).
-    step "flashinfer_norm_w$world" 150 "${tuned[@]}" torchrun --nproc-per-node="$world" \
+    # stops where flashinfer-python is not installed: bench/flashinfer_pack.sh packs it as .fi/).
+    fi_env=(); site=$(flashinfer_site) && fi_env=(env PYTHONPATH="$site:$PYTHONPATH" FLASHINFER_DISABLE_JIT=1)
+    step "flashinfer_norm_w$world" 150 "${fi_env[@]}" "${tuned[@]}" torchrun --nproc-per-node="$world" \
       bench/flashinfer_norm.py --json "$OUT/results/flashinfer_norm_w$world.json"
   done
 fi
