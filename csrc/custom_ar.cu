@@ -191,20 +191,6 @@ struct Chunks {
   size_t start[kMaxRanks];  // where it starts: in the gathered output, or in the scattered input
 };
 
-// a[rank] by a compile-time index: a kernel parameter indexed at run time is copied to local
-// memory first (ptxas: 128 more bytes of stack frame per thread).
-template <int W>
-__device__ __forceinline__ size_t of_rank(const size_t (&a)[kMaxRanks], int rank) {
-  size_t v = 0;
-#pragma unroll
-  for (int r = 0; r < W; ++r)
-    if (r == rank) v = a[r];
-  return v;
-}
-
-// The vectors a chunk of `count` puts on the wire: the chunk, or one placeholder when empty.
-__device__ __forceinline__ size_t sent(size_t count) { return count > 0 ? count : 1; }
-
 // All-gather. A copy, so the sentinel rule costs exactness in one case only: a word of
 // 0xFFFFFFFF arrives as kNotSentinel. The host serves only fp32/fp16/bf16 here, where that
 // word is a NaN (both halves, for 16-bit types) and stays one; this rank's own chunk goes

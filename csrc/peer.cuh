@@ -503,6 +503,22 @@ __device__ __forceinline__ uint4* flagfree_slot(const Peers& recv, int to, uint3
   return reinterpret_cast<uint4*>(recv.ptr[to]) + (size_t(buf) * W + from) * slot_vecs;
 }
 
+// The vectors a chunk of `count` puts on the wire: the chunk, or one placeholder when empty
+// (an empty chunk still sends one vector, which the peer waits for and drops: see
+// custom_ar.cu's flag_free_gather for why the rotation needs it).
+__device__ __forceinline__ size_t sent(size_t count) { return count > 0 ? count : 1; }
+
+// a[rank] by a compile-time index: a kernel parameter indexed at run time is copied to local
+// memory first (ptxas: 128 more bytes of stack frame per thread).
+template <int W, typename T>
+__device__ __forceinline__ T of_rank(const T (&a)[kMaxRanks], int rank) {
+  T v = 0;
+#pragma unroll
+  for (int r = 0; r < W; ++r)
+    if (r == rank) v = a[r];
+  return v;
+}
+
 // The receiving half of every flag-free kernel: vector i of each world slot of receive buffer
 // `buf` into v[0..W-1], in rank order; v[rank] is `own` (this rank's own contribution, as
 // without_sentinel sent it to the peers, so every rank combines the same bits). All W-1 peer
