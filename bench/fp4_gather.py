@@ -8,6 +8,8 @@ H = 7168 like a large MoE model's hidden size), on the same rows:
 - bf16: ``comm.all_gatherv`` of the bf16 rows (the gather to beat);
 - fp4: ``comm.all_gatherv_fp4``: quantize into the output slice, gather payload + scales;
 - fp4+dequant: the same, then decode every gathered row to bf16;
+- fp4 by path: the same call with ``algo=`` each path named by ``--fp4-algo`` (repeatable), to
+  compare the FP4 paths on the same rows (a path that cannot serve a size is left out, with why);
 - bytes on the wire for both (the gathered bytes);
 - the quantizer alone on all the message's rows, and the dequantizer, as GB/s of bytes read +
   written, next to a device-to-device torch copy of the same bf16 rows timed in the same run.
@@ -105,15 +107,30 @@ class Bench:
         gs = fp4.global_scale_for(x, comm)  # the max over ranks: the same scale everywhere
         plain = symcomm.Fp4Gathered(packed, scales, (), None, gs)
         decoded = symcomm.Fp4Gathered(packed, scales, (), values, gs)
-        mine = slice(first, first + rows[self.rank])
 
         t_bf16 = self.time(lambda: comm.all_gatherv(x, rows, out=out))
         bf16_path = comm.select("all_gatherv", x, out=out, sizes=rows).algo
         wrong_bf16 = int((out != whole).sum())
         t_fp4 = self.time(lambda: comm.all_gatherv_fp4(x, rows, gs, out=plain))
-        fp4_path = comm.select("all_gatherv", [packed[mine], scales[mine]], out=[packed, scales], sizes=rows).algo
+        choice = comm.select("all_gatherv_fp4", x, sizes=rows, global_scale=gs, out=plain)
+        fp4_path = choice.algo if choice.gather is None else f"{choice.algo} ({choice.gather.algo})"
         ref_packed, ref_scales = fp4.quantize(whole, gs)
-        wrong_fp4 = int((packed != ref_packed).sum()) + int((scales.view(torch.uint8) != ref_scales.view(torch.uint8)).sum())
+
+        def fp4_wrong() -> int:
+            return (int((packed != ref_packed).sum())
+                    + int((scales.view(torch.uint8) != ref_scales.view(torch.uint8)).sum()))
+
+        wrong_fp4 = fp4_wrong()
+        by_algo: dict[str, float | str] = {}
+        for algo in self.args.fp4_algo:
+            # A path that cannot serve says why when forced (the same answer on every rank).
+            why = comm.select("all_gatherv_fp4", x, sizes=rows, global_scale=gs, out=plain).rejected.get(algo, "")
+            if why and not why.startswith("ranked below"):
+                by_algo[algo] = f"N/A: {why}"
+                continue
+            packed.fill_(0), scales.view(torch.uint8).fill_(0xFF)  # what the path leaves unwritten counts
+            by_algo[algo] = self.time(lambda a=algo: comm.all_gatherv_fp4(x, rows, gs, out=plain, algo=a))
+            wrong_fp4 += fp4_wrong()
         t_deq = self.time(lambda: comm.all_gatherv_fp4(x, rows, gs, dequantize=True, out=decoded))
         wrong_fp4 += int((values.view(torch.int16) != fp4.dequantize(ref_packed, ref_scales, gs).view(torch.int16)).sum())
 
@@ -127,7 +144,7 @@ class Bench:
         row = {
             "bytes_bf16": 2 * elems, "rows": total, "rows_per_rank": rows,
             "bf16_us": t_bf16, "bf16_path": bf16_path,
-            "fp4_us": t_fp4, "fp4_path": fp4_path, "fp4_speedup": t_bf16 / t_fp4,
+            "fp4_us": t_fp4, "fp4_path": fp4_path, "fp4_speedup": t_bf16 / t_fp4, "fp4_by_path_us": by_algo,
             "fp4_dequant_us": t_deq, "fp4_dequant_speedup": t_bf16 / t_deq,
             "wire_bf16": 2 * elems, "wire_fp4": fp4_bytes, "wire_ratio": 2 * elems / fp4_bytes,
             "quant_us": t_quant, "quant_gbps": quant_io / t_quant / 1e3,
@@ -170,6 +187,17 @@ def markdown(meta: dict, results: dict[str, list[dict]]) -> str:
                 f"| {r['copy_gbps']:.0f} | {r['quant_of_copy']:.0%} | {r['dequant_gbps']:.0f} "
                 f"| {r['wrong_bf16'] + r['wrong_fp4']} |")
         lines.append("")
+        algos = sorted({a for r in rows for a in r.get("fp4_by_path_us", {})})
+        if algos:
+            lines += [f"### {split} split, fp4 by path (us; bf16 time / path time in brackets)", "",
+                      "| size | " + " | ".join(algos) + " |", "|" + "---:|" * (len(algos) + 1)]
+            for r in rows:
+                cells = []
+                for a in algos:
+                    t = r["fp4_by_path_us"].get(a, "-")
+                    cells.append(f"{t:.2f} ({r['bf16_us'] / t:.2f}x)" if isinstance(t, float) else str(t)[:60])
+                lines.append(f"| {_size(r['bytes_bf16'])} | " + " | ".join(cells) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -184,6 +212,8 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=20, help="calls captured per graph")
     p.add_argument("--replays", type=int, default=10, help="graph replays timed back to back")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--fp4-algo", action="append", default=[], metavar="PATH",
+                   help="also time all_gatherv_fp4 with algo=PATH (repeatable: fused-flagfree, fused-push, unfused)")
     args = p.parse_args()
     if args.hidden % fp4.BLOCK:
         p.error(f"--hidden must be a multiple of {fp4.BLOCK}")
