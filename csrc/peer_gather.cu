@@ -10,6 +10,7 @@
 namespace {
 using namespace symcomm::ar;
 using symcomm::launch;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;  // every lane of a warp, for shuffles
 
 // The tensors one gather_push launch writes: this rank's rows of each (src, nvec vectors) go to
 // byte dst_offset of slot `slot` on every rank.
@@ -186,6 +187,251 @@ bool fp4_shape(int64_t rows, int64_t cols, int64_t row_offset, int64_t total_row
   return true;
 }
 
+// ------------------------------------------------------------------ flag-free NVFP4 gather
+// The flag-free all-gather (custom_ar.cu's flag_free_gather: the same receive buffers, turn and
+// clear, so it may follow any flag-free kernel) carrying NVFP4 rows quantized on the way. No
+// barrier and no peer mapping of the outputs: a rank pushes its chunk into its peers' receive
+// slots and copies theirs out of its own, where each vector is its own flag.
+//
+// A rank's chunk on the wire: its payload, two blocks (16 bytes) a vector, then its block scales,
+// 16 a vector, each part zero-padded to whole vectors. No wire word may be the sentinel
+// 0xFFFFFFFF, and neither part needs a swap to ensure it (tests/test_fp4_dispatch.py checks
+// both facts of the codec on the CPU):
+// - payload: the codec never writes code 8 (-0; a value that rounds to zero is +0), so no
+//   payload word is 0x88888888. Sent XORed with 0x77777777, a word reads as the sentinel only
+//   if it was 0x88888888: never.
+// - scales: a scale byte is e4m3 of a value in [0, 448] or the NaN 0x7F (a negative or NaN
+//   global scale gives 0 or 0x7F), so its top bit is clear and no scale word is 0xFFFFFFFF.
+struct Fp4Wire {
+  static constexpr uint32_t kPayloadMask = 0x77777777u;
+  SYMCOMM_HD static int64_t payload_vecs(int64_t blocks) { return (blocks + 1) / 2; }
+  SYMCOMM_HD static int64_t scale_vecs(int64_t blocks) { return (blocks + 15) / 16; }
+  SYMCOMM_HD static int64_t vecs(int64_t blocks) { return payload_vecs(blocks) + scale_vecs(blocks); }
+};
+
+// The first n (<= 16) bytes of v to dst, whatever dst's alignment: one store where it allows.
+SYMCOMM_HD void put_bytes(uint8_t* dst, const uint4& v, int n) {
+#ifdef __CUDA_ARCH__
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  if (n == 16 && a % 16 == 0) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else if (n % 8 == 0 && a % 8 == 0) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(v.x, v.y);
+    if (n == 16) *reinterpret_cast<uint2*>(dst + 8) = make_uint2(v.z, v.w);
+  } else {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 16; ++k)  // unrolled, so w stays in registers
+      if (k < n) dst[k] = uint8_t(w[k / 4] >> (8 * (k % 4)));
+  }
+#else
+  std::memcpy(dst, &v, size_t(n));  // little-endian, as the device's stores
+#endif
+}
+
+// Vector i of the chunk of a rank holding `blocks` blocks from block `first_block` of the
+// gathered outputs, as received, into those outputs. The kernel's receivers and its host twin
+// both decode through here.
+SYMCOMM_HD void unpack_fp4_wire(uint4 v, int64_t i, int64_t blocks, int64_t first_block, uint8_t* payload,
+                                uint8_t* scales) {
+  const int64_t pay = Fp4Wire::payload_vecs(blocks);
+  if (i < pay) {
+    v.x ^= Fp4Wire::kPayloadMask, v.y ^= Fp4Wire::kPayloadMask, v.z ^= Fp4Wire::kPayloadMask,
+        v.w ^= Fp4Wire::kPayloadMask;
+    const int n = blocks - 2 * i >= 2 ? 16 : 8;
+    put_bytes(payload + (first_block + 2 * i) * 8, v, n);
+  } else {
+    const int64_t j = i - pay, left = blocks - 16 * j;
+    put_bytes(scales + first_block + 16 * j, v, left >= 16 ? 16 : int(left));
+  }
+}
+
+struct Fp4FlagFree {
+  const void* x;  // this rank's rows, 16-byte aligned
+  const float* gs_ptr;
+  float gs_value;
+  uint8_t* payload;  // this rank's gathered outputs (local memory)
+  uint8_t* scales;
+  int64_t blocks[kMaxRanks];       // every rank's 16-value blocks
+  int64_t first_block[kMaxRanks];  // where each rank's blocks start in the gathered outputs
+};
+
+// Where the sending lanes put what they encode: this rank's own outputs, every peer's slot.
+struct Fp4Send {
+  uint8_t* payload;  // this rank's own outputs at its first block
+  uint8_t* scales;
+  int64_t blocks, pay;  // this rank's blocks and payload vectors
+};
+
+// The sending half, one thread per half-block t (8 values, one 16-byte load), for a chunk the
+// grid covers in one pass: the block's amax comes from the partner lane by one shuffle (the split
+// encoding csrc/rmsnorm.cuh also uses: the same bits as encode_block), and the thread stores its
+// payload word, word t of the chunk, into every peer's slot. A receiver consumes a vector only
+// once none of its words is the sentinel, so its four words may come from four stores. A warp
+// holds 16 blocks, one scale vector, whose four words lanes 0, 8, 16 and 24 assemble by shuffles.
+template <typename T, int W>
+__device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
+                                                 const uint4* x, float gs, const Fp4Send& me, size_t first,
+                                                 uint4 first_in) {
+  const int lane = threadIdx.x % 32;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const int64_t halves = 2 * me.blocks;
+  // Payload words run to 4 * pay: an odd block count's last vector ends in two padding words,
+  // sent like any other so that the receiver's vector completes.
+  for (size_t base = first - lane; int64_t(base) < 4 * me.pay; base += stride) {  // the same in every lane
+    const int64_t t = int64_t(base) + lane;
+    const bool valid = t < halves;
+    alignas(16) T v16[8];
+    *reinterpret_cast<uint4*>(v16) = !valid ? uint4{} : base == first - lane ? first_in : __ldg(x + t);
+    float v[8];
+    uint32_t amax = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      v[k] = symcomm::to_f32(v16[k]);
+      amax = symcomm::fp4::amax_step(amax, v[k]);
+    }
+    const uint32_t other = __shfl_xor_sync(kFullMask, amax, 1);
+    amax = other > amax ? other : amax;
+    const uint8_t scale = valid ? symcomm::fp4::block_scale(amax, gs) : 0;
+    uint32_t code = 0u;
+    if (valid && !symcomm::fp4::scale_is_nan(scale)) code = symcomm::fp4::pack8(v, symcomm::fp4::block_inv(scale, gs));
+    if (valid) {
+      uint8_t* const own = me.payload + t * 4;
+      if (reinterpret_cast<uintptr_t>(own) % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(own) = code;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) own[k] = uint8_t(code >> (8 * k));
+      }
+      if (t % 2 == 0) me.scales[t / 2] = scale;
+    }
+    if (t < 4 * me.pay) {  // past it the chunk's scale vectors begin
+#pragma unroll
+      for (int p = 0; p < W; ++p)
+        if (p != s.rank)
+          reinterpret_cast<uint32_t*>(flagfree_slot<W>(recv, p, buf, s.rank, slot_vecs))[t] = code ^ Fp4Wire::kPayloadMask;
+    }
+    // Scale word lane / 8 of this warp's scale vector: the bytes of the blocks of lanes +0, +2,
+    // +4 and +6 (a block's two lanes hold the same byte; padding blocks hold 0).
+    const uint32_t b = scale;
+    const uint32_t word = b | __shfl_down_sync(kFullMask, b, 2) << 8 | __shfl_down_sync(kFullMask, b, 4) << 16 |
+                          __shfl_down_sync(kFullMask, b, 6) << 24;
+    if (lane % 8 == 0 && int64_t(base) < halves) {
+      const int64_t at = 4 * (me.pay + int64_t(base) / 32) + lane / 8;  // the word's index in the chunk
+#pragma unroll
+      for (int p = 0; p < W; ++p)
+        if (p != s.rank) reinterpret_cast<uint32_t*>(flagfree_slot<W>(recv, p, buf, s.rank, slot_vecs))[at] = word;
+    }
+  }
+}
+
+// The sending half, one thread per payload vector (two blocks, four 16-byte loads), for a chunk
+// that takes the grid more than one pass: a quarter of the lanes' passes, and whole-vector
+// stores (at 4 MiB of bf16 rows, 10.5 us against the half-block lanes' 13.1: bench/NOTES.md,
+// seventeenth session). The 8 lanes of a scale vector (16 blocks) hand their scale bytes to the
+// first of them by shuffle.
+template <typename T, int W>
+__device__ __forceinline__ void send_block_pairs(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
+                                                 const uint4* x, float gs, const Fp4Send& me, size_t first,
+                                                 const uint4 (&first_in)[4]) {
+  constexpr int kBlock = symcomm::fp4::kBlock;
+  const int lane = threadIdx.x % 32;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t base = first - lane; int64_t(base) < me.pay; base += stride) {  // the same in every lane
+    const int64_t i = int64_t(base) + lane;
+    uint32_t code[4] = {0u, 0u, 0u, 0u};
+    uint32_t scale_pair = 0;  // block 2i's scale byte in bits 0-7, block 2i+1's in bits 8-15
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * i + h;
+      if (b >= me.blocks) continue;
+      alignas(16) T v[kBlock];
+      reinterpret_cast<uint4*>(v)[0] = base == first - lane ? first_in[2 * h] : __ldg(x + 2 * b);
+      reinterpret_cast<uint4*>(v)[1] = base == first - lane ? first_in[2 * h + 1] : __ldg(x + 2 * b + 1);
+      uint32_t w[2];
+      const uint8_t scale = encode16(v, gs, w);
+      code[2 * h] = w[0], code[2 * h + 1] = w[1];
+      scale_pair |= uint32_t(scale) << (8 * h);
+      me.scales[b] = scale;
+    }
+    if (i < me.pay) {
+      put_bytes(me.payload + 16 * i, make_uint4(code[0], code[1], code[2], code[3]), me.blocks - 2 * i >= 2 ? 16 : 8);
+      const uint4 wire = make_uint4(code[0] ^ Fp4Wire::kPayloadMask, code[1] ^ Fp4Wire::kPayloadMask,
+                                    code[2] ^ Fp4Wire::kPayloadMask, code[3] ^ Fp4Wire::kPayloadMask);
+#pragma unroll
+      for (int p = 0; p < W; ++p)
+        if (p != s.rank) flagfree_slot<W>(recv, p, buf, s.rank, slot_vecs)[i] = wire;
+    }
+    // Scale vector i / 8 from lanes i..i+7: even lanes pair up their halves into one word (four
+    // blocks' bytes), and the first lane of each eight takes the words of lanes +2, +4, +6.
+    const uint32_t word = scale_pair | __shfl_down_sync(kFullMask, scale_pair, 1) << 16;
+    const uint32_t w1 = __shfl_down_sync(kFullMask, word, 2), w2 = __shfl_down_sync(kFullMask, word, 4),
+                   w3 = __shfl_down_sync(kFullMask, word, 6);
+    if (lane % 8 == 0 && i < me.pay) {
+#pragma unroll
+      for (int p = 0; p < W; ++p)
+        if (p != s.rank) flagfree_slot<W>(recv, p, buf, s.rank, slot_vecs)[me.pay + i / 8] = make_uint4(word, w1, w2, w3);
+    }
+  }
+}
+
+// kHalves: one lane per half-block (chunks one pass of the grid covers) or per two blocks. The
+// host picks by the largest chunk, the same on every rank; the wire is the same either way.
+// Warps take work spread over the grid's blocks (warp w of block b is the grid's warp
+// w * gridDim.x + b), so that a small chunk's encoding runs on every SM rather than queueing
+// on the first few: at 84 KiB of bf16 rows, block-major lanes of two blocks each put it on 3
+// SMs and took 6.0 us where the bf16 gather takes 4.1 (bench/NOTES.md, seventeenth session).
+// This rank's own blocks go straight into its outputs. A thread's first values and the global
+// scale are loaded in the round trip of the turn's words.
+template <typename T, int W, bool kHalves>
+__global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers recv, Fp4FlagFree job,
+                                                                 size_t slot_vecs) {
+  static_assert(sizeof(T) == 2, "a half-block of 16-bit values is one 16-byte load");
+  const int rank = s.rank, lane = threadIdx.x % 32;
+  const int64_t mine = of_rank<W>(job.blocks, rank), my_first = of_rank<W>(job.first_block, rank);
+  const Fp4Send me{job.payload + my_first * 8, job.scales + my_first, mine, Fp4Wire::payload_vecs(mine)};
+  size_t received = 0;  // the longest chunk a peer writes into our slots
+#pragma unroll
+  for (int r = 0; r < W; ++r)
+    if (r != rank && sent(size_t(Fp4Wire::vecs(job.blocks[r]))) > received) received = sent(size_t(Fp4Wire::vecs(job.blocks[r])));
+  __shared__ uint32_t buf, prev;
+  __shared__ bool stopped;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = (size_t(threadIdx.x / 32) * gridDim.x + blockIdx.x) * 32 + lane;  // spread over blocks
+  const uint4* x = static_cast<const uint4*>(job.x);
+  const FlagFreeWords words = flagfree_begin(s);
+  const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
+  uint4 first_in[4];  // this lane's first half-block, or first two blocks
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    first_in[k] = (kHalves ? k == 0 && int64_t(first) < 2 * mine : int64_t(4 * first) + k < 2 * mine)
+                      ? __ldg(x + (kHalves ? first : 4 * first + k)) : uint4{};
+  flagfree_end(s, words, received, &buf, &prev, &stopped);
+  if (stopped) return;
+  if (mine == 0 && blockIdx.x == 0 && threadIdx.x == 0) {  // the placeholder of an empty chunk
+#pragma unroll
+    for (int p = 0; p < W; ++p)
+      if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[0] = uint4{};
+  }
+  if constexpr (kHalves)
+    send_half_blocks<T, W>(s, recv, buf, slot_vecs, x, gs, me, first, first_in[0]);
+  else
+    send_block_pairs<T, W>(s, recv, buf, slot_vecs, x, gs, me, first, first_in);
+  flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
+  for (size_t i = first; i < received; i += stride) {
+    unsigned senders = 0;
+#pragma unroll
+    for (int r = 0; r < W; ++r)
+      if (r != rank && i < sent(size_t(Fp4Wire::vecs(job.blocks[r])))) senders |= 1u << r;
+    uint4 v[W];
+    if (!flagfree_receive<W>(s, recv, buf, slot_vecs, i, uint4{}, v, senders)) return;
+#pragma unroll
+    for (int r = 0; r < W; ++r)
+      if (r != rank && int64_t(i) < Fp4Wire::vecs(job.blocks[r]))
+        unpack_fp4_wire(v[r], int64_t(i), job.blocks[r], job.first_block[r], job.payload, job.scales);
+  }
+}
+
 template <typename T>
 void gatherv_fp4_on_host(const void* x, const Fp4Rows& rows, float gs, uint8_t* payload, uint8_t* scales) {
   const T* xt = static_cast<const T*>(x);
@@ -193,6 +439,46 @@ void gatherv_fp4_on_host(const void* x, const Fp4Rows& rows, float gs, uint8_t* 
     uint32_t words[2];
     scales[rows.scale_at(b)] = encode16(xt + b * symcomm::fp4::kBlock, gs, words);
     std::memcpy(payload + rows.payload_at(b), words, 8);  // little-endian, as the kernel's uint2 store
+  }
+}
+
+// Every rank's blocks and where they start, from the row counts (the same on every rank).
+bool fp4_chunks(const int64_t* rows, int world, int64_t cols, Fp4FlagFree* job, int64_t* total_blocks) {
+  if (rows == nullptr || cols <= 0 || cols % symcomm::fp4::kBlock) return false;
+  int64_t at = 0;
+  for (int r = 0; r < world; ++r) {
+    if (rows[r] < 0) return false;
+    job->blocks[r] = rows[r] * (cols / symcomm::fp4::kBlock);
+    job->first_block[r] = at;
+    at += job->blocks[r];
+  }
+  *total_blocks = at;
+  return true;
+}
+
+// The sending half of flag_free_gather_fp4 on the CPU: rank `rank`'s chunk as its wire vectors
+// (per block, where the kernel gathers scale bytes by shuffle), then decoded by unpack_fp4_wire.
+template <typename T>
+void flagfree_fp4_on_host(const T* x, const Fp4FlagFree& job, int rank, float gs, uint8_t* wire, uint8_t* payload,
+                          uint8_t* scales) {
+  const int64_t blocks = job.blocks[rank], pay = Fp4Wire::payload_vecs(blocks);
+  std::memset(wire, 0, size_t(Fp4Wire::vecs(blocks)) * 16);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint32_t words[2];
+    const uint8_t scale = encode16(x + b * symcomm::fp4::kBlock, gs, words);
+    std::memcpy(wire + b * 8, words, 8);
+    wire[pay * 16 + b] = scale;
+  }
+  for (int64_t i = 0; i < pay; ++i) {  // the padding half of an odd last vector is sent XORed too
+    uint32_t w[4];
+    std::memcpy(w, wire + i * 16, 16);
+    for (uint32_t& word : w) word ^= Fp4Wire::kPayloadMask;
+    std::memcpy(wire + i * 16, w, 16);
+  }
+  for (int64_t i = 0; i < Fp4Wire::vecs(blocks); ++i) {
+    uint4 v;
+    std::memcpy(&v, wire + i * 16, 16);
+    unpack_fp4_wire(v, i, blocks, job.first_block[rank], payload, scales);
   }
 }
 
@@ -277,6 +563,70 @@ int symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const symcomm_gatherv_fp4_args_t* a
       return launch(c->overlap, gather_fp4_push<__nv_bfloat16, W>, blocks, kThreads, stream, s, c->slots, job, extras);
     return launch(c->overlap, gather_fp4_push<__half, W>, blocks, kThreads, stream, s, c->slots, job, extras);
   });
+}
+
+int symcomm_ar_flagfree_gatherv_fp4(symcomm_ar_t ctx, const symcomm_flagfree_fp4_args_t* args, cudaStream_t stream) {
+  if (args == nullptr) return cudaErrorInvalidValue;
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  Fp4FlagFree job{};
+  int64_t total = 0;
+  if (!fp4_chunks(args->rows, c->world, args->cols, &job, &total)) return cudaErrorInvalidValue;
+  if (args->dtype != SYMCOMM_BFLOAT16 && args->dtype != SYMCOMM_FLOAT16) return cudaErrorInvalidValue;
+  const int64_t mine = job.blocks[c->rank];
+  if ((mine > 0 && reinterpret_cast<uintptr_t>(args->x) % 16) ||
+      (total > 0 && (args->payload == nullptr || args->scales == nullptr)))
+    return cudaErrorInvalidValue;
+  for (int r = 0; r < c->world; ++r)
+    if (uint64_t(Fp4Wire::vecs(job.blocks[r])) * 16 > c->flagfree_bytes) return cudaErrorInvalidValue;
+  if (total == 0) return cudaSuccess;
+  job.x = args->x;
+  job.gs_ptr = static_cast<const float*>(args->gs_ptr);
+  job.gs_value = args->gs_value;
+  job.payload = static_cast<uint8_t*>(args->payload);
+  job.scales = static_cast<uint8_t*>(args->scales);
+  // One lane per half-block while the grid covers every chunk in one pass, else one per two
+  // blocks; decided from every rank's blocks and the grid, so alike on every rank.
+  int64_t most = 0;
+  for (int r = 0; r < c->world; ++r) most = job.blocks[r] > most ? job.blocks[r] : most;
+  const bool halves = 2 * most <= int64_t(c->flagfree_blocks) * kThreads;
+  const Sync s = make_sync(c);
+  return for_world(c->world, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    const size_t slot_vecs = c->flagfree_bytes / 16;
+    const int grid = c->flagfree_blocks;
+    if (args->dtype == SYMCOMM_BFLOAT16)
+      return halves ? launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W, true>, grid, kThreads, stream, s,
+                             c->flagfree, job, slot_vecs)
+                    : launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W, false>, grid, kThreads, stream, s,
+                             c->flagfree, job, slot_vecs);
+    return halves ? launch(c->overlap, flag_free_gather_fp4<__half, W, true>, grid, kThreads, stream, s, c->flagfree,
+                           job, slot_vecs)
+                  : launch(c->overlap, flag_free_gather_fp4<__half, W, false>, grid, kThreads, stream, s, c->flagfree,
+                           job, slot_vecs);
+  });
+}
+
+int symcomm_flagfree_fp4_wire_host(const symcomm_flagfree_fp4_args_t* args, int world, int rank, void* wire,
+                                   void* payload, void* scales) {
+  if (args == nullptr || world < 1 || world > kMaxRanks || rank < 0 || rank >= world) return cudaErrorInvalidValue;
+  Fp4FlagFree job{};
+  int64_t total = 0;
+  if (!fp4_chunks(args->rows, world, args->cols, &job, &total)) return cudaErrorInvalidValue;
+  auto* w = static_cast<uint8_t*>(wire);
+  auto* p = static_cast<uint8_t*>(payload);
+  auto* sc = static_cast<uint8_t*>(scales);
+  switch (args->dtype) {
+    case SYMCOMM_BFLOAT16:
+      flagfree_fp4_on_host(static_cast<const __nv_bfloat16*>(args->x), job, rank, args->gs_value, w, p, sc);
+      break;
+    case SYMCOMM_FLOAT16:
+      flagfree_fp4_on_host(static_cast<const __half*>(args->x), job, rank, args->gs_value, w, p, sc);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
 }
 
 int symcomm_ar_gatherv_fp4_host(const symcomm_gatherv_fp4_args_t* args, void* payload, void* scales) {

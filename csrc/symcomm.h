@@ -35,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 10
+#define SYMCOMM_ABI_VERSION 11
 int symcomm_abi_version(void);
 
 /*
@@ -322,6 +322,32 @@ typedef struct {
 } symcomm_gatherv_fp4_args_t;
 symcomm_status_t symcomm_ar_gatherv_fp4(symcomm_ar_t ctx, const symcomm_gatherv_fp4_args_t* args,
                                         symcomm_stream_t stream);
+
+/* Flag-free NVFP4 all-gatherv (arguments in symcomm_flagfree_fp4_args_t below): quantizes this
+ * rank's rows x [rows[rank], cols] with the codec of symcomm_fp4_quantize, bit for bit, and
+ * pushes payload and linear block scales into every peer's flag-free receive buffer, whence
+ * each peer copies them into its own gathered outputs; this rank's own rows go straight into its
+ * outputs. The outputs are plain device memory of this rank (sum(rows) rows of cols/2 payload
+ * bytes and cols/16 scale bytes, rank order, any alignment): no peer maps them. The protocol,
+ * buffers and bounds of symcomm_ar_flagfree_all_gatherv, so calls of every flag-free entry point
+ * may follow each other in any order. On the wire a rank's chunk is ceil(rows*cols/32) payload
+ * vectors then ceil(rows*cols/256) scale vectors of 16 bytes, at most the context's flag-free
+ * buffer size; the codec never writes a word that would read as the sentinel there (see
+ * csrc/peer_gather.cu). dtype is bf16 or fp16, cols a positive multiple of 16, x 16-byte aligned;
+ * rows[] (world entries) and cols are the same on every rank. The global scale is read on the
+ * device from gs_ptr when it is not NULL, else gs_value. Rows that add up to 0 enqueue nothing. */
+typedef struct {
+  const void* x;          /* this rank's rows x cols, 16-byte aligned */
+  symcomm_dtype_t dtype;  /* SYMCOMM_BFLOAT16 or SYMCOMM_FLOAT16 */
+  int64_t cols;
+  const int64_t* rows;    /* every rank's row count, in rank order (world entries) */
+  const void* gs_ptr;     /* the global scale on the device, or NULL: gs_value */
+  float gs_value;
+  void* payload;          /* this rank's gathered payload, sum(rows) x cols/2 bytes */
+  void* scales;           /* this rank's gathered linear block scales, sum(rows) x cols/16 bytes */
+} symcomm_flagfree_fp4_args_t;
+symcomm_status_t symcomm_ar_flagfree_gatherv_fp4(symcomm_ar_t ctx, const symcomm_flagfree_fp4_args_t* args,
+                                                 symcomm_stream_t stream);
 
 
 /* Uneven reduce-scatter (sum): every rank's input holds total_bytes; this rank sums the

@@ -71,6 +71,15 @@ symcomm_status_t symcomm_debug_unwaiting_copy(void* dst, const void* src, uint64
  * codec without a device. */
 symcomm_status_t symcomm_ar_gatherv_fp4_host(const symcomm_gatherv_fp4_args_t* args, void* payload, void* scales);
 
+/* symcomm_ar_flagfree_gatherv_fp4's wire format on the CPU, for the rank `rank` of args->rows:
+ * writes its chunk as the kernel sends it (wire: its vectors, 16 bytes each) and then decodes
+ * that chunk, through the kernel's own decoding routine, into host buffers holding the whole
+ * gathered payload and scales, where every peer's kernel writes it (args' x, dtype, cols, rows
+ * and gs_value; the rest is unused). Needs no GPU; exists so CI checks that the wire never holds
+ * the sentinel word and that it decodes to the codec's bytes. */
+symcomm_status_t symcomm_flagfree_fp4_wire_host(const symcomm_flagfree_fp4_args_t* args, int world, int rank,
+                                                void* wire, void* payload, void* scales);
+
 /* The same per-block code as the kernels, run on the CPU over host memory; needs no GPU and
  * returns when done. Exists so CI checks the kernels' math without a device. */
 symcomm_status_t symcomm_fp4_quantize_host(const void* x, symcomm_dtype_t dtype, int64_t rows, int64_t cols,

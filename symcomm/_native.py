@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 10  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 11  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -47,6 +47,13 @@ class GathervFp4Args(ctypes.Structure):
                 ("payload_offset", _u64), ("scales_slot", _int), ("scales_offset", _u64), ("nextra", _int),
                 ("extra_srcs", _c.POINTER(_u64)), ("extra_slots", _c.POINTER(_int)),
                 ("extra_offsets", _c.POINTER(_u64)), ("extra_row_bytes", _c.POINTER(_u64))]
+
+
+class FlagFreeFp4Args(ctypes.Structure):
+    """symcomm_flagfree_fp4_args_t."""
+
+    _fields_ = [("x", _ptr), ("dtype", _dtype), ("cols", _i64), ("rows", _c.POINTER(_i64)), ("gs_ptr", _ptr),
+                ("gs_value", _f32), ("payload", _ptr), ("scales", _ptr)]
 
 
 class EpDispatchArgs(ctypes.Structure):
@@ -70,6 +77,7 @@ class EpCombineArgs(ctypes.Structure):
 
 
 STRUCTS = {"symcomm_rmsnorm_args_t": RmsnormArgs, "symcomm_gatherv_fp4_args_t": GathervFp4Args,
+           "symcomm_flagfree_fp4_args_t": FlagFreeFp4Args,
            "symcomm_ep_dispatch_args_t": EpDispatchArgs, "symcomm_ep_combine_args_t": EpCombineArgs}
 
 # name -> (argtypes, restype), in symcomm.h's order.
@@ -109,6 +117,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_gatherv": ([_ar, _int, _c.POINTER(_u64), _c.POINTER(_int), _c.POINTER(_u64), _c.POINTER(_u64), _u64,
                             _stream], _status),
     "symcomm_ar_gatherv_fp4": ([_ar, _c.POINTER(GathervFp4Args), _stream], _status),
+    "symcomm_ar_flagfree_gatherv_fp4": ([_ar, _c.POINTER(FlagFreeFp4Args), _stream], _status),
     "symcomm_ar_reduce_scatterv": ([_ar, _dtype, _ptr, _int, _u64, _u64, _u64, _ptr, _u64, _int, _stream], _status),
     "symcomm_ar_destroy": ([_ar], _status),
     "symcomm_ar_retire": ([_ar], _status),
@@ -132,6 +141,7 @@ TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_debug_late_copy": ([_ptr, _ptr, _u64, _u64, _stream], _status),
     "symcomm_debug_unwaiting_copy": ([_ptr, _ptr, _u64, _stream], _status),
     "symcomm_ar_gatherv_fp4_host": ([_c.POINTER(GathervFp4Args), _ptr, _ptr], _status),
+    "symcomm_flagfree_fp4_wire_host": ([_c.POINTER(FlagFreeFp4Args), _int, _int, _ptr, _ptr, _ptr], _status),
     "symcomm_fp4_quantize_host": ([_ptr, _dtype, _i64, _i64, _f32, _ptr, _ptr, _int], _status),
     "symcomm_fp4_dequantize_host": ([_ptr, _ptr, _i64, _i64, _f32, _int, _ptr, _dtype], _status),
     "symcomm_rmsnorm_host": ([_ptr, _c.POINTER(RmsnormArgs)], _status),

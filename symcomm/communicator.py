@@ -43,8 +43,8 @@ class Communicator(OperationMethods):
     more, also collectively. ``custom_ar_capacity`` sizes the staging and scratch buffers of
     symcomm's own all-reduce kernels, and so bounds two-shot and every staged input (a one-shot
     all-reduce of a symmetric-pool input has no limit); 0 turns off every peer-memory path, as
-    SYMCOMM_DISABLE_CUSTOM_AR=1 does: the all-reduce kernels, custom-push, fused-push and
-    peer-push. ``check`` overrides SYMCOMM_CHECK, ``timeout_s`` SYMCOMM_TIMEOUT_S (default: the
+    SYMCOMM_DISABLE_CUSTOM_AR=1 does: the all-reduce kernels, custom-push, fused-flagfree,
+    fused-push and peer-push. ``check`` overrides SYMCOMM_CHECK, ``timeout_s`` SYMCOMM_TIMEOUT_S (default: the
     group's own timeout). ``graph_communicators`` makes the first graph_capture() open a second NCCL
     communicator per NCCL path for captured launches (docs/memory.md: hundreds of MiB, for a
     graph-mixing cost not yet shown to matter). ``nccl_max_ctas`` caps the plain NCCL

@@ -26,7 +26,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 VARIABLES: dict[str, str] = {
     "SYMCOMM_CHECK": "1 (or true/yes/on) turns check mode on: every call is compared across ranks before it runs (what is compared: Errors)",
     "SYMCOMM_TIMEOUT_S": "bound in seconds (> 0, at most a week) on symcomm's waits on peers (what it bounds: Errors); default: the process group's timeout",
-    "SYMCOMM_DISABLE_CUSTOM_AR": "1 (or true/yes/on) turns off symcomm's peer-memory kernels: the all-reduce kernels, custom-push, fused-push (FP4) and peer-push (MoE)",
+    "SYMCOMM_DISABLE_CUSTOM_AR": "1 (or true/yes/on) turns off symcomm's peer-memory kernels: the all-reduce kernels, custom-push, fused-flagfree and fused-push (FP4), peer-push (MoE)",
     "SYMCOMM_TUNING_FILE": "dispatch table to load (written by `symcomm-bench tune`)",
     "SYMCOMM_NCCL_LIBRARY": "libnccl to load; otherwise the one torch loaded, then the `nvidia-nccl` wheel, then the system's",
     "SYMCOMM_NATIVE_LIBRARY": "csrc/ library to load instead of the packaged one",

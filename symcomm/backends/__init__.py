@@ -13,6 +13,7 @@ from .composite import UnfusedFp4Path, reference_norm, unfused_norm
 from .custom_ar import AllReduceKernelPath
 from .ep_a2a import A2aCombinePath, A2aDispatchPath
 from .ep_push import PushCombinePath, PushDispatchPath
+from .fp4_flagfree import FlagFreeFp4Path
 from .fp4_push import FusedPushFp4Path
 from .nccl import NcclPath
 from .nccl_symm import NcclSymmPath
@@ -32,6 +33,7 @@ PATHS: tuple[PathFactory, ...] = (
     unfused_norm,
     reference_norm,
     # all_gatherv_fp4's
+    FlagFreeFp4Path,
     FusedPushFp4Path,
     UnfusedFp4Path,
     # moe_dispatch's and moe_combine's

@@ -2,8 +2,11 @@
 [sizes[rank], H] with the shared global scale and every rank receives every rank's payload,
 block scales and ``extra`` tensors (top-k ids, weights...), in rank order.
 
-Its paths: ``fused-push`` (symcomm/backends/fp4_push.py: one launch quantizes and writes into every
-peer's gathered outputs, which must sit in the symmetric pool at equal offsets) and ``unfused``
+Its paths: ``fused-flagfree`` (symcomm/backends/fp4_flagfree.py: one launch quantizes and pushes
+into the peers' flag-free receive buffers, whence each copies into its own outputs, which may sit
+anywhere; no extras, world 2), ``fused-push`` (symcomm/backends/fp4_push.py: one launch quantizes
+and writes into every peer's gathered outputs, which must sit in the symmetric pool at equal
+offsets) and ``unfused
 (symcomm/backends/composite.py: quantize into this rank's slice of the outputs, then one in-place
 all_gatherv on whatever path that op's dispatch picks). Both write the same bytes; auto takes
 the first that can serve the call. ``algo=`` names either, or an all_gatherv path, which forces
@@ -37,8 +40,23 @@ if TYPE_CHECKING:
     from ..dispatch import DispatchTable
 
 OP = "all_gatherv_fp4"
-FUSED, UNFUSED = "fused-push", "unfused"
-DEFAULT_ORDER = (FUSED, UNFUSED)
+FLAGFREE_FP4, FUSED, UNFUSED = "fused-flagfree", "fused-push", "unfused"
+# Flag-free first for small chunks: it has no barrier, where fused-push meets the peers twice.
+# fused-push first from PUSH_FIRST_FROM quantized bytes (payload and scales) on the largest
+# rank, where its whole-vector stores into the outputs beat the flag-free kernel's copy out of
+# the receive buffer. Measured on 2x H200, equal split of hidden-7168 rows, outputs in the pool
+# (bench/NOTES.md, seventeenth session): flag-free 5.79 us against push 7.53 at 146 KiB a rank,
+# 10.71 against 9.48 at 580 KiB; a straight line crosses near 400 KiB.
+DEFAULT_ORDER = (FLAGFREE_FP4, FUSED, UNFUSED)
+LARGE_ORDER = (FUSED, FLAGFREE_FP4, UNFUSED)
+PUSH_FIRST_FROM = 384 << 10
+
+
+def largest_quantized(call: "Fp4Call") -> int:
+    """The largest rank's quantized bytes: its payload (H/2 a row) and scales (H/16 a row). The
+    same on every rank, since it follows the sizes every rank passes."""
+    cols = call.x.shape[1]
+    return max(call.sizes) * (cols // 2 + cols // fp4.BLOCK)
 OFFSETS_RULE = ("The fused path writes every peer's gathered outputs at this rank's offsets, so they must sit at "
                 "equal pool offsets: allocate them (equal shapes everywhere) inside use_symmetric_memory in the "
                 "same order on every rank, and tensors sized by this rank's rows (x, extra) outside it "
@@ -156,10 +174,11 @@ class AllGathervFp4(Operation):
         return Fp4Gathered(call.packed, scales, tuple(call.gathered_extra), values, call.gs)
 
     def order(self, table: DispatchTable, call: Fp4Call) -> tuple[str, ...]:
-        return DEFAULT_ORDER
+        return DEFAULT_ORDER if largest_quantized(call) < PUSH_FIRST_FROM else LARGE_ORDER
 
     def ranking(self, table: DispatchTable, call: Fp4Call) -> str:
-        return "in all_gatherv_fp4's order"
+        return (f"in all_gatherv_fp4's order at {largest_quantized(call)} quantized bytes on the largest rank "
+                f"(fused-push first from {PUSH_FIRST_FROM})")
 
     def resolve(self, call: Fp4Call, algo: object, dispatcher: Dispatcher) -> str:
         algo = super().resolve(call, algo, dispatcher)

@@ -12,7 +12,7 @@ STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecor
 CAPTURE_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2, PUSH: 3, "fused-push": 4, "custom-oneshot:reduce_scatter": 8,
                  "ep-dispatch": 9, "ep-combine": 10, "custom-flagfree:all_gather": 11,
                  "custom-flagfree:reduce_scatter": 12, "custom-flagfree:all_gatherv": 13,
-                 "custom-flagfree:reduce_scatterv": 14}
+                 "custom-flagfree:reduce_scatterv": 14, "fused-flagfree": 15}
 SCATTER_CODE = CAPTURE_CODES["custom-oneshot:reduce_scatter"]
 
 

@@ -11,6 +11,7 @@ import torch
 import symcomm
 from _data import DTYPES, assert_symmetric_served, rank_input
 from symcomm import fp4
+from symcomm.operations.all_gatherv_fp4 import PUSH_FIRST_FROM
 
 SHAPES = [(0, 16), (1, 16), (7, 32), (33, 7168), (1000, 4096), (4097, 16), (3, 65536)]
 
@@ -286,3 +287,116 @@ def test_all_gatherv_fp4_graph_replay_equals_eager(comm):
     got = [out.packed, out.scales.view(torch.uint8), out.extra[0], out.values]
     for i, (g, e) in enumerate(zip(got, expect)):
         _assert_same(g, e, f"output {i}")
+
+
+# ------------------------------------------------------------------------ the flag-free FP4 gather
+# Rows of hidden 7168 whose wire chunk (4,032 bytes a row) just fits the default 2 MiB receive slot.
+FLAGFREE_FULL_ROWS = (2 << 20) // 4032
+FLAGFREE_CASES = [("uneven_with_zero", 256), ("all_zero_but_last", 48), ("all_zero", 256), ("one_row_each", 272),
+                  ("full_slot", 7168)]
+
+
+def _flagfree_sizes(pattern: str, w: int) -> list[int]:
+    return [FLAGFREE_FULL_ROWS - r for r in range(w)] if pattern == "full_slot" else SIZE_PATTERNS[pattern](w)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+@pytest.mark.parametrize(("pattern", "h"), FLAGFREE_CASES)
+@pytest.mark.parametrize("symmetric", (False, True), ids=("plain", "pool"))
+def test_all_gatherv_fp4_flagfree_matches_reference(comm, pattern, h, symmetric, dtype):
+    """Without extras the flag-free kernel serves first at world 2, on plain and pool outputs
+    alike (no peer touches them); elsewhere it declines and says why."""
+    w, rank = comm.world_size, comm.rank
+    sizes = _flagfree_sizes(pattern, w)
+    seed = 90 + len(pattern) + h
+    # x (this rank's rows) outside the pool, so the outputs take equal offsets on every rank.
+    x = _rank_rows(rank, sizes[rank], dtype, seed, h)
+    gs = fp4.global_scale_for(x, comm)
+    with symcomm.use_symmetric_memory(comm, disabled=not symmetric):
+        got = comm.all_gatherv_fp4(x, sizes, gs, dequantize=True)
+    if symmetric and sum(sizes):
+        assert comm.is_symmetric(got.packed) and comm.is_symmetric(got.scales)
+    choice = comm.select("all_gatherv_fp4", x, sizes=sizes, global_scale=gs,
+                         out=symcomm.Fp4Gathered(got.packed, got.scales, (), None, None))
+    if "fused-flagfree" in comm.algorithms():
+        if w == 2:
+            # From PUSH_FIRST_FROM quantized bytes a rank, fused-push goes first where it serves (pool outputs).
+            large = max(sizes) * (h // 2 + h // 16) >= PUSH_FIRST_FROM
+            want = "fused-push" if large and symmetric else "fused-flagfree"
+            assert choice.algo == want, choice
+        else:
+            assert choice.algo != "fused-flagfree" and "world 2 only" in choice.rejected["fused-flagfree"], choice
+    xs = [_rank_rows(r, sizes[r], dtype, seed, h).cpu() for r in range(w)]
+    ref_packed, ref_scales = fp4.quantize_reference(torch.cat(xs), gs.cpu())
+    _assert_same(got.packed, ref_packed, "packed")
+    _assert_same(got.scales, ref_scales, "scales")
+    _assert_same(got.values, fp4.dequantize_reference(ref_packed, ref_scales, gs.cpu(), dtype), "values")
+    if sum(sizes):
+        assert _bytes(got.packed).any() and _bytes(got.scales).any(), "non-trivial data"
+
+
+def test_all_gatherv_fp4_flagfree_writes_misaligned_outputs(comm):
+    """out= views at odd byte offsets: the kernel's receivers store bytes where the address
+    allows no wider store."""
+    w, rank = comm.world_size, comm.rank
+    sizes, h = [3 + 2 * r for r in range(w)], 48  # 3 blocks a row: odd block counts
+    total = sum(sizes)
+    x = _rank_rows(rank, sizes[rank], torch.bfloat16, 7, h)
+    raw = torch.full((total * (h // 2 + h // 16) + 16,), 0xA5, dtype=torch.uint8, device=comm.device)
+    out = symcomm.Fp4Gathered(raw[1:1 + total * (h // 2)].view(total, h // 2),
+                              raw[-total * (h // 16) - 3:-3].view(total, h // 16).view(torch.float8_e4m3fn), (),
+                              None, None)
+    got = comm.all_gatherv_fp4(x, sizes, 5.0, out=out)
+    ref_packed, ref_scales = fp4.quantize_reference(
+        torch.cat([_rank_rows(r, sizes[r], torch.bfloat16, 7, h).cpu() for r in range(w)]), 5.0)
+    _assert_same(got.packed, ref_packed, "packed")
+    _assert_same(got.scales, ref_scales, "scales")
+
+
+def test_all_gatherv_fp4_flagfree_between_other_flagfree_calls(comm):
+    """FP4 gathers between flag-free all-reduces and all-gathers of other sizes, no host wait
+    between them: they share receive buffers, and each call clears what another left."""
+    w, rank = comm.world_size, comm.rank
+    results = []
+    for i in range(24):
+        h = (48, 7168, 256)[i % 3]
+        sizes = [(i * 5 + 3 * r) % 9 for r in range(w)]
+        x = _rank_rows(rank, sizes[rank], torch.bfloat16, 200 + i, h)
+        got = comm.all_gatherv_fp4(x, sizes, 2.0)
+        y = rank_input((1024 * (i % 4 + 1),), torch.bfloat16, rank, 300 + i)
+        summed = comm.all_reduce(y.clone())
+        gathered = comm.all_gather(y)
+        results.append((sizes, h, got, y, summed, gathered))
+    for i, (sizes, h, got, y, summed, gathered) in enumerate(results):
+        xs = [_rank_rows(r, sizes[r], torch.bfloat16, 200 + i, h).cpu() for r in range(w)]
+        ref_packed, ref_scales = fp4.quantize_reference(torch.cat(xs), 2.0)
+        _assert_same(got.packed, ref_packed, f"call {i} packed")
+        _assert_same(got.scales, ref_scales, f"call {i} scales")
+        ys = [rank_input(tuple(y.shape), torch.bfloat16, r, 300 + i).cpu() for r in range(w)]
+        _assert_same(gathered, torch.cat(ys), f"call {i} all_gather")
+        want = torch.stack([t.double() for t in ys]).sum(0)
+        assert torch.allclose(summed.cpu().double(), want, rtol=1e-2, atol=1e-2), f"call {i} all_reduce"
+
+
+def test_all_gatherv_fp4_flagfree_graph_replay_equals_eager(comm):
+    w, rank = comm.world_size, comm.rank
+    sizes, h = [40 + r for r in range(w)], 1024
+    x = _rank_rows(rank, sizes[rank], torch.bfloat16, 83, h)
+    gs = fp4.global_scale_for(x, comm)
+    eager = comm.all_gatherv_fp4(x, sizes, gs)
+    expect = [eager.packed.clone(), eager.scales.view(torch.uint8).clone()]
+    out = symcomm.Fp4Gathered(torch.empty_like(eager.packed), torch.empty_like(eager.scales), (), None, None)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        comm.all_gatherv_fp4(x, sizes, gs, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with comm.graph_capture(), torch.cuda.graph(graph):
+        comm.all_gatherv_fp4(x, sizes, gs, out=out)
+    out.packed.fill_(0x5A)
+    out.scales.view(torch.uint8).fill_(0x5A)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_same(out.packed, expect[0], "packed")
+    _assert_same(out.scales.view(torch.uint8), expect[1], "scales")
