@@ -79,8 +79,21 @@ class SimWorld:
         `late`: a rank whose stream first runs a spin kernel of late_cycles GPU cycles, so its
         all-reduce starts tens of milliseconds after its peers' (they wait in their barriers,
         or for its flag-free data)."""
-        ranks = range(self.world) if ranks is None else ranks
         nbytes = inputs[0].numel() * inputs[0].element_size()
+
+        def run(r: int, stream: torch.cuda.Stream) -> None:
+            code = self.lib.symcomm_ar_run(self.ctxs[r], ALGO_CODES[algo], _native.DTYPE_CODES[dtype],
+                                           inputs[r].data_ptr(), 0, 0, outputs[r].data_ptr(), nbytes, 1,
+                                           stream.cuda_stream)
+            _native.check(self.lib, f"symcomm_ar_run(rank {r})", code)
+
+        self.each_rank(run, ranks, late, late_cycles)
+
+    def each_rank(self, enqueue, ranks=None, late=None, late_cycles: int = LATE_CYCLES) -> None:
+        """``enqueue(rank, stream)`` for every rank in `ranks` (default all) before waiting for
+        any, each on its own stream: after the current stream, and before what follows on it.
+        `late`: a rank whose stream first spins for late_cycles GPU cycles."""
+        ranks = range(self.world) if ranks is None else ranks
         here = torch.cuda.current_stream()
         for r in ranks:
             stream = self.streams[r]
@@ -88,10 +101,7 @@ class SimWorld:
             if r == late:
                 with torch.cuda.stream(stream):
                     torch.cuda._sleep(late_cycles)
-            code = self.lib.symcomm_ar_run(self.ctxs[r], ALGO_CODES[algo], _native.DTYPE_CODES[dtype],
-                                           inputs[r].data_ptr(), 0, 0, outputs[r].data_ptr(), nbytes, 1,
-                                           stream.cuda_stream)
-            _native.check(self.lib, f"symcomm_ar_run(rank {r})", code)
+            enqueue(r, stream)
         for r in ranks:
             here.wait_stream(self.streams[r])
 

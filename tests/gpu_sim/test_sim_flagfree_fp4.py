@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from _sim import FLAGFREE_BYTES, LATE_CYCLES, SimWorld, check_outputs, make_inputs
+from _sim import FLAGFREE_BYTES, SimWorld, check_outputs, make_inputs
 from symcomm import _native, fp4
 from symcomm.backends.fp4_flagfree import wire_bytes
 from symcomm.base import FLAGFREE
@@ -68,20 +68,9 @@ def enqueue(sim: SimWorld, r: int, xs, sizes, gs, outs, stream: torch.cuda.Strea
     _native.check(sim.lib, f"{FN}(rank {r})", getattr(sim.lib, FN)(sim.ctxs[r], ctypes.byref(args), stream.cuda_stream))
 
 
-def launch(sim: SimWorld, xs, sizes, gs, outs, late: int | None = None, ranks=None) -> None:
-    """One call on every rank in `ranks` (default all), each on its own stream, ordered after the
-    current stream and before what follows on it; `late` starts after a long spin."""
-    here = torch.cuda.current_stream()
-    ranks = range(sim.world) if ranks is None else ranks
-    for r in ranks:
-        stream = sim.streams[r]
-        stream.wait_stream(here)
-        if r == late:
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(LATE_CYCLES)
-        enqueue(sim, r, xs, sizes, gs, outs, stream)
-    for r in ranks:
-        here.wait_stream(sim.streams[r])
+def launch(sim: SimWorld, xs, sizes, gs, outs, ranks=None) -> None:
+    """One call on every rank in `ranks` (default all), each on its own stream (SimWorld.each_rank)."""
+    sim.each_rank(lambda r, stream: enqueue(sim, r, xs, sizes, gs, outs, stream), ranks)
 
 
 def expected(xs, gs):
@@ -148,14 +137,10 @@ def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
                 else:
                     y = [torch.full((world * t.numel(),), 7.0, dtype=torch.bfloat16, device="cuda") for t in x]
                     sizes = (ctypes.c_uint64 * world)(*([chunk] * world))
-                    here = torch.cuda.current_stream()
-                    for r in range(world):
-                        sim.streams[r].wait_stream(here)
-                        _native.check(sim.lib, "gather", sim.lib.symcomm_ar_flagfree_all_gatherv(
+                    sim.each_rank(lambda r, stream, x=x, y=y, sizes=sizes: _native.check(
+                        sim.lib, "gather", sim.lib.symcomm_ar_flagfree_all_gatherv(
                             sim.ctxs[r], _native.DTYPE_CODES[torch.bfloat16], x[r].data_ptr(), y[r].data_ptr(),
-                            sizes, sim.streams[r].cuda_stream))
-                    for r in range(world):
-                        here.wait_stream(sim.streams[r])
+                            sizes, stream.cuda_stream)))
                 calls.append((kind, x, y, None))
         torch.cuda.synchronize()
         for i, (kind, x, y, sizes) in enumerate(calls):
@@ -189,17 +174,11 @@ def test_a_rank_with_no_rows_does_not_run_ahead():
             xs = [rows_of(n, h, torch.bfloat16, gen) for n in sizes]
             outs = [outputs_at(sum(sizes), h, 0) for _ in range(world)]
             calls.append((xs, outs))
-        here = torch.cuda.current_stream()
-        for r in range(world):
-            stream = sim.streams[r]
-            stream.wait_stream(here)
-            if r == 1:
-                with torch.cuda.stream(stream):
-                    torch.cuda._sleep(LATE_CYCLES)
+        def all_three(r: int, stream: torch.cuda.Stream) -> None:
             for xs, outs in calls:
                 enqueue(sim, r, xs, sizes, 2.0, outs, stream)
-        for r in range(world):
-            here.wait_stream(sim.streams[r])
+
+        sim.each_rank(all_three, late=1)
         torch.cuda.synchronize()
         assert [sim.alarm(r) for r in range(world)] == [0, 0]
         for i, (xs, outs) in enumerate([(first, first_out), *calls]):
