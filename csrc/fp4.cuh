@@ -58,11 +58,14 @@ namespace fp4 {
 
 constexpr int kBlock = 16;  // values per scale
 
-// Round v (>= 0, <= 4) to the nearest integer, ties to even.
+// Round v (>= 0, <= 4) to the nearest integer, ties to even. Below 0 (a negative global scale
+// that a device tensor carried past validation) both give 0, as __float2uint_rn saturates: the
+// flag-free FP4 gather relies on no scale byte having its top bit set (csrc/peer_gather.cu).
 SYMCOMM_HD uint32_t round_even(float v) {
 #ifdef __CUDA_ARCH__
   return __float2uint_rn(v);
 #else
+  if (!(v > 0.0f)) return 0u;  // a cast of a negative float to uint32_t is undefined
   return static_cast<uint32_t>(std::nearbyintf(v));  // the default rounding mode: to nearest even
 #endif
 }

@@ -195,8 +195,8 @@ bool fp4_shape(int64_t rows, int64_t cols, int64_t row_offset, int64_t total_row
 //
 // A rank's chunk on the wire: its payload, two blocks (16 bytes) a vector, then its block scales,
 // 16 a vector, each part zero-padded to whole vectors. No wire word may be the sentinel
-// 0xFFFFFFFF, and neither part needs a swap to ensure it (tests/test_fp4_dispatch.py checks
-// both facts of the codec on the CPU):
+// 0xFFFFFFFF, and neither part needs a swap to ensure it (tests/test_fp4_flagfree.py checks
+// both facts of the codec on the CPU, tests/gpu_sim/test_sim_flagfree_fp4.py on the device):
 // - payload: the codec never writes code 8 (-0; a value that rounds to zero is +0), so no
 //   payload word is 0x88888888. Sent XORed with 0x77777777, a word reads as the sentinel only
 //   if it was 0x88888888: never.

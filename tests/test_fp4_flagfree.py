@@ -104,6 +104,24 @@ def test_the_wire_holds_no_sentinel_and_decodes_to_the_codec(dtype, sizes, h):
             assert torch.equal(scales, torch.cat([s.view(torch.uint8) for _, s in codec])), "scales " + what
 
 
+@needs_native
+@pytest.mark.parametrize("gs", (-1.0, -3.0e38, 0.0, float("nan"), float("inf")), ids=str)
+def test_a_global_scale_validation_never_saw_keeps_the_wire_free_of_the_sentinel(gs):
+    """A device tensor's global scale is not validated (that would need a host sync): a negative,
+    zero, NaN or infinite one must still give scale bytes without the top bit and no sentinel
+    word. Python refuses these as floats, so the host twin is called directly."""
+    sizes, h = (3, 2), 272
+    xs = [_hostile_rows(n, h, torch.bfloat16, 40 + r) for r, n in enumerate(sizes)]
+    packed = torch.zeros((sum(sizes), h // 2), dtype=torch.uint8)
+    scales = torch.zeros((sum(sizes), h // 16), dtype=torch.uint8)
+    for r in range(len(sizes)):
+        wire = _wire_host(xs, sizes, r, h, torch.bfloat16, gs, packed, scales)
+        assert not _words(wire).eq(SENTINEL).any(), f"rank {r}: a sentinel word on the wire"
+    assert not scales.ge(0x80).any()
+    codes = torch.stack([packed & 0xF, packed >> 4])
+    assert not codes.eq(8).any()
+
+
 def test_wire_bytes_counts_both_parts_in_whole_vectors():
     assert wire_bytes(0, 7168) == 0
     assert wire_bytes(1, 16) == 32  # one block: half a payload vector, one scale byte

@@ -6,12 +6,12 @@ Its paths: ``fused-flagfree`` (symcomm/backends/fp4_flagfree.py: one launch quan
 into the peers' flag-free receive buffers, whence each copies into its own outputs, which may sit
 anywhere; no extras, world 2), ``fused-push`` (symcomm/backends/fp4_push.py: one launch quantizes
 and writes into every peer's gathered outputs, which must sit in the symmetric pool at equal
-offsets) and ``unfused
-(symcomm/backends/composite.py: quantize into this rank's slice of the outputs, then one in-place
-all_gatherv on whatever path that op's dispatch picks). Both write the same bytes; auto takes
-the first that can serve the call. ``algo=`` names either, or an all_gatherv path, which forces
-the unfused path with that gather. ``swizzle=True`` swizzles the gathered linear scales after,
-on either path; ``dequantize=True`` adds the decoded rows.
+offsets) and ``unfused`` (symcomm/backends/composite.py: quantize into this rank's slice of the
+outputs, then one in-place all_gatherv on whatever path that op's dispatch picks). All three
+write the same bytes; auto takes the first that can serve the call in the order below. ``algo=``
+names any of them, or an all_gatherv path, which forces the unfused path with that gather.
+``swizzle=True`` swizzles the gathered linear scales after, on every path; ``dequantize=True``
+adds the decoded rows.
 
 Offsets stay symmetric: the gathered outputs have equal shapes on every rank, but equal pool
 offsets only if every earlier pool allocation was equal too; tensors sized by this rank's rows

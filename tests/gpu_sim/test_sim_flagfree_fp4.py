@@ -199,6 +199,23 @@ def test_a_rank_that_never_comes_fails_its_peers_within_the_bound():
             assert sim.alarm(r) >> 32 == ABORT_TIMEOUT and sim.alarm(r) & 0xFFFF == 2, hex(sim.alarm(r))
 
 
+@pytest.mark.parametrize("gs", (-1.0, 0.0, float("nan"), float("inf")), ids=str)
+def test_a_global_scale_validation_never_saw_still_arrives_whole(gs):
+    """A device tensor's global scale is read by the kernel unvalidated (a check would need a
+    host sync). Negative, zero, NaN or infinite, it must still put no sentinel word on the wire:
+    every rank gets what the codec kernel writes with that scale, and no rank waits out its bound."""
+    world, sizes, h = 2, (3, 2), 272
+    gen = torch.Generator().manual_seed(13)
+    with SimWorld(world, timeout_s=2.0) as sim:
+        xs = [rows_of(n, h, torch.bfloat16, gen) for n in sizes]
+        scale = torch.tensor([gs], device="cuda")
+        outs = [outputs_at(sum(sizes), h, 0) for _ in range(world)]
+        launch(sim, xs, sizes, scale, outs)
+        torch.cuda.synchronize()
+        assert [sim.alarm(r) for r in range(world)] == [0, 0]
+        check(outs, expected(xs, scale), f"global scale {gs}")
+
+
 def test_graph_replay_writes_what_eager_wrote():
     world, sizes, h = 2, (3, 5), 272
     gen = torch.Generator().manual_seed(11)
