@@ -218,6 +218,8 @@ SYMCOMM_HD void put_bytes(uint8_t* dst, const uint4& v, int n) {
   } else if (n % 8 == 0 && a % 8 == 0) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(v.x, v.y);
     if (n == 16) *reinterpret_cast<uint2*>(dst + 8) = make_uint2(v.z, v.w);
+  } else if (n == 4 && a % 4 == 0) {
+    *reinterpret_cast<uint32_t*>(dst) = v.x;
   } else {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -296,13 +298,7 @@ __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& rec
     uint32_t code = 0u;
     if (valid && !symcomm::fp4::scale_is_nan(scale)) code = symcomm::fp4::pack8(v, symcomm::fp4::block_inv(scale, gs));
     if (valid) {
-      uint8_t* const own = me.payload + t * 4;
-      if (reinterpret_cast<uintptr_t>(own) % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(own) = code;
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) own[k] = uint8_t(code >> (8 * k));
-      }
+      put_bytes(me.payload + t * 4, make_uint4(code, 0u, 0u, 0u), 4);
       if (t % 2 == 0) me.scales[t / 2] = scale;
     }
     if (t < 4 * me.pay) {  // past it the chunk's scale vectors begin
@@ -392,8 +388,10 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers r
   const Fp4Send me{job.payload + my_first * 8, job.scales + my_first, mine, Fp4Wire::payload_vecs(mine)};
   size_t received = 0;  // the longest chunk a peer writes into our slots
 #pragma unroll
-  for (int r = 0; r < W; ++r)
-    if (r != rank && sent(size_t(Fp4Wire::vecs(job.blocks[r]))) > received) received = sent(size_t(Fp4Wire::vecs(job.blocks[r])));
+  for (int r = 0; r < W; ++r) {
+    const size_t theirs = sent(size_t(Fp4Wire::vecs(job.blocks[r])));
+    if (r != rank && theirs > received) received = theirs;
+  }
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
   const size_t stride = size_t(gridDim.x) * blockDim.x;

@@ -63,11 +63,12 @@ class FlagFreeFp4Path(PeerPath):
         if call.extra:
             return ("extra tensors are arbitrary bytes, which could read as the receive buffers' sentinel; "
                     "fused-push carries them")
-        cols = call.x.shape[1]
-        for rank, rows in enumerate(call.sizes):  # the same sizes, so the same answer, on every rank
-            if wire_bytes(rows, cols) > self.capacity:
-                return (f"rank {rank}'s {rows} rows take {wire_bytes(rows, cols)} bytes on the wire, more than "
-                        f"the flag-free receive slot of {self.capacity} bytes")
+        # The largest chunk decides (the same sizes, so the same answer, on every rank).
+        rows = max(call.sizes)
+        chunk = wire_bytes(rows, call.x.shape[1])
+        if chunk > self.capacity:
+            return (f"rank {call.sizes.index(rows)}'s {rows} rows take {chunk} bytes on the wire, more than the "
+                    f"flag-free receive slot of {self.capacity} bytes")
         return None
 
     def run(self, call: Fp4Call) -> None:
