@@ -326,8 +326,8 @@ cudaError_t launch_world(Context* c, int algo, const uint4* in, int slot, size_t
   const Sync s = make_sync(c);
   switch (algo) {
     case kFlagFree:
-      return launch(c->overlap, flag_free<T, W>, c->flagfree_blocks, kThreads, stream, s, c->flagfree, in, out, nvec,
-                    c->flagfree_bytes / 16);
+      return launch(c->overlap, flag_free<T, W>, flagfree_grid(c, nvec), kThreads, stream, s, c->flagfree, in, out,
+                    nvec, c->flagfree_bytes / 16);
     case kOneShot:
       return launch(c->overlap, one_shot<T, W>, blocks_for(c, nvec), kThreads, stream, s, c->slots + slot, in_offset,
                     out, nvec, static_cast<uint4*>(nullptr));
@@ -561,7 +561,10 @@ int symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks) {
     Context* c = &ctxs[r]->impl;
     // Only ever lowered: the constants are the kernels' barrier-slot limit (kMaxBlocks).
     c->grid_blocks = max_blocks < kGridBlocks ? max_blocks : kGridBlocks;
-    c->flagfree_blocks = max_blocks < kFlagFreeBlocks ? max_blocks : kFlagFreeBlocks;
+    // The narrow flag-free grid takes half of the cap where it can, so that simulated ranks run
+    // both grids (flagfree_grid) and the bookkeeping that keeps them alike (flagfree_end).
+    c->flagfree_blocks = std::max(1, std::min(kFlagFreeBlocks, max_blocks / 2));
+    c->flagfree_wide_blocks = std::min(2 * c->flagfree_blocks, max_blocks);
     if ((err = set_peer_tables(c, bases)) != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -882,6 +885,13 @@ static cudaError_t flagfree_args(const Context* c, symcomm_dtype_t dtype, const 
   return cudaSuccess;
 }
 
+// The most vectors any rank sends one peer: the longest chunk, the same on every rank.
+static size_t longest_chunk(const Context* c, const Chunks& chunks) {
+  size_t most = 0;
+  for (int r = 0; r < c->world; ++r) most = std::max(most, chunks.count[r]);
+  return most;
+}
+
 int symcomm_ar_flagfree_all_gatherv(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, void* out,
                                     const uint64_t* chunk_bytes, cudaStream_t stream) {
   Context* c = &ctx->impl;
@@ -893,7 +903,7 @@ int symcomm_ar_flagfree_all_gatherv(symcomm_ar_t ctx, symcomm_dtype_t dtype, con
   if (total == 0) return cudaSuccess;
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
-    return launch(c->overlap, flag_free_gather<decltype(w)::value>, c->flagfree_blocks, kThreads, stream, s,
+    return launch(c->overlap, flag_free_gather<decltype(w)::value>, flagfree_grid(c, longest_chunk(c, chunks)), kThreads, stream, s,
                   c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
                   c->flagfree_bytes / 16);
   });
@@ -911,8 +921,8 @@ int symcomm_ar_flagfree_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype,
   const Sync s = make_sync(c);
   return for_dtype(dtype, [&](auto t) {
     return for_world(c->world, [&](auto w) {
-      return launch(c->overlap, flag_free_scatter<typename decltype(t)::type, decltype(w)::value>, c->flagfree_blocks,
-                    kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
+      return launch(c->overlap, flag_free_scatter<typename decltype(t)::type, decltype(w)::value>,
+                    flagfree_grid(c, longest_chunk(c, chunks)), kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
                     c->flagfree_bytes / 16);
     });
   });

@@ -39,14 +39,19 @@ constexpr int kThreads = 512;
 // one-shot reduce-scatter from 154 to 112 us at 64 MiB
 // (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll). kMaxBlocks bounds it.
 constexpr int kGridBlocks = 64;
-// The flag-free kernel always launches this many blocks: each block keeps its own record of
-// which receive buffer is live and its own record of what to clear, so every block
-// must take part in every call.
+// The flag-free kernels' two grids (flagfree_grid picks one per call). Their data streams through
+// the SMs that store it, so the narrow grid saves a little at small sizes and the wide one gains
+// much past them: at world 2 on H200, all_gather at 4 MiB 15.14 -> 10.95 us and all_reduce at
+// 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took 0.05-0.17 us
+// longer (bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). Each block keeps its own
+// record of the live receive buffer and of what to clear (flagfree_end says how both grids keep
+// those records alike), so the wide grid is exactly twice the narrow one.
 constexpr int kFlagFreeBlocks = 32;
-// Both are the defaults of a context's grid_blocks / flagfree_blocks; only symcomm_ar_sim_link
-// lowers them (simulated ranks share one GPU, so each rank gets fewer SMs). Every rank of one
-// world must use the same caps: block b meets block b, and the flag-free bookkeeping is per block.
-static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeBlocks <= kMaxBlocks, "one barrier slot per block");
+constexpr int kFlagFreeWideBlocks = 2 * kFlagFreeBlocks;
+// These are the defaults of a context's grid_blocks / flagfree_blocks / flagfree_wide_blocks;
+// only symcomm_ar_sim_link lowers them (simulated ranks share one GPU, so each rank gets fewer
+// SMs). Every rank of one world must use the same caps: block b meets block b.
+static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeWideBlocks <= kMaxBlocks, "one barrier slot per block");
 constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size");
 // A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
@@ -154,7 +159,8 @@ struct Context {
   // Grid caps of this context's launches. Real ranks keep the constants above; simulated
   // ranks (symcomm_ar_sim_link) lower them so every rank's blocks fit on one GPU at once.
   int grid_blocks = kGridBlocks;
-  int flagfree_blocks = kFlagFreeBlocks;
+  int flagfree_blocks = kFlagFreeBlocks;           // the narrow flag-free grid
+  int flagfree_wide_blocks = kFlagFreeWideBlocks;  // the wide one: flagfree_blocks or twice it
   // Launch every kernel as a programmatic dependent launch (launch.cuh). On unless
   // symcomm_ar_set_overlap turned it off, which only measurements do.
   bool overlap = true;
@@ -447,8 +453,15 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 // which a peer writes again only at its call k+2, reached after receiving our call k+1 data,
 // sent after this clear. The live buffer is kept as an index 0..2, not a call count % 3: a
 // uint32_t count wraps at 2^32, and 2^32 % 3 == 1 would make two calls in a row write buffer 0.
-// Every block of every flag-free launch takes a turn (so they launch flagfree_blocks blocks),
-// whatever their thread mapping: the clear below covers [0, prev) with the launch's own stride.
+// Every block of every flag-free launch takes a turn, whatever its thread mapping: the clear
+// below covers [0, prev) with the launch's own stride, and prev is the same in every block.
+//
+// A launch has the narrow grid (flagfree_blocks, N) or the wide one (2N; N where a simulated
+// rank's cap allows no more). Block b of a launch of G blocks advances word b and also word
+// b + G when it exists: a narrow launch advances words 0 to 2N-1, a wide one the same words,
+// each exactly once per call, so the words a wide launch's blocks N..2N-1 read are as current as
+// block 0's whichever grids the calls before it had. Each word has one writer per launch, and
+// every launch starts after the one before it ended.
 //
 // The turn is taken in two halves, flagfree_begin (the wait for the kernel before, then thread
 // 0's loads of the block's words) and flagfree_end, so that a kernel issues its first input
@@ -476,8 +489,13 @@ __device__ __forceinline__ void flagfree_end(const Sync& s, FlagFreeWords w, siz
   if (threadIdx.x == 0) {
     Signal* self = own_signal(s);
     *stopped = w.stopped, *buf = w.buf, *prev = w.prev;
-    self->flagfree_buf[blockIdx.x] = w.buf == 2 ? 0 : w.buf + 1;
+    const uint32_t next = w.buf == 2 ? 0 : w.buf + 1;
+    self->flagfree_buf[blockIdx.x] = next;
     self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
+    if (blockIdx.x + gridDim.x < kMaxBlocks) {
+      self->flagfree_buf[blockIdx.x + gridDim.x] = next;
+      self->flagfree_prev[blockIdx.x + gridDim.x] = uint32_t(nvec);
+    }
   }
   __syncthreads();
 }
@@ -633,6 +651,15 @@ __device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
 #pragma unroll
   for (int r = 0; r < W; ++r) v[r] = src[r][i];
   return sum_in_rank_order<T, W>(v);
+}
+
+// The flag-free grid for a call whose ranks send at most `send_vecs` vectors to one peer (the
+// same on every rank): the wide grid from one vector per thread of the narrow one (256 KiB at
+// the defaults). At that point (all_gather and reduce_scatter of 512 KiB, 256 KiB to the peer)
+// the wide grid was ahead or level, 4.59 against 4.74 us and 4.85 against 4.82; at 64 KiB and
+// below the narrow one was ahead (the source above; nothing was measured in between).
+inline int flagfree_grid(const Context* c, size_t send_vecs) {
+  return send_vecs >= size_t(c->flagfree_blocks) * kThreads ? c->flagfree_wide_blocks : c->flagfree_blocks;
 }
 
 inline int blocks_for(const Context* c, size_t work) {

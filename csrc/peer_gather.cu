@@ -584,16 +584,17 @@ int symcomm_ar_flagfree_gatherv_fp4(symcomm_ar_t ctx, const symcomm_flagfree_fp4
   job.gs_value = args->gs_value;
   job.payload = static_cast<uint8_t*>(args->payload);
   job.scales = static_cast<uint8_t*>(args->scales);
-  // One lane per half-block while the grid covers every chunk in one pass, else one per two
-  // blocks; decided from every rank's blocks and the grid, so alike on every rank.
+  // The grid follows the longest wire chunk; one lane per half-block while that grid covers
+  // every chunk in one pass, else one per two blocks. Both are decided from every rank's blocks,
+  // so alike on every rank.
   int64_t most = 0;
   for (int r = 0; r < c->world; ++r) most = job.blocks[r] > most ? job.blocks[r] : most;
-  const bool halves = 2 * most <= int64_t(c->flagfree_blocks) * kThreads;
+  const int grid = flagfree_grid(c, size_t(Fp4Wire::vecs(most)));
+  const bool halves = 2 * most <= int64_t(grid) * kThreads;
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     const size_t slot_vecs = c->flagfree_bytes / 16;
-    const int grid = c->flagfree_blocks;
     if (args->dtype == SYMCOMM_BFLOAT16)
       return halves ? launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W, true>, grid, kThreads, stream, s,
                              c->flagfree, job, slot_vecs)

@@ -18,8 +18,9 @@ from symcomm.peer import context as peer_context
 from _data import DTYPES, all_inputs, assert_reduced, rank_input
 
 SLOT = peer_context.DEFAULT_FLAGFREE_BYTES
-# One rank's chunk in bytes: one vector, an odd vector count, not a power of two, the whole slot.
-CHUNKS = (16, 1008, 65_552, SLOT)
+# One rank's chunk in bytes: one vector, an odd vector count, not a power of two (these three on
+# the narrow grid), one vector past 1 MiB and the whole slot (the wide grid).
+CHUNKS = (16, 1008, 65_552, 1_048_592, SLOT)
 
 
 @pytest.fixture(scope="module")

@@ -134,7 +134,9 @@ def test_in_place(world):
 def test_many_calls_in_a_row_alternating_with_the_all_reduce(world):
     """150 calls of the three flag-free kernels, back to back, synchronised once: ranks drift
     apart by whole calls while each kernel clears, two calls later, what a different kernel of
-    a different size left in a receive buffer (every kernel records its own per-slot size)."""
+    a different size left in a receive buffer (every kernel records its own per-slot size). The
+    sizes cross the grid threshold both ways: the three smallest run on the narrow grid, the two
+    largest on the wide one, whose extra blocks must find the live buffer the narrow calls left."""
     gen = torch.Generator().manual_seed(world + 900)
     chunks = (16, 1008, 4096 * 2 + 16, 65_552, FLAGFREE_BYTES)  # 5 sizes against 3 kernels: all pairs meet
     calls = []
