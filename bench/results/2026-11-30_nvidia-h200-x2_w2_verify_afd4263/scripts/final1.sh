@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 18, final lease, call 1 (world 2) on d1d4647: re-tune the world-2 table, install it as
+# the shipped one, then the simulated-rank tests, the sweeps auto now runs, the FP4 path A/B, and
+# verification part 1 (tests/gpu, examples) with that table in place.   bash diag/w12/final1.sh $OUT
+set -uo pipefail
+OUT=$1; export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+SECONDS=0; D=$OUT/f; mkdir -p $D/sweeps
+python3 -m pip install --no-build-isolation --no-deps -e . >$D/build.log 2>&1; echo "build rc $? at ${SECONDS}s"
+nvidia-smi -L > $D/gpus.txt
+timeout 120 symcomm-bench tune -g 2 -d bfloat16 -b 1K -e 64M -n 20 -w 5 -G 10 -R 3 -o $D/nvidia_h200_w2.json >$D/tune.log 2>&1
+echo "tune rc $? at ${SECONDS}s"
+[[ -f $D/nvidia_h200_w2.json ]] && cp $D/nvidia_h200_w2.json symcomm/tuning/nvidia_h200_w2.json
+CUDA_VISIBLE_DEVICES=0 SYMCOMM_REQUIRE_GPU=1 timeout 120 python3 -m pytest -q tests/gpu_sim/test_sim_flagfree_collectives.py \
+  tests/gpu_sim/test_sim_flagfree_fp4.py tests/gpu_sim/test_sim_epochs.py tests/gpu_sim/test_sim_safety.py -p no:cacheprovider >$D/sim.log 2>&1
+echo "sim rc $? at ${SECONDS}s: $(tail -1 $D/sim.log)"
+c=(-g 2 -n 20 -w 5 -G 10 -R 3)
+timeout 60 symcomm-bench all_gather "${c[@]}" -b 256K -e 4M -f 2 --algo custom-flagfree,custom-push,auto >$D/sweeps/ag.log 2>&1; echo -n "ag $? "
+timeout 60 symcomm-bench reduce_scatter "${c[@]}" -b 256K -e 4M -f 2 --algo custom-flagfree,custom-oneshot,auto >$D/sweeps/rs.log 2>&1; echo -n "rs $? "
+timeout 60 symcomm-bench all_reduce "${c[@]}" -b 256K -e 4M -f 2 --algo custom-flagfree,custom-oneshot,auto >$D/sweeps/ar.log 2>&1; echo -n "ar $? "
+timeout 60 symcomm-bench all_gatherv "${c[@]}" -b 384K -e 3M -f 2 --algo custom-flagfree,custom-push,auto >$D/sweeps/agv.log 2>&1; echo -n "agv $? "
+timeout 60 symcomm-bench reduce_scatterv "${c[@]}" -b 384K -e 3M -f 2 --algo custom-flagfree,custom-oneshot,auto >$D/sweeps/rsv.log 2>&1; echo "rsv $? at ${SECONDS}s"
+timeout 80 torchrun --nproc-per-node=2 bench/fp4_gather.py $D/ab --split both --hidden 7168 --min-bytes 16K \
+  --max-bytes 32M --factor 4 --iters 10 --replays 10 --fp4-algo fused-flagfree --fp4-algo fused-push >$D/ab.log 2>&1
+echo "ab rc $? at ${SECONDS}s"
+tar -czf $OUT/f.tgz -C $OUT f
+P=1 BUDGET=$(( 592 - SECONDS )) COMMIT="d1d4647 with the table tuned in this call" bash diag/w11/call.sh $OUT
