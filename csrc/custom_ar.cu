@@ -903,8 +903,8 @@ int symcomm_ar_flagfree_all_gatherv(symcomm_ar_t ctx, symcomm_dtype_t dtype, con
   if (total == 0) return cudaSuccess;
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
-    return launch(c->overlap, flag_free_gather<decltype(w)::value>, flagfree_grid(c, longest_chunk(c, chunks)), kThreads, stream, s,
-                  c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
+    return launch(c->overlap, flag_free_gather<decltype(w)::value>, flagfree_grid(c, longest_chunk(c, chunks)),
+                  kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
                   c->flagfree_bytes / 16);
   });
 }
@@ -922,8 +922,8 @@ int symcomm_ar_flagfree_reduce_scatterv(symcomm_ar_t ctx, symcomm_dtype_t dtype,
   return for_dtype(dtype, [&](auto t) {
     return for_world(c->world, [&](auto w) {
       return launch(c->overlap, flag_free_scatter<typename decltype(t)::type, decltype(w)::value>,
-                    flagfree_grid(c, longest_chunk(c, chunks)), kThreads, stream, s, c->flagfree, static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks,
-                    c->flagfree_bytes / 16);
+                    flagfree_grid(c, longest_chunk(c, chunks)), kThreads, stream, s, c->flagfree,
+                    static_cast<const uint4*>(in), static_cast<uint4*>(out), chunks, c->flagfree_bytes / 16);
     });
   });
 }

@@ -42,8 +42,8 @@ constexpr int kGridBlocks = 64;
 // The flag-free kernels' two grids (flagfree_grid picks one per call). Their data streams through
 // the SMs that store it, so the narrow grid saves a little at small sizes and the wide one gains
 // much past them: at world 2 on H200, all_gather at 4 MiB 15.14 -> 10.95 us and all_reduce at
-// 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took 0.05-0.17 us
-// longer (bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). Each block keeps its own
+// 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took about 0.1 us
+// longer (-0.04 to +0.23; bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). Each block keeps its own
 // record of the live receive buffer and of what to clear (flagfree_end says how both grids keep
 // those records alike), so the wide grid is exactly twice the narrow one.
 constexpr int kFlagFreeBlocks = 32;
@@ -458,10 +458,12 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 //
 // A launch has the narrow grid (flagfree_blocks, N) or the wide one (2N; N where a simulated
 // rank's cap allows no more). Block b of a launch of G blocks advances word b and also word
-// b + G when it exists: a narrow launch advances words 0 to 2N-1, a wide one the same words,
-// each exactly once per call, so the words a wide launch's blocks N..2N-1 read are as current as
-// block 0's whichever grids the calls before it had. Each word has one writer per launch, and
-// every launch starts after the one before it ended.
+// b + G when it exists: a narrow launch advances words 0 to 2N-1, and so does a wide one (its
+// own blocks' words), each exactly once per call. Those are the only words any launch reads, so
+// a wide launch's blocks N..2N-1 find theirs as current as block 0's whichever grids the calls
+// before it had. (A wide launch of fewer than 32 blocks also advances words past 2N, which no
+// launch reads.) Each word has one writer per launch, and every launch starts after the one
+// before it ended.
 //
 // The turn is taken in two halves, flagfree_begin (the wait for the kernel before, then thread
 // 0's loads of the block's words) and flagfree_end, so that a kernel issues its first input
