@@ -42,10 +42,10 @@ constexpr int kGridBlocks = 64;
 // The flag-free kernels' two grids (flagfree_grid picks one per call). Their data streams through
 // the SMs that store it, so the narrow grid saves a little at small sizes and the wide one gains
 // much past them: at world 2 on H200, all_gather at 4 MiB 15.14 -> 10.95 us and all_reduce at
-// 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took about 0.1 us
-// longer (-0.04 to +0.23; bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). Each block keeps its own
-// record of the live receive buffer and of what to clear (flagfree_end says how both grids keep
-// those records alike), so the wide grid is exactly twice the narrow one.
+// 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took about 0.1 us longer
+// (-0.04 to +0.23; bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). Each block keeps
+// its own record of the live receive buffer and of what to clear (flagfree_end says how both
+// grids keep those records alike), so the wide grid is exactly twice the narrow one.
 constexpr int kFlagFreeBlocks = 32;
 constexpr int kFlagFreeWideBlocks = 2 * kFlagFreeBlocks;
 // These are the defaults of a context's grid_blocks / flagfree_blocks / flagfree_wide_blocks;

@@ -46,7 +46,9 @@ FLAGFREE_FP4, FUSED, UNFUSED = "fused-flagfree", "fused-push", "unfused"
 # rank, where its whole-vector stores into the outputs beat the flag-free kernel's copy out of
 # the receive buffer. Measured on 2x H200, equal split of hidden-7168 rows, outputs in the pool
 # (bench/NOTES.md, seventeenth session): flag-free 5.79 us against push 7.53 at 146 KiB a rank,
-# 10.71 against 9.48 at 580 KiB; a straight line crosses near 400 KiB.
+# 10.71 against 9.48 at 580 KiB; a straight line crosses near 400 KiB. Those were the flag-free
+# kernel's 32 blocks; on the wide grid it has since led at 580 KiB too (8.29 against 9.30,
+# bench/NOTES.md, eighteenth session), so this threshold awaits a measurement with that grid.
 DEFAULT_ORDER = (FLAGFREE_FP4, FUSED, UNFUSED)
 LARGE_ORDER = (FUSED, FLAGFREE_FP4, UNFUSED)
 PUSH_FIRST_FROM = 384 << 10
