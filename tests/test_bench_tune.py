@@ -34,14 +34,33 @@ def test_merge_joins_equal_neighbours_and_leaves_the_last_rule_open():
 def test_table_rules_per_key_with_a_wrong_path_left_out():
     sizes = [1024, 2048, 4096]
     times = {"all_reduce": {"nccl": [9.0, 9.5, 10.0], "nccl-symm": [4.0, 4.5, 20.0],
-                            "custom-oneshot": [3.0, 3.5, None]}}
-    wrong = {"all_reduce": {"nccl": [0, 0, 0], "nccl-symm": [0, 0, 0], "custom-oneshot": [0, 7, 0]}}
+                            "custom-oneshot": [3.0, None, None]}}
+    wrong = {"all_reduce": {"nccl": [0, 0, 0], "nccl-symm": [0, 7, 0], "custom-oneshot": [0, 0, 0]}}
     rules = tune.table_rules(sizes, times, wrong, PATHS)
     assert rules == {"all_reduce": [
         [1024, ["custom-oneshot", "nccl-symm", "nccl", "torch"]],
-        [2048, ["nccl-symm", "nccl", "torch"]],                       # wrong at 2 KiB: out
-        [None, ["nccl", "nccl-symm", "custom-oneshot", "torch"]],     # refused at 4 KiB: after
+        [2048, ["nccl", "custom-oneshot", "torch"]],                  # wrong at 2 KiB: out; refused: after
+        [None, ["nccl", "nccl-symm", "custom-oneshot", "torch"]],
     ]}
+
+
+def test_a_path_refused_past_its_capacity_keeps_the_place_its_trend_gives_it():
+    """The world-2 table of 2026-11-30: flag-free all_gatherv took 6.005 and 8.007 us at 1 and
+    2 MiB and refused 4 MiB (the larger rank's chunk outgrew its receive slot), where push took
+    15.048. At 3 MiB, inside the rule that ends at 4 MiB, flag-free took 10.12 and push 12.09: the
+    line through its two last times (12.01 at 4 MiB) ranks it first in that rule. One size
+    further it refuses again and, with no two measured sizes right below, goes last."""
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    times = {"all_gatherv": {"custom-flagfree": [6.005, 8.007, None, None],
+                             "custom-push": [8.718, 10.415, 15.048, 22.453]}}
+    assert tune.estimated(sizes, times["all_gatherv"]["custom-flagfree"], 2) == pytest.approx(12.011)
+    rules = tune.table_rules(sizes, times, {}, ["custom-push", "custom-flagfree"])
+    assert rules == {"all_gatherv": [[4 << 20, ["custom-flagfree", "custom-push"]],
+                                     [None, ["custom-push", "custom-flagfree"]]]}
+    slower = {"all_gatherv": {"custom-flagfree": [6.005, 8.007, None, None],
+                              "custom-push": [8.718, 10.415, 11.5, 22.453]}}
+    assert tune.table_rules(sizes, slower, {}, ["custom-push", "custom-flagfree"]) == {
+        "all_gatherv": [[2 << 20, ["custom-flagfree", "custom-push"]], [None, ["custom-push", "custom-flagfree"]]]}
 
 
 def test_split_rows_records_every_op_in_place_column():

@@ -7,6 +7,12 @@ Paths that could not serve the size (refused) follow the measured ones; a path t
 wrong results at a size is left out there, so auto never picks it. Adjacent sizes with the same
 ranking merge into one rule whose bound is the largest size measured in it; the last rule has
 no bound.
+
+One exception to "refused follows measured": the first size a path refuses, after serving the
+two below it. The rule ending at that size also covers the sizes between it and the one below,
+where the path may still serve some calls (an uneven gather whose largest chunk still fits the
+flag-free receive slot); there it is ranked by the line through its two last times, extended to
+the size (an estimate of its time at the rule's top, above its time at any size it serves there).
 """
 from __future__ import annotations
 
@@ -52,6 +58,15 @@ def ranking(at: dict[str, float | None], wrong: set[str], paths: Sequence[str]) 
     return measured + refused
 
 
+def estimated(sizes: Sequence[int], times: Sequence[float | None], i: int) -> float | None:
+    """A refused path's stand-in time at ``sizes[i]`` (see the module's docstring), or None
+    where it has no two measured sizes right below, or was measured here."""
+    if i < 2 or times[i] is not None or times[i - 1] is None or times[i - 2] is None:
+        return None
+    slope = (times[i - 1] - times[i - 2]) / (sizes[i - 1] - sizes[i - 2])
+    return times[i - 1] + slope * (sizes[i] - sizes[i - 1])
+
+
 def merge(sizes: Sequence[int], prefs: Sequence[list[str]]) -> list[list]:
     """[[max_bytes, paths], ..., [None, paths]]: runs of equal preference become one rule."""
     if not sizes or len(sizes) != len(prefs):
@@ -80,7 +95,8 @@ def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, 
         prefs = []
         for i in range(len(sizes)):
             bad = {p for k in columns for p, counts in wrong.get(k, {}).items() if counts[i]}
-            prefs.append(ranking({p: t[i] for p, t in per_path.items()}, bad, paths))
+            at = {p: t[i] if t[i] is not None else estimated(sizes, t, i) for p, t in per_path.items()}
+            prefs.append(ranking(at, bad, paths))
             if not prefs[-1]:
                 raise ValueError(f"every path returned wrong results for {op} at {sizes[i]} bytes")
         rules[op] = merge(sizes, prefs)
