@@ -55,7 +55,7 @@ def communicator(pool: Pool) -> symcomm.Communicator:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     cpu = torch.device("cpu")
     state = peer_context.PeerContext(SimpleNamespace(), 1, rank, world, cpu, peer_context.DEFAULT_STAGING_BYTES,
-                                     peer_context.DEFAULT_FLAGFREE_BYTES, peer_context.DEFAULT_GRAPH_SLOTS,
+                                     peer_context.default_flagfree_bytes(world), peer_context.DEFAULT_GRAPH_SLOTS,
                                      pool.granules, 30.0)
     state.region_slots[pool.base] = 1
     state.region_numbers[pool.base] = 0

@@ -23,7 +23,7 @@ class FakeState:
 
     def __init__(self, granules=None, can_register=True, graph_slots=8):
         self.world_size = 2
-        self.flagfree_bytes = peer_context.DEFAULT_FLAGFREE_BYTES
+        self.flagfree_bytes = peer_context.default_flagfree_bytes(2)
         self.staging_bytes = peer_context.DEFAULT_STAGING_BYTES
         self.granules = granules
         self.can_register = can_register
@@ -84,7 +84,7 @@ def test_declines_with_a_reason(algo, call, reason):
 
 def test_capacity_differs_by_kernel():
     state = FakeState()
-    over_flagfree = _call(numel=peer_context.DEFAULT_FLAGFREE_BYTES // 2 + 8)
+    over_flagfree = _call(numel=peer_context.default_flagfree_bytes(2) // 2 + 8)
     assert "capacity" in custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(state)).why_not(over_flagfree)
     assert custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state)).why_not(over_flagfree) is None
     over_staging = _call(numel=peer_context.DEFAULT_STAGING_BYTES // 2 + 8)
@@ -139,7 +139,7 @@ def _flagfree():
     return custom_ar.AllReduceKernelPath(FLAGFREE, peer_setup.SharedContext(FakeState()))
 
 
-FLAGFREE_SLOT = peer_context.DEFAULT_FLAGFREE_BYTES
+FLAGFREE_SLOT = peer_context.default_flagfree_bytes(2)
 
 
 @pytest.mark.parametrize("op", custom_ar.FLAGFREE_OPS)
@@ -147,7 +147,7 @@ FLAGFREE_SLOT = peer_context.DEFAULT_FLAGFREE_BYTES
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_flagfree_serves_gather_and_scatter_up_to_its_receive_slot(op, world, dtype):
     """Capacity is per rank's chunk (one receive slot per peer), so the whole message may reach
-    world x the slot: at world 2 with the default 2 MiB slot that is 4 MiB. Outside
+    world x the slot: at world 2 with the default 4 MiB slot that is 8 MiB. Outside
     FLAGFREE_COLLECTIVE_WORLDS every call is declined for the world alone."""
     state = FakeState()
     state.world_size = world
@@ -349,7 +349,7 @@ def test_world_sizes(world, ok):
     assert (peer_setup.world_size_problem(world) is None) == ok
 
 
-SIZES = [peer_context.DEFAULT_STAGING_BYTES, peer_context.DEFAULT_FLAGFREE_BYTES, peer_context.DEFAULT_GRAPH_SLOTS]
+SIZES = [peer_context.DEFAULT_STAGING_BYTES, peer_context.default_flagfree_bytes(2), peer_context.DEFAULT_GRAPH_SLOTS]
 
 
 class Exchange:

@@ -29,10 +29,21 @@ HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 DEFAULT_STAGING_BYTES = 16 << 20
 # Per rank and per receive buffer (three of them, so 3 x world x this in all) for the flag-free
 # kernels: the all-reduce's whole message, and one rank's chunk of all_gather/reduce_scatter.
-# At 512 KiB the slot, not the kernels, ended them: on 2x H200 they still beat NCCL 0.64x at
-# their last size (1 MiB in all, bench/results/2026-11-28_nvidia-h200-x4_w2_baseline). 2 MiB lets the
-# tune measure them to 4 MiB at world 2, for 12 MiB at world 2 and 48 MiB at world 8.
-DEFAULT_FLAGFREE_BYTES = 2 << 20
+# The slot, not the kernels, has ended them at every size tried so far: at 512 KiB (2x H200, still
+# 0.64x NCCL at their last size, bench/results/2026-11-28_nvidia-h200-x4_w2_baseline), then at
+# 2 MiB, where on the wide grid they still led one-shot and push by 17-26%
+# (bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). World 2, the only world whose
+# gathers and scatters run them, gets 4 MiB (24 MiB of buffers); larger worlds keep 2 MiB (48 MiB
+# at world 8), where only the all-reduce runs them and no table names them past 512 KiB.
+FLAGFREE_BYTES_AT_WORLD_2 = 4 << 20
+FLAGFREE_BYTES_ELSEWHERE = 2 << 20
+
+
+def default_flagfree_bytes(world_size: int) -> int:
+    """The flag-free receive slot a communicator of ``world_size`` ranks gets (per rank, per buffer)."""
+    return FLAGFREE_BYTES_AT_WORLD_2 if world_size == 2 else FLAGFREE_BYTES_ELSEWHERE
+
+
 # Device-side pointer tables for buffers recorded during graph capture (64 bytes each).
 DEFAULT_GRAPH_SLOTS = 4096
 # symcomm.h's SYMCOMM_AR_ABORT_* kinds and phases, for the alarm's message.

@@ -26,8 +26,8 @@ from ..fd_channel import IDENTITY_INTS, FdChannel, Identity
 from ..peers import Exchange
 from ..pool import Region
 from .capture import CALL_FIELDS, CaptureSession
-from .context import (DEFAULT_FLAGFREE_BYTES, DEFAULT_GRAPH_SLOTS, DEFAULT_STAGING_BYTES, HANDLE_BYTES, PeerContext,
-                      allocator_has_ipc_handles, handle_ints, ints_handle)
+from .context import (DEFAULT_GRAPH_SLOTS, DEFAULT_STAGING_BYTES, HANDLE_BYTES, PeerContext,
+                      allocator_has_ipc_handles, default_flagfree_bytes, handle_ints, ints_handle)
 
 _c = ctypes
 SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
@@ -64,12 +64,15 @@ def world_size_problem(world_size: int) -> str | None:
 
 def open_context(rank: int, world_size: int, device: torch.device, exchange: Exchange, timeout_s: float,
                  granules: dict[int, int] | None, staging_bytes: int = DEFAULT_STAGING_BYTES,
-                 flagfree_bytes: int = DEFAULT_FLAGFREE_BYTES, graph_slots: int = DEFAULT_GRAPH_SLOTS,
+                 flagfree_bytes: int | None = None, graph_slots: int = DEFAULT_GRAPH_SLOTS,
                  regions: Sequence[tuple[int, int]] = (),
                  off: str | None = None) -> tuple[PeerContext | None, str | None]:
     """Collective: map every rank's buffers and test P2P on every pair. Returns the context, or
     None and the reason the kernels are off (the same decision on every rank). ``off`` is a
-    local reason to stay off, which still takes part in the vote so no peer waits for this rank."""
+    local reason to stay off, which still takes part in the vote so no peer waits for this rank.
+    ``flagfree_bytes`` defaults to default_flagfree_bytes(world_size)."""
+    if flagfree_bytes is None:
+        flagfree_bytes = default_flagfree_bytes(world_size)
     reason, lib = off, None
     if reason is None and settings.custom_kernels_disabled():
         reason = "disabled by SYMCOMM_DISABLE_CUSTOM_AR=1"

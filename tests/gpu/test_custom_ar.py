@@ -17,8 +17,14 @@ from symcomm.peer import setup as peer_setup
 from _data import DTYPES, all_inputs, assert_reduced, rank_input
 
 ALGOS = (base.FLAGFREE, base.ONESHOT, base.TWOSHOT)
-CAPACITY = {base.FLAGFREE: peer_context.DEFAULT_FLAGFREE_BYTES, base.ONESHOT: peer_context.DEFAULT_STAGING_BYTES,
-            base.TWOSHOT: peer_context.DEFAULT_STAGING_BYTES}
+
+
+def capacity(algo: str, world: int) -> int:
+    if algo == base.FLAGFREE:
+        return peer_context.default_flagfree_bytes(world)
+    return peer_context.DEFAULT_STAGING_BYTES
+
+
 # Bytes: one vector, odd vector counts, sizes that are not powers of two, and each capacity.
 SIZES = (16, 48, 1008, 4096, 65_552, 100_000, 524_288, 1_000_016, 4 << 20, 16 << 20)
 
@@ -55,7 +61,7 @@ def test_every_kernel_matches_reference_nccl_and_each_other(fast, nbytes, dtype)
     nccl = fast.all_reduce(x, algo="nccl")
     results = {}
     for algo in ALGOS:
-        if nbytes > CAPACITY[algo]:
+        if nbytes > capacity(algo, w):
             continue
         out = fast.all_reduce(x, algo=algo)
         assert torch.equal(x, inputs[rank]), f"{algo} modified its input"
@@ -280,7 +286,7 @@ def test_fallback_reasons(fast):
             assert expect in choice.rejected[algo], (expect, algo, choice.rejected[algo])
     choice = fast.select("all_reduce", torch.ones(1024, device=dev), op="max")
     assert "only sum" in choice.rejected[base.ONESHOT]
-    big_for_flagfree = torch.ones(peer_context.DEFAULT_FLAGFREE_BYTES // 4 + 4, device=dev)
+    big_for_flagfree = torch.ones(capacity(base.FLAGFREE, fast.world_size) // 4 + 4, device=dev)
     with pytest.raises(symcomm.ArgumentError, match="capacity"):
         fast.all_reduce(big_for_flagfree, algo=base.FLAGFREE)
 
