@@ -561,10 +561,10 @@ int symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks) {
     Context* c = &ctxs[r]->impl;
     // Only ever lowered: the constants are the kernels' barrier-slot limit (kMaxBlocks).
     c->grid_blocks = max_blocks < kGridBlocks ? max_blocks : kGridBlocks;
-    // The narrow flag-free grid takes half of the cap where it can, so that simulated ranks run
-    // both grids (flagfree_grid) and the bookkeeping that keeps them alike (flagfree_end).
-    c->flagfree_blocks = std::max(1, std::min(kFlagFreeBlocks, max_blocks / 2));
-    c->flagfree_wide_blocks = std::min(2 * c->flagfree_blocks, max_blocks);
+    // The narrow flag-free grid takes a quarter of the cap where it can, so that simulated ranks
+    // run all three grids (flagfree_grid) and the bookkeeping that keeps them alike (flagfree_end).
+    c->flagfree_blocks = std::max(1, std::min(kFlagFreeBlocks, max_blocks / 4));
+    c->flagfree_max_blocks = std::min(kFlagFreeRecords, max_blocks);
     if ((err = set_peer_tables(c, bases)) != cudaSuccess) return err;
   }
   return cudaSuccess;

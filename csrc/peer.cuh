@@ -39,19 +39,20 @@ constexpr int kThreads = 512;
 // one-shot reduce-scatter from 154 to 112 us at 64 MiB
 // (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll). kMaxBlocks bounds it.
 constexpr int kGridBlocks = 64;
-// The flag-free kernels' two grids (flagfree_grid picks one per call). Their data streams through
-// the SMs that store it, so the narrow grid saves a little at small sizes and the wide one gains
-// much past them: at world 2 on H200, all_gather at 4 MiB 15.14 -> 10.95 us and all_reduce at
-// 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took about 0.1 us longer
-// (-0.04 to +0.23; bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid). Each block keeps
-// its own record of the live receive buffer and of what to clear (flagfree_end says how both
-// grids keep those records alike), so the wide grid is exactly twice the narrow one.
+// The flag-free kernels' grids: N, 2N or 4N blocks, which flagfree_grid picks per call. Their
+// data streams through the SMs that store it, so the narrow grid saves a little at small sizes
+// and wider ones gain much past them: at world 2 on H200, all_gather at 4 MiB 15.14 -> 10.95 us
+// and all_reduce at 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took
+// about 0.1 us longer (-0.04 to +0.23; bench/results/2026-11-30_nvidia-h200-x2_w2_flagfree_grid).
+// Each block keeps its own record of the live receive buffer and of what to clear; flagfree_end
+// says how grids of any width keep those records alike.
 constexpr int kFlagFreeBlocks = 32;
-constexpr int kFlagFreeWideBlocks = 2 * kFlagFreeBlocks;
-// These are the defaults of a context's grid_blocks / flagfree_blocks / flagfree_wide_blocks;
+// One record per block of the widest grid.
+constexpr int kFlagFreeRecords = 4 * kFlagFreeBlocks;
+// These are the defaults of a context's grid_blocks / flagfree_blocks / flagfree_max_blocks;
 // only symcomm_ar_sim_link lowers them (simulated ranks share one GPU, so each rank gets fewer
 // SMs). Every rank of one world must use the same caps: block b meets block b.
-static_assert(kGridBlocks <= kMaxBlocks && kFlagFreeWideBlocks <= kMaxBlocks, "one barrier slot per block");
+static_assert(kGridBlocks <= kMaxBlocks, "one barrier slot per block");
 constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size");
 // A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
@@ -86,8 +87,8 @@ struct Signal {
   uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
   uint64_t meetings;                   // meet_all_blocks' count of completed meetings (local only)
   uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
-  uint32_t flagfree_buf[kMaxBlocks];   // receive buffer (0..2) block b's next flag-free call writes
-  uint32_t flagfree_prev[kMaxBlocks];  // most vectors a peer wrote per slot in block b's previous call
+  uint32_t flagfree_buf[kFlagFreeRecords];   // receive buffer (0..2) block b's next flag-free call writes
+  uint32_t flagfree_prev[kFlagFreeRecords];  // most vectors a peer wrote per slot in block b's previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
   uint32_t ep_dispatched;              // 1 from a peer-push layout to the next peer-push combine (local)
   // EP dispatch's counts table (csrc/ep.cu's ep_dispatch): row p written by peer p, its counts per
@@ -159,8 +160,8 @@ struct Context {
   // Grid caps of this context's launches. Real ranks keep the constants above; simulated
   // ranks (symcomm_ar_sim_link) lower them so every rank's blocks fit on one GPU at once.
   int grid_blocks = kGridBlocks;
-  int flagfree_blocks = kFlagFreeBlocks;           // the narrow flag-free grid
-  int flagfree_wide_blocks = kFlagFreeWideBlocks;  // the wide one: flagfree_blocks or twice it
+  int flagfree_blocks = kFlagFreeBlocks;       // the narrow flag-free grid, N (flagfree_grid)
+  int flagfree_max_blocks = kFlagFreeRecords;  // the cap of the wider ones, 2N and 4N
   // Launch every kernel as a programmatic dependent launch (launch.cuh). On unless
   // symcomm_ar_set_overlap turned it off, which only measurements do.
   bool overlap = true;
@@ -456,14 +457,11 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 // Every block of every flag-free launch takes a turn, whatever its thread mapping: the clear
 // below covers [0, prev) with the launch's own stride, and prev is the same in every block.
 //
-// A launch has the narrow grid (flagfree_blocks, N) or the wide one (2N; N where a simulated
-// rank's cap allows no more). Block b of a launch of G blocks advances word b and also word
-// b + G when it exists: a narrow launch advances words 0 to 2N-1, and so does a wide one (its
-// own blocks' words), each exactly once per call. Those are the only words any launch reads, so
-// a wide launch's blocks N..2N-1 find theirs as current as block 0's whichever grids the calls
-// before it had. (A wide launch of fewer than 32 blocks also advances words past 2N, which no
-// launch reads.) Each word has one writer per launch, and every launch starts after the one
-// before it ended.
+// Launches differ in grid (flagfree_grid), so every launch advances every record: block b of a
+// launch of G blocks advances records b, b + G, b + 2G, ... below kFlagFreeRecords, each record
+// exactly once per call. A launch's block b then finds its record as current as block 0's
+// whichever grids the calls before it had. Each record has one writer per launch, and every
+// launch starts after the one before it ended.
 //
 // The turn is taken in two halves, flagfree_begin (the wait for the kernel before, then thread
 // 0's loads of the block's words) and flagfree_end, so that a kernel issues its first input
@@ -492,11 +490,9 @@ __device__ __forceinline__ void flagfree_end(const Sync& s, FlagFreeWords w, siz
     Signal* self = own_signal(s);
     *stopped = w.stopped, *buf = w.buf, *prev = w.prev;
     const uint32_t next = w.buf == 2 ? 0 : w.buf + 1;
-    self->flagfree_buf[blockIdx.x] = next;
-    self->flagfree_prev[blockIdx.x] = uint32_t(nvec);
-    if (blockIdx.x + gridDim.x < kMaxBlocks) {
-      self->flagfree_buf[blockIdx.x + gridDim.x] = next;
-      self->flagfree_prev[blockIdx.x + gridDim.x] = uint32_t(nvec);
+    for (unsigned r = blockIdx.x; r < kFlagFreeRecords; r += gridDim.x) {
+      self->flagfree_buf[r] = next;
+      self->flagfree_prev[r] = uint32_t(nvec);
     }
   }
   __syncthreads();
@@ -656,12 +652,20 @@ __device__ __forceinline__ uint4 reduce_at(const uint4* const* src, size_t i) {
 }
 
 // The flag-free grid for a call whose ranks send at most `send_vecs` vectors to one peer (the
-// same on every rank): the wide grid from one vector per thread of the narrow one (256 KiB at
-// the defaults). At that point (all_gather and reduce_scatter of 512 KiB, 256 KiB to the peer)
-// the wide grid was ahead or level, 4.59 against 4.74 us and 4.85 against 4.82; at 64 KiB and
-// below the narrow one was ahead (the source above; nothing was measured in between).
+// same on every rank): 2N blocks from one vector per thread of the narrow grid (256 KiB at the
+// defaults), 4N from four (1 MiB). At world 2 on H200 (bench/results/2026-11-30_nvidia-h200-x2_w2_widest_grid):
+// - at 256 KiB to the peer (all_gather and reduce_scatter of 512 KiB) 2N was ahead of N or level,
+//   4.59 against 4.74 us and 4.85 against 4.82; at 64 KiB and below N was ahead;
+// - 4N against 2N: 512 KiB to the peer, behind (all_gather of 1 MiB 5.79 against 5.26); 1 MiB,
+//   level or ahead (all_reduce of 1 MiB 7.36 / 7.33, all_gather of 2 MiB 7.26 / 7.47); 4 MiB,
+//   well ahead (all_reduce of 4 MiB 16.98 / 19.41, all_gather of 8 MiB 17.63 / 20.42).
+constexpr size_t kFlagFreeWidestFrom = 4;
 inline int flagfree_grid(const Context* c, size_t send_vecs) {
-  return send_vecs >= size_t(c->flagfree_blocks) * kThreads ? c->flagfree_wide_blocks : c->flagfree_blocks;
+  const size_t narrow_threads = size_t(c->flagfree_blocks) * kThreads;
+  const int blocks = send_vecs >= kFlagFreeWidestFrom * narrow_threads ? 4 * c->flagfree_blocks
+                     : send_vecs >= narrow_threads                      ? 2 * c->flagfree_blocks
+                                                                        : c->flagfree_blocks;
+  return blocks < c->flagfree_max_blocks ? blocks : c->flagfree_max_blocks;
 }
 
 inline int blocks_for(const Context* c, size_t work) {

@@ -17,10 +17,11 @@ from symcomm.backends.custom_ar import FLAGFREE_COLLECTIVE_WORLDS
 from symcomm.peer import context as peer_context
 from _data import DTYPES, all_inputs, assert_reduced, rank_input
 
-SLOT = peer_context.DEFAULT_FLAGFREE_BYTES
+SLOT = peer_context.default_flagfree_bytes(2)  # these kernels serve world 2 only
 # One rank's chunk in bytes: one vector, an odd vector count, not a power of two (these three on
-# the narrow grid), one vector past 1 MiB and the whole slot (the wide grid).
-CHUNKS = (16, 1008, 65_552, 1_048_592, SLOT)
+# the narrow grid), one vector past 256 KiB (the middle grid), one past 1 MiB and the whole slot
+# (the widest grid; csrc/peer.cuh's flagfree_grid).
+CHUNKS = (16, 1008, 65_552, 262_160, 1_048_592, SLOT)
 
 
 @pytest.fixture(scope="module")

@@ -135,10 +135,12 @@ def test_many_calls_in_a_row_alternating_with_the_all_reduce(world):
     """150 calls of the three flag-free kernels, back to back, synchronised once: ranks drift
     apart by whole calls while each kernel clears, two calls later, what a different kernel of
     a different size left in a receive buffer (every kernel records its own per-slot size). The
-    sizes cross the grid threshold both ways: the three smallest run on the narrow grid, the two
-    largest on the wide one, whose extra blocks must find the live buffer the narrow calls left."""
+    sizes cross the grid thresholds both ways (at the simulated cap of 8 blocks: 2 below 16 KiB
+    sent to a peer, 4 from there, 8 from 64 KiB): the two smallest run on the narrow grid, the
+    next on the middle one, the two largest on the widest, whose extra blocks must find the live
+    buffer that narrower calls left."""
     gen = torch.Generator().manual_seed(world + 900)
-    chunks = (16, 1008, 4096 * 2 + 16, 65_552, FLAGFREE_BYTES)  # 5 sizes against 3 kernels: all pairs meet
+    chunks = (16, 1008, 32_784, 65_552, FLAGFREE_BYTES)  # 5 sizes against 3 kernels: all pairs meet
     calls = []
     with SimWorld(world) as sim:
         for i in range(150):

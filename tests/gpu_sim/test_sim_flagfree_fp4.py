@@ -129,7 +129,7 @@ def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
                 launch(sim, xs, sizes, 1.0, outs)
                 calls.append((kind, xs, outs, sizes))
             else:
-                chunk = (16, 1008, 65_552, FLAGFREE_BYTES)[(i // 4) % 4]
+                chunk = (16, 32_784, 65_552, FLAGFREE_BYTES)[(i // 4) % 4]  # grids of 2, 4, 8, 8 blocks
                 x = make_inputs(world, chunk, torch.bfloat16, gen)
                 if kind == "ar":
                     y = [torch.full_like(t, 7.0) for t in x]
