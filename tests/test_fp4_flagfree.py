@@ -15,7 +15,7 @@ from symcomm import _native, base, fp4
 from symcomm.backends.composite import UnfusedFp4Path
 from symcomm.backends.fp4_flagfree import CAPTURE_CODE, FlagFreeFp4Path, wire_bytes
 from symcomm.backends.fp4_push import FusedPushFp4Path
-from symcomm.operations.all_gatherv_fp4 import ALL_GATHERV_FP4, FLAGFREE_FP4, FUSED, Fp4Call
+from symcomm.operations.all_gatherv_fp4 import ALL_GATHERV_FP4, FLAGFREE_FP4, FUSED, UNFUSED, Fp4Call
 from symcomm.peer import capture as peer_capture
 from symcomm.peer import context as peer_context
 from symcomm.peer.setup import SharedContext
@@ -247,14 +247,15 @@ def test_the_launch_passes_every_ranks_rows_and_this_ranks_outputs(monkeypatch):
     assert state0.lib.launches == []
 
 
-def test_the_order_puts_flagfree_first_for_small_chunks_and_push_first_for_large():
-    from symcomm.operations.all_gatherv_fp4 import PUSH_FIRST_FROM, largest_quantized
-    rows_at_limit = PUSH_FIRST_FROM // (7168 // 2 + 7168 // 16)  # 97 rows of 4,032 quantized bytes
-    small, large = _call(sizes=(rows_at_limit - 1, 3), h=7168), _call(sizes=(2, rows_at_limit + 1), h=7168)
-    assert largest_quantized(small) < PUSH_FIRST_FROM <= largest_quantized(large)
-    assert ALL_GATHERV_FP4.order(None, small)[:2] == (FLAGFREE_FP4, FUSED)
-    assert ALL_GATHERV_FP4.order(None, large)[:2] == (FUSED, FLAGFREE_FP4)
-    # Where fused-push cannot serve (plain outputs), a large call still goes flag-free.
+def test_the_order_puts_flagfree_first_at_every_size_and_push_where_it_declines():
+    rows_in_slot = (2 << 20) // (7168 // 2 + 7168 // 16)  # 520 rows of 4,032 wire bytes fill FakeState's slot
+    small, large = _call(sizes=(2, 3), h=7168), _call(sizes=(2, rows_in_slot), h=7168)
+    over = _call(sizes=(2, rows_in_slot + 1), h=7168)
+    for call in (small, large, over):
+        assert ALL_GATHERV_FP4.order(None, call) == (FLAGFREE_FP4, FUSED, UNFUSED)
     path, choice = _router(FakeState()).choose(ALL_GATHERV_FP4, large, "auto", explain=True)
-    assert path.name == FLAGFREE_FP4 and "not in a mapped symmetric pool region" in choice.rejected[FUSED]
-    assert "fused-push first from" in ALL_GATHERV_FP4.ranking(None, large)
+    assert path.name == FLAGFREE_FP4 and "pool region" in choice.rejected[FUSED]
+    assert ALL_GATHERV_FP4.ranking(None, large) == "in all_gatherv_fp4's order (fused-flagfree, fused-push, unfused)"
+    # Past the receive slot flag-free declines and says so; with plain outputs, unfused serves.
+    path, choice = _router(FakeState()).choose(ALL_GATHERV_FP4, over, "auto", explain=True)
+    assert path.name == UNFUSED and "receive slot" in choice.rejected[FLAGFREE_FP4]

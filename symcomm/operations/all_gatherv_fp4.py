@@ -41,24 +41,16 @@ if TYPE_CHECKING:
 
 OP = "all_gatherv_fp4"
 FLAGFREE_FP4, FUSED, UNFUSED = "fused-flagfree", "fused-push", "unfused"
-# Flag-free first for small chunks: it has no barrier, where fused-push meets the peers twice.
-# fused-push first from PUSH_FIRST_FROM quantized bytes (payload and scales) on the largest
-# rank, where its whole-vector stores into the outputs beat the flag-free kernel's copy out of
-# the receive buffer. Measured on 2x H200, equal split of hidden-7168 rows, outputs in the pool
-# (bench/NOTES.md, seventeenth session): flag-free 5.79 us against push 7.53 at 146 KiB a rank,
-# 10.71 against 9.48 at 580 KiB; a straight line crosses near 400 KiB. Those were the flag-free
-# kernel's 32 blocks; on the wide grid it has since led at 580 KiB too (8.29 against 9.30,
-# bench/NOTES.md, eighteenth session), so this threshold awaits a measurement with that grid.
-DEFAULT_ORDER = (FLAGFREE_FP4, FUSED, UNFUSED)
-LARGE_ORDER = (FUSED, FLAGFREE_FP4, UNFUSED)
-PUSH_FIRST_FROM = 384 << 10
+# Flag-free first wherever it serves (world 2, no extras, each rank's wire chunk within its
+# receive slot): it has no barrier, where fused-push meets the peers twice. Until the flag-free
+# kernel had its wider grids, fused-push led from about 400 KiB of quantized bytes a rank; on
+# 2x H200 with them, equal split of hidden-7168 rows, outputs in the pool, flag-free led at every
+# size it served (bench/NOTES.md, nineteenth session).
+ORDER = (FLAGFREE_FP4, FUSED, UNFUSED)
 
 
-def largest_quantized(call: "Fp4Call") -> int:
-    """The largest rank's quantized bytes: its payload (H/2 a row) and scales (H/16 a row). The
-    same on every rank, since it follows the sizes every rank passes."""
-    cols = call.x.shape[1]
-    return max(call.sizes) * (cols // 2 + cols // fp4.BLOCK)
+
+
 OFFSETS_RULE = ("The fused path writes every peer's gathered outputs at this rank's offsets, so they must sit at "
                 "equal pool offsets: allocate them (equal shapes everywhere) inside use_symmetric_memory in the "
                 "same order on every rank, and tensors sized by this rank's rows (x, extra) outside it "
@@ -176,17 +168,16 @@ class AllGathervFp4(Operation):
         return Fp4Gathered(call.packed, scales, tuple(call.gathered_extra), values, call.gs)
 
     def order(self, table: DispatchTable, call: Fp4Call) -> tuple[str, ...]:
-        return DEFAULT_ORDER if largest_quantized(call) < PUSH_FIRST_FROM else LARGE_ORDER
+        return ORDER
 
     def ranking(self, table: DispatchTable, call: Fp4Call) -> str:
-        return (f"in all_gatherv_fp4's order at {largest_quantized(call)} quantized bytes on the largest rank "
-                f"(fused-push first from {PUSH_FIRST_FROM})")
+        return f"in all_gatherv_fp4's order ({', '.join(ORDER)})"
 
     def resolve(self, call: Fp4Call, algo: object, dispatcher: Dispatcher) -> str:
         algo = super().resolve(call, algo, dispatcher)
-        if algo == "auto" or algo in DEFAULT_ORDER:
+        if algo == "auto" or algo in ORDER:
             return algo
-        return self.resolve_inner(call, algo, dispatcher, "all_gatherv", UNFUSED, DEFAULT_ORDER, "an FP4 path")
+        return self.resolve_inner(call, algo, dispatcher, "all_gatherv", UNFUSED, ORDER, "an FP4 path")
 
     def inner_choice(self, call: Fp4Call, path: Path, dispatcher: Dispatcher) -> Choice | None:
         if path.name != UNFUSED:

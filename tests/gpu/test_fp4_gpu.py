@@ -11,7 +11,7 @@ import torch
 import symcomm
 from _data import DTYPES, assert_symmetric_served, rank_input
 from symcomm import fp4
-from symcomm.operations.all_gatherv_fp4 import PUSH_FIRST_FROM
+from symcomm.peer import context as peer_context
 
 SHAPES = [(0, 16), (1, 16), (7, 32), (33, 7168), (1000, 4096), (4097, 16), (3, 65536)]
 
@@ -290,8 +290,8 @@ def test_all_gatherv_fp4_graph_replay_equals_eager(comm):
 
 
 # ------------------------------------------------------------------------ the flag-free FP4 gather
-# Rows of hidden 7168 whose wire chunk (4,032 bytes a row) just fits the default 2 MiB receive slot.
-FLAGFREE_FULL_ROWS = (2 << 20) // 4032
+# Rows of hidden 7168 whose wire chunk (4,032 bytes a row) just fits the default world-2 receive slot.
+FLAGFREE_FULL_ROWS = peer_context.default_flagfree_bytes(2) // 4032
 FLAGFREE_CASES = [("uneven_with_zero", 256), ("all_zero_but_last", 48), ("all_zero", 256), ("one_row_each", 272),
                   ("full_slot", 7168)]
 
@@ -320,10 +320,7 @@ def test_all_gatherv_fp4_flagfree_matches_reference(comm, pattern, h, symmetric,
                          out=symcomm.Fp4Gathered(got.packed, got.scales, (), None, None))
     if "fused-flagfree" in comm.algorithms():
         if w == 2:
-            # From PUSH_FIRST_FROM quantized bytes a rank, fused-push goes first where it serves (pool outputs).
-            large = max(sizes) * (h // 2 + h // 16) >= PUSH_FIRST_FROM
-            want = "fused-push" if large and symmetric else "fused-flagfree"
-            assert choice.algo == want, choice
+            assert choice.algo == "fused-flagfree", choice
         else:
             assert choice.algo != "fused-flagfree" and "world 2 only" in choice.rejected["fused-flagfree"], choice
     xs = [_rank_rows(r, sizes[r], dtype, seed, h).cpu() for r in range(w)]
