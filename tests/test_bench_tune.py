@@ -100,6 +100,25 @@ def test_a_path_wrong_in_place_is_left_out_of_the_op_row():
                                     [None, ["nccl", "torch"]]]}  # wrong in place at 2 KiB: out
 
 
+def test_no_estimate_from_wrong_results_at_the_last_size_or_below_the_last_time():
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    flagfree = [6.0, 8.0, None, None]
+    assert tune.estimated(sizes, flagfree, 2) == pytest.approx(12.0)
+    # Wrong at either size the line is drawn through: no estimate, so the path stays out of the
+    # rule where it was wrong and goes after the measured paths above it.
+    assert tune.estimated(sizes, flagfree, 2, [False, True, False, False]) is None
+    assert tune.estimated(sizes, flagfree, 2, [True, False, False, False]) is None
+    times = {"all_gatherv": {"custom-flagfree": flagfree, "custom-push": [8.7, 10.4, 15.0, 22.5]}}
+    wrong = {"all_gatherv": {"custom-flagfree": [0, 3, 0, 0], "custom-push": [0, 0, 0, 0]}}
+    assert tune.table_rules(sizes, times, wrong, ["custom-push", "custom-flagfree"]) == {
+        "all_gatherv": [[1 << 20, ["custom-flagfree", "custom-push"]], [2 << 20, ["custom-push"]],
+                        [None, ["custom-push", "custom-flagfree"]]]}
+    # The last size's rule has no bound: an estimate there would rank the path first for good.
+    assert tune.estimated(sizes[:3], flagfree[:3], 2) is None
+    # A falling trend: never below the last measured time.
+    assert tune.estimated(sizes, [9.0, 8.0, None, None], 2) == 8.0
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in PACKAGED_DIR.glob("*.json")))
 def test_shipped_tables_rules_are_what_tune_derives_from_their_own_times(name):
     """A shipped table's rules are tune's ranking of the times it records (never edited by hand):

@@ -8,11 +8,14 @@ wrong results at a size is left out there, so auto never picks it. Adjacent size
 ranking merge into one rule whose bound is the largest size measured in it; the last rule has
 no bound.
 
-One exception to "refused follows measured": the first size a path refuses, after serving the
-two below it. The rule ending at that size also covers the sizes between it and the one below,
-where the path may still serve some calls (an uneven gather whose largest chunk still fits the
-flag-free receive slot); there it is ranked by the line through its two last times, extended to
-the size (an estimate of its time at the rule's top, above its time at any size it serves there).
+One exception to "refused follows measured": the first size a path refuses after serving the
+two below it with right results, unless that is the last size swept (whose rule has no bound).
+The rule ending at that size also covers the sizes between it and the one below, where the path
+may still serve some calls (an uneven gather whose largest chunk still fits the flag-free
+receive slot, or any call under a capacity that lies between the two sizes); there it is ranked
+by the line through its two last times, extended to the size, and never below its last time.
+Where it serves none of those calls (an even op whose capacity is the size below) it declines
+each, and the next path of the rule serves: one more question per call, the same choice.
 """
 from __future__ import annotations
 
@@ -58,13 +61,18 @@ def ranking(at: dict[str, float | None], wrong: set[str], paths: Sequence[str]) 
     return measured + refused
 
 
-def estimated(sizes: Sequence[int], times: Sequence[float | None], i: int) -> float | None:
+def estimated(sizes: Sequence[int], times: Sequence[float | None], i: int,
+              wrong_at: Sequence[bool] = ()) -> float | None:
     """A refused path's stand-in time at ``sizes[i]`` (see the module's docstring), or None
-    where it has no two measured sizes right below, or was measured here."""
-    if i < 2 or times[i] is not None or times[i - 1] is None or times[i - 2] is None:
+    where it was measured here, has no two right results right below, or ``i`` is the last
+    size. ``wrong_at[j]``: the path returned wrong results at ``sizes[j]``."""
+    def right(j: int) -> bool:
+        return times[j] is not None and not (j < len(wrong_at) and wrong_at[j])
+
+    if i < 2 or i == len(sizes) - 1 or times[i] is not None or not (right(i - 1) and right(i - 2)):
         return None
     slope = (times[i - 1] - times[i - 2]) / (sizes[i - 1] - sizes[i - 2])
-    return times[i - 1] + slope * (sizes[i] - sizes[i - 1])
+    return max(times[i - 1], times[i - 1] + slope * (sizes[i] - sizes[i - 1]))
 
 
 def merge(sizes: Sequence[int], prefs: Sequence[list[str]]) -> list[list]:
@@ -92,11 +100,12 @@ def table_rules(sizes: Sequence[int], times: dict[str, Times], wrong: dict[str, 
         if inplace:
             continue
         columns = [k for k in times if KEYS[k][0] == op]
+        bad = [{p for k in columns for p, counts in wrong.get(k, {}).items() if counts[i]} for i in range(len(sizes))]
         prefs = []
         for i in range(len(sizes)):
-            bad = {p for k in columns for p, counts in wrong.get(k, {}).items() if counts[i]}
-            at = {p: t[i] if t[i] is not None else estimated(sizes, t, i) for p, t in per_path.items()}
-            prefs.append(ranking(at, bad, paths))
+            at = {p: t[i] if t[i] is not None else estimated(sizes, t, i, [p in b for b in bad])
+                  for p, t in per_path.items()}
+            prefs.append(ranking(at, bad[i], paths))
             if not prefs[-1]:
                 raise ValueError(f"every path returned wrong results for {op} at {sizes[i]} bytes")
         rules[op] = merge(sizes, prefs)
