@@ -87,8 +87,9 @@ struct Signal {
   uint64_t epoch[kMaxBlocks];          // barrier epoch of this rank's block b (local only)
   uint64_t meetings;                   // meet_all_blocks' count of completed meetings (local only)
   uint64_t aborted;                    // 0, or why this rank gave up (abort_code); local only
-  uint32_t flagfree_buf[kFlagFreeRecords];   // receive buffer (0..2) block b's next flag-free call writes
-  uint32_t flagfree_prev[kFlagFreeRecords];  // most vectors a peer wrote per slot in block b's previous call
+  // Record b (every launch advances all of them alike: flagfree_end), read by block b of a launch:
+  uint32_t flagfree_buf[kFlagFreeRecords];   // the receive buffer (0..2) the next flag-free call writes
+  uint32_t flagfree_prev[kFlagFreeRecords];  // the most vectors a peer wrote per slot in the previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
   uint32_t ep_dispatched;              // 1 from a peer-push layout to the next peer-push combine (local)
   // EP dispatch's counts table (csrc/ep.cu's ep_dispatch): row p written by peer p, its counts per

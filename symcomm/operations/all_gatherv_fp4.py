@@ -48,9 +48,6 @@ FLAGFREE_FP4, FUSED, UNFUSED = "fused-flagfree", "fused-push", "unfused"
 # size it served (bench/NOTES.md, nineteenth session).
 ORDER = (FLAGFREE_FP4, FUSED, UNFUSED)
 
-
-
-
 OFFSETS_RULE = ("The fused path writes every peer's gathered outputs at this rank's offsets, so they must sit at "
                 "equal pool offsets: allocate them (equal shapes everywhere) inside use_symmetric_memory in the "
                 "same order on every rank, and tensors sized by this rank's rows (x, extra) outside it "

@@ -211,7 +211,7 @@ def test_auto_picks_them_where_the_world_2_tables_do(fast_comm, op):
 
 @pytest.mark.parametrize("op", ("all_gatherv", "reduce_scatterv"))
 def test_auto_picks_them_for_uneven_calls_at_world_2(fast_comm, op):
-    """The uneven calls too: the shipped H200 world-2 table ranks custom-flagfree first to 2 MiB,
+    """The uneven calls too: the shipped H200 world-2 table ranks custom-flagfree first to 8 MiB,
     and the built-in table (other GPUs) takes the even ops' rows, first to 1 MiB."""
     c = fast_comm
     for rows in (1, 8, 24):  # of 7168 bf16 per rank r: (r + 1) * rows, under 1 MiB in all at world 2
