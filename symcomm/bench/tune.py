@@ -8,12 +8,12 @@ wrong results at a size is left out there, so auto never picks it. Adjacent size
 ranking merge into one rule whose bound is the largest size measured in it; the last rule has
 no bound.
 
-One exception to "refused follows measured": the first size a path refuses after serving the
-two below it with right results, unless that is the last size swept (whose rule has no bound).
-The rule ending at that size also covers the sizes between it and the one below, where the path
-may still serve some calls (an uneven gather whose largest chunk still fits the flag-free
-receive slot, or any call under a capacity that lies between the two sizes); there it is ranked
-by the line through its two last times, extended to the size, and never below its last time.
+One exception to "refused follows measured". At the first size a path refuses after right
+results at the two sizes below (unless it is the last size swept, whose rule has no bound), the
+path is ranked by an estimate: the line through its two last times, extended to the size, and
+never below its last time. The rule ending at that size also covers the sizes between it and the
+one below, where the path may still serve some calls (an uneven gather whose largest chunk still
+fits the flag-free receive slot, or any call under a capacity that lies between the two sizes).
 Where it serves none of those calls (an even op whose capacity is the size below) it declines
 each, and the next path of the rule serves: one more question per call, the same choice.
 """
@@ -35,9 +35,9 @@ from .runner import Runner, progress_mode, sweep
 # Recorded column -> (op measured, in-place column?). The file keeps both columns of the even ops
 # as a record, but a call takes its op's row whether in place or not (symcomm/dispatch.py says
 # why), and the row ranks by the out-of-place column: the common call (serving and training code
-# all-reduce into a new tensor). What in-place calls give up, from the shipped world-2 table's
-# own columns: one-shot stages an in-place input, so at 4 MiB in-place one-shot takes 22.6 us
-# where two-shot takes 20.8, while out of place one-shot wins (19.9 against 20.8).
+# all-reduce into a new tensor). What in-place calls give up, from the world-2 table's own
+# columns (2026-11-30): one-shot stages an in-place input, so at 4 MiB in-place one-shot takes
+# 22.4 us where two-shot takes 20.9, while out of place one-shot leads two-shot (20.1 against 20.9).
 KEYS: dict[str, tuple[str, bool]] = {
     "all_reduce": ("all_reduce", False),
     "all_reduce:inplace": ("all_reduce", True),
