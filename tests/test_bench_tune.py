@@ -53,7 +53,7 @@ def test_a_path_refused_past_its_capacity_keeps_the_place_its_trend_gives_it():
     sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
     times = {"all_gatherv": {"custom-flagfree": [6.005, 8.007, None, None],
                              "custom-push": [8.718, 10.415, 15.048, 22.453]}}
-    assert tune.estimated(sizes, times["all_gatherv"]["custom-flagfree"], 2) == pytest.approx(12.011)
+    assert tune.estimated(sizes, times["all_gatherv"]["custom-flagfree"], 2, [False] * 4) == pytest.approx(12.011)
     rules = tune.table_rules(sizes, times, {}, ["custom-push", "custom-flagfree"])
     assert rules == {"all_gatherv": [[4 << 20, ["custom-flagfree", "custom-push"]],
                                      [None, ["custom-push", "custom-flagfree"]]]}
@@ -103,7 +103,7 @@ def test_a_path_wrong_in_place_is_left_out_of_the_op_row():
 def test_no_estimate_from_wrong_results_at_the_last_size_or_below_the_last_time():
     sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
     flagfree = [6.0, 8.0, None, None]
-    assert tune.estimated(sizes, flagfree, 2) == pytest.approx(12.0)
+    assert tune.estimated(sizes, flagfree, 2, [False] * 4) == pytest.approx(12.0)
     # Wrong at either size the line is drawn through: no estimate, so the path stays out of the
     # rule where it was wrong and goes after the measured paths above it.
     assert tune.estimated(sizes, flagfree, 2, [False, True, False, False]) is None
@@ -114,9 +114,9 @@ def test_no_estimate_from_wrong_results_at_the_last_size_or_below_the_last_time(
         "all_gatherv": [[1 << 20, ["custom-flagfree", "custom-push"]], [2 << 20, ["custom-push"]],
                         [None, ["custom-push", "custom-flagfree"]]]}
     # The last size's rule has no bound: an estimate there would rank the path first for good.
-    assert tune.estimated(sizes[:3], flagfree[:3], 2) is None
+    assert tune.estimated(sizes[:3], flagfree[:3], 2, [False] * 3) is None
     # A falling trend: never below the last measured time.
-    assert tune.estimated(sizes, [9.0, 8.0, None, None], 2) == 8.0
+    assert tune.estimated(sizes, [9.0, 8.0, None, None], 2, [False] * 4) == 8.0
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in PACKAGED_DIR.glob("*.json")))

@@ -62,12 +62,12 @@ def ranking(at: dict[str, float | None], wrong: set[str], paths: Sequence[str]) 
 
 
 def estimated(sizes: Sequence[int], times: Sequence[float | None], i: int,
-              wrong_at: Sequence[bool] = ()) -> float | None:
+              wrong_at: Sequence[bool]) -> float | None:
     """A refused path's stand-in time at ``sizes[i]`` (see the module's docstring), or None
     where it was measured here, has no two right results right below, or ``i`` is the last
     size. ``wrong_at[j]``: the path returned wrong results at ``sizes[j]``."""
     def right(j: int) -> bool:
-        return times[j] is not None and not (j < len(wrong_at) and wrong_at[j])
+        return times[j] is not None and not wrong_at[j]
 
     if i < 2 or i == len(sizes) - 1 or times[i] is not None or not (right(i - 1) and right(i - 2)):
         return None
