@@ -245,8 +245,12 @@ def _squat(path: bytes):
         # same address, hoping for the next descriptor.
         os.mkdir(os.path.dirname(path))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        s.bind(path)
+        # Bound and listening under a side name, then renamed into place: the address appears
+        # only once it accepts, so the rank's connect never races the listen() (which it did,
+        # refused, once in CI on a loaded machine).
+        s.bind(path + b".pending")
         s.listen(8)
+        os.rename(path + b".pending", path)
         s.settimeout(4.0)
         got = b"nothing"
         try:
