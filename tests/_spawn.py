@@ -14,14 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import traceback
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _PRELOAD = ["torch", "torch.distributed"]
@@ -29,8 +22,9 @@ _PRELOAD = ["torch", "torch.distributed"]
 
 def _entry(fn, rank, world_size, port, args, results, environ):
     os.environ.clear()
+    # The test process holds the store (as torchrun's agent does): every rank connects as a client.
     os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True")
     try:
         import torch.distributed as dist
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -50,7 +44,12 @@ def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0, may_exit
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first world only
     results = ctx.Queue()
-    port = _free_port()
+    # The store listens before any rank starts. (A free port picked here and bound later by rank 0
+    # could be taken in between, by a rank's own connect retries among others: rank 0 then fails
+    # to listen.)
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port
     environ = dict(os.environ)
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results, environ), daemon=True)
              for r in range(world_size)]
@@ -71,5 +70,6 @@ def run_world(fn, world_size: int = 2, *args, timeout_s: float = 240.0, may_exit
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+        del store  # every rank has ended: none waits on it
     if failures:
         raise AssertionError("\n".join(f"--- rank {r} ---\n{e}" for r, e in sorted(failures.items())))

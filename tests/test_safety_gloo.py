@@ -394,7 +394,7 @@ def test_a_refusal_without_check_mode_leaves_peers_bounded_by_symcomms_timeout(w
 def _dead_peer(rank, world):
     comm = symcomm.Communicator(timeout_s=20)
     _sum_is_right(comm, rank, world)
-    dead = world - 1  # not rank 0, whose process hosts the store
+    dead = world - 1
     if rank == dead:
         os._exit(0)  # dies without a word: no close(), no destroy, its sockets closed by the OS
     start = time.monotonic()
