@@ -256,7 +256,9 @@ def _norm_and_fp4(rank, world):
     with pytest.raises(symcomm.ArgumentError, match=r"quant='fp8'.*no gradient"):
         q.out.float().sum().backward()
     q = comm.all_reduce_rmsnorm(x, w, residual=r, quant="fp8", scale=1.0)
-    q.residual.sum().backward()  # the residual output still has its gradient
+    x.grad = r.grad = None
+    q.residual.sum().backward()  # the residual output (sum of the ranks' x, plus r) keeps its gradient
+    assert torch.equal(r.grad, torch.ones_like(r)) and torch.equal(x.grad, torch.full_like(x, world))
 
     # FP4 gather: straight through the dequantized values, extras by reduce-scatterv
     sz = sizes_for(world)

@@ -83,7 +83,9 @@ def _dispatch_world(rank, world):
     x, ids, w = torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 1)
     choice = comm.select("moe_dispatch", x, ids, w, experts, max_tokens=1)
     assert choice.algo == "a2a" and "peer-push" in choice.rejected, choice
-    assert comm.moe_dispatch(x, ids, w, experts, max_tokens=1, algo="torch").expert_counts.numel() == experts // world
+    forced = comm.moe_dispatch(x, ids, w, experts, max_tokens=1, algo="torch").expert_counts.tolist()
+    local = experts // world  # every rank's one token goes to expert 0, on rank 0
+    assert forced == ([world] + [0] * (local - 1) if rank == 0 else [0] * local), forced
     assert "peer-push" in comm.capabilities()["operations"]["moe_dispatch"]
     comm.close()
 
@@ -156,7 +158,8 @@ def test_a_rank_with_nothing_to_send_or_receive_still_takes_part(world):
 def _bad_inputs(rank, world):
     comm = symcomm.Communicator(timeout_s=30)
     E, H = 2 * world, 32
-    x, w = torch.randn(3, H, dtype=torch.bfloat16), torch.rand(3, 2)
+    gen = torch.Generator().manual_seed(rank)
+    x, w = torch.randn(3, H, dtype=torch.bfloat16, generator=gen), torch.rand(3, 2, generator=gen)
     ids = torch.tensor([[0, 1], [1, -1], [E - 1, 0]])
     ok = dict(max_tokens=4)
     D, A = symcomm.DtypeError, symcomm.ArgumentError
@@ -217,7 +220,11 @@ def _bad_inputs(rank, world):
     buf = torch.zeros(2 * world, 2)
     with pytest.raises(A, match="overlaps"):
         comm.all_to_allv(buf[:world], [1] * world, [1] * world, out=buf[1:world + 1])
-    torch.testing.assert_close(comm.moe_combine(y, got.handle), torch.zeros(3, H, dtype=torch.bfloat16))
+    # Still in step: each expert returns the row it was sent, so a token comes back as itself
+    # times the sum of its valid entries' weights (token 1's second entry is -1).
+    valid = (ids >= 0).float()
+    want = (x.double() * (w.double() * valid).sum(1, keepdim=True)).to(torch.bfloat16)
+    torch.testing.assert_close(comm.moe_combine(got.x, got.handle), want)
     comm.close()
     # check mode: one rank's refusal reaches its peers, who raise with its reason
     comm = symcomm.Communicator(check=True, timeout_s=30)

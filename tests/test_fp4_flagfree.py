@@ -220,12 +220,16 @@ def test_the_flagfree_path_says_why_it_declines(case, fragment):
         _router(state).choose(ALL_GATHERV_FP4, call, FLAGFREE_FP4)
 
 
-def test_a_call_with_extras_takes_the_fused_push():
+def test_a_call_with_extras_is_left_to_the_fused_push():
     state = FakeState()
     call = _call(extra=[torch.zeros(3, 8)])
     state.region_problem = None
     path, choice = _router(state).choose(ALL_GATHERV_FP4, call, "auto", explain=True)
-    assert FLAGFREE_FP4 in choice.rejected and path.name != FLAGFREE_FP4
+    # Extras are arbitrary bytes (they could read as the sentinel): flag-free refuses them and
+    # says who carries them. The outputs here are not in a pool, so the push passes too.
+    assert "sentinel; fused-push carries them" in choice.rejected[FLAGFREE_FP4]
+    assert "not in a mapped symmetric pool region" in choice.rejected["fused-push"]
+    assert path.name == "unfused"
 
 
 def test_the_launch_passes_every_ranks_rows_and_this_ranks_outputs(monkeypatch):

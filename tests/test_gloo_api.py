@@ -150,7 +150,8 @@ def _check_mode(rank, world):
         comm.all_reduce(bad)
     # In-place gathers and scatters: x (or out) is this rank's slice, at a rank-dependent
     # offset by design; check mode must not call that a mismatch.
-    buf = torch.arange(2.0 * world)
+    buf = torch.zeros(2 * world)  # only this rank's slice holds its values before the call
+    buf[2 * rank:2 * rank + 2] = torch.arange(2.0 * rank, 2.0 * rank + 2)
     comm.all_gather(buf[2 * rank:2 * rank + 2], out=buf)
     assert buf.tolist() == [float(v) for v in range(2 * world)]
     x = torch.ones(2 * world)
