@@ -474,9 +474,9 @@ struct FlagFreeWords {
 };
 
 // Thread t of block b advances record b + t * G of a G-block launch (if below kFlagFreeRecords),
-// so the stores of every record the block owns issue together from warp 0's lanes (G >= 4), and
-// thread 0's serial work stays one load pair and one store pair whatever the grid. (A loop in
-// thread 0, four store pairs on the narrow grid, cost all_reduce 0.2 us at 1-16 KiB against two.)
+// so the stores of every record the block owns issue together from warp 0's lanes (G >= 4): 0.04
+// to 0.14 us less a call at 1-64 KiB than a loop in thread 0 (four store pairs on the 32-block
+// grid), bench/results/2026-11-30_nvidia-h200-x2_w2_verify_480065e/lanes_ab/.
 __device__ __forceinline__ bool advances_a_record() {
   return blockIdx.x + size_t(threadIdx.x) * gridDim.x < size_t(kFlagFreeRecords);
 }
