@@ -9,10 +9,13 @@ failure so a GPU run cannot pass by skipping.
 """
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
-from _sim import ALGOS, DTYPES, SimWorld, capacity, check_outputs, make_inputs
+from symcomm import _native
+from _sim import ALGOS, DTYPES, MAX_BLOCKS, SimWorld, capacity, check_outputs, make_inputs
 
 WORLDS = (2, 4, 8)
 # Bytes: one vector, an odd vector count, two pages and a vector, flag-free's whole capacity,
@@ -52,3 +55,33 @@ def test_many_calls_in_a_row_alternating_kernels(world):
         torch.cuda.synchronize()
     for what, x, y in calls:
         check_outputs(y, x, f"world {world} {what}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_one_shot_in_place_sums_through_scratch_and_copies_back(world):
+    """symcomm_ar_oneshot_in_place, the in-place one-shot of a pool input: every rank reads the
+    others' inputs through a slot, sums into its scratch, and after the end barrier copies the
+    sums over its own input, eight vectors a thread at a time and then the tail. Sizes put the
+    tail at every length (vector counts around multiples of the grid's 8 x stride). The bits
+    equal the out-of-place one-shot's, which the reference checks."""
+    gen = torch.Generator().manual_seed(world + 1000)
+    with SimWorld(world, graph_slots=2) as sim:
+        stride = MAX_BLOCKS * 512  # the grid's threads: each thread copies every stride-th vector
+        for nvec in (1, 8 * stride - 1, 8 * stride, 8 * stride + 1, 16 * stride + 5 * stride + 3):
+            nbytes = 16 * nvec
+            for dtype in DTYPES:
+                x = make_inputs(world, nbytes, dtype, gen)
+                inout = [t.clone() for t in x]
+                scratch = [torch.full_like(t, 7.0) for t in x]
+                ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in inout])
+                for r in range(world):
+                    assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+
+                def run(r, stream):
+                    code = sim.lib.symcomm_ar_oneshot_in_place(sim.ctxs[r], _native.DTYPE_CODES[dtype], 1, 0,
+                                                               scratch[r].data_ptr(), inout[r].data_ptr(), nbytes,
+                                                               stream.cuda_stream)
+                    assert code == 0, f"rank {r}: {code}"
+                sim.each_rank(run)
+                torch.cuda.synchronize()
+                check_outputs(inout, x, f"in place {dtype} world {world} {nvec} vectors")
