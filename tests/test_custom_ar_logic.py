@@ -507,11 +507,13 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     assert len(session.calls) == 6 and launched[-1][1:] == (1, 0, 0)
 
 
-def test_in_place_one_shot_past_the_staging_buffer_sums_through_scratch(monkeypatch):
-    """An in-place one-shot past the staging buffer reads its pool input through the region's
-    slot (no staging) and hands the kernel a scratch tensor plus the input to copy back to; a
-    capture records it exactly as the same call out of place, so ranks that differ only in
-    calling in place compare equal. Within the buffer an in-place call is still staged."""
+def test_in_place_one_shot_of_a_pool_input_sums_through_scratch_at_every_size(monkeypatch):
+    """An in-place one-shot of a pool input, past the staging buffer or within it, reads the
+    input through the region's slot (no staging), as peers calling out of place do, and hands
+    the kernel a scratch tensor plus the input to copy back to; a capture records it exactly as
+    the same call out of place, so ranks that differ only in calling in place compare equal.
+    Staging it would send this rank to the peers' staging buffers while they read the pool. An
+    in-place call on an ordinary tensor is still staged, as its out-of-place twin is."""
     granule = (1 << 30) >> GRANULE_SHIFT
     base_ptr = granule << GRANULE_SHIFT
     state = FakeState(granules={g: base_ptr for g in range(granule, granule + 64)})
@@ -530,14 +532,17 @@ def test_in_place_one_shot_past_the_staging_buffer_sums_through_scratch(monkeypa
     state.capture = session = peer_capture.CaptureSession()
     monkeypatch.setattr(base, "_stream_capturing", lambda: True)
     one = custom_ar.AllReduceKernelPath(ONESHOT, peer_setup.SharedContext(state))
-    numel, ptr = peer_context.DEFAULT_STAGING_BYTES // 2 + 8, base_ptr + 4096
+    numel, ptr, ordinary = peer_context.DEFAULT_STAGING_BYTES // 2 + 8, base_ptr + 4096, 3 << 30
     one.run(_call(numel=numel, in_ptr=ptr, out_ptr=ptr))       # in place, past the buffer
     one.run(_call(numel=numel, in_ptr=ptr, out_ptr=2 << 30))   # the same out of place
-    one.run(_call(numel=1024, in_ptr=ptr, out_ptr=ptr))        # in place within it: staged
-    assert through == [(5, 4096, ptr, numel * 2, True)]
-    assert plain == [(False, 0, 5, 4096), (True, 1, 0, 0)]
+    one.run(_call(numel=1024, in_ptr=ptr, out_ptr=ptr))        # in place within it
+    one.run(_call(numel=1024, in_ptr=ptr, out_ptr=2 << 30))    # the same out of place
+    one.run(_call(numel=1024, in_ptr=ordinary, out_ptr=ordinary))  # an ordinary tensor in place: staged
+    assert through == [(5, 4096, ptr, numel * 2, True), (5, 4096, ptr, 2048, True)]
+    assert plain == [(False, 0, 5, 4096), (False, 0, 5, 4096), (True, 1, 0, 0)]
     assert session.calls[0] == session.calls[1] == (peer_capture.IN_REGION, 1, numel * 2, 0, 4096)
-    assert session.calls[2][0] == peer_capture.STAGED
+    assert session.calls[2] == session.calls[3] == (peer_capture.IN_REGION, 1, 2048, 0, 4096)
+    assert session.calls[4][0] == peer_capture.STAGED
 
 
 @pytest.mark.parametrize("world", (2, 4))

@@ -49,6 +49,11 @@ def flagfree_chunks(call: Call, world: int) -> list[int]:
 class AllReduceKernelPath(PeerPath):
     """One of the three all-reduce kernels."""
 
+    # Peers read this rank's pool inputs at its offsets (one-shot, two-shot) or nothing of its
+    # tensors (flag-free); every output is written by its own rank alone, so a rank may sum in
+    # place into its pool input while its peers write ordinary tensors.
+    equal_offsets = ("x",)
+
     def __init__(self, name: str, shared=None) -> None:
         self._algo = ALGO_CODES[name]
         self.capacity = 0
@@ -159,11 +164,13 @@ class AllReduceKernelPath(PeerPath):
             self._run_scatter(call)
             return
         context, ptr = self._context, call.in_ptrs[0]
-        # In place, one-shot writes what peers may still be reading: that input is staged, or,
-        # past the staging buffer (a pool input, why_not says), read in place and summed into
-        # scratch that the kernel copies back once every peer has read it.
+        # In place, one-shot writes what peers may still be reading. A pool input is read where
+        # it lies, as peers that call out of place read it, and summed into scratch that the
+        # kernel copies back once every peer has read it; any other input is staged, as the
+        # peers' ordinary inputs are. Staging a pool input would send this rank to the staging
+        # buffers while its peers read the pool.
         overwritten = self.name == ONESHOT and ptr == call.out_ptrs[0]
-        if overwritten and call.nbytes > self.capacity:
+        if overwritten and context.region_of(ptr) is not None:
             self._run_in_place_through(call)
             return
         stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name],
@@ -171,15 +178,15 @@ class AllReduceKernelPath(PeerPath):
         self.launch(call, stage, slot, offset, session)
 
     def _run_in_place_through(self, call: Call) -> None:
-        """An in-place one-shot past the staging buffer: its pool input is read where it lies
+        """An in-place one-shot of a pool input, at any size: the input is read where it lies
         (recorded like an out-of-place one, so ranks that differ only in calling in place agree)
         and summed into a fresh tensor, which the kernel copies to the input after its end
         barrier. A kernel that gives up leaves the input as it was."""
         context, ptr = self._context, call.in_ptrs[0]
         stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name], peers_read=True)
         if stage or not slot:  # why_not took it from a mapped region: a broken invariant, not bad input
-            raise SymmetricMemoryError(f"an in-place one-shot of {call.nbytes} bytes past the staging buffer "
-                                       f"found its input outside the mapped pool")
+            raise SymmetricMemoryError(f"an in-place one-shot of {call.nbytes} bytes found its pool input "
+                                       f"outside the mapped pool")
         scratch = torch.empty_like(call.outputs[0])
         code = context.lib.symcomm_ar_oneshot_in_place(context.ctx, DTYPE_CODES[call.dtype], slot, offset,
                                                        scratch.data_ptr(), ptr, call.nbytes,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -253,6 +254,29 @@ def test_ranks_differing_only_in_calling_in_place_take_one_path(comm, op, nbytes
     else:
         assert_reduced(out, [t[rank * part:(rank + 1) * part] for t in all_inputs(numel, dtype, w, 44)],
                        f"{op} of {nbytes} bytes, rank 0 in place")
+
+
+@pytest.mark.parametrize("nbytes", (64 << 10, (4 << 20) + 16, (20 << 20) + 48))
+def test_one_shot_of_a_pool_input_summed_in_place_by_rank_0_only(comm, nbytes):
+    """Rank 0 sums its pool input in place, its peers into ordinary tensors (check mode on: the
+    outputs' offsets may differ, since no peer touches them). Every rank reads the others'
+    inputs where they lie in the pool, so every result is right and the ranks' bits agree. When
+    an in-place call within the staging buffer staged its input, rank 0 read the peers' staging
+    buffers, which held none of this call's data, and the peers read rank 0's input while rank 0
+    overwrote it."""
+    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
+    numel = nbytes // 2
+    inputs = all_inputs(numel, dtype, w, 45)
+    with symcomm.use_symmetric_memory(comm):
+        x = torch.empty(numel, dtype=dtype, device=comm.device)
+    for round_ in range(2):  # the second round finds the staging buffers holding the first's data
+        x.copy_(inputs[rank])
+        out = x if rank == 0 else torch.empty_like(x)
+        comm.all_reduce(x, out=out, algo="custom-oneshot")
+        assert_reduced(out, inputs, f"{nbytes} bytes, round {round_}, rank 0 in place")
+        bits = [None] * w
+        torch.distributed.all_gather_object(bits, zlib.crc32(out.view(torch.int16).cpu().numpy().tobytes()))
+        assert len(set(bits)) == 1, f"{nbytes} bytes, round {round_}: ranks hold different bits"
 
 
 @pytest.mark.parametrize("nbytes", (32 << 10, 4 << 20))
