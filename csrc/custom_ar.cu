@@ -85,7 +85,9 @@ __global__ void __launch_bounds__(kThreads) one_shot(Sync s, const Peers* in, si
   // now. Each thread copies the vectors it wrote itself; a block that gave up writes nothing.
   // kCopyUnroll loads before any store, as above: a local copy needs about 4 MB in flight to
   // keep HBM busy (~5 TB/s x ~0.8 us), and one 16-byte load per thread of a 64-block grid
-  // keeps 0.5 MB; eight keep 4.
+  // keeps 0.5 MB; eight keep 4. Measured in place at world 2 on H200, one load -> eight:
+  // 64 MiB 278.84 -> 240.18 us, 256 MiB 1085.80 -> 938.37 (out of place 207.56 and 805.73;
+  // bench/results/2026-11-30_nvidia-h200-x2_w2_verify_256f496).
   constexpr int kCopyUnroll = 8;
   size_t j = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; j + (kCopyUnroll - 1) * stride < nvec; j += kCopyUnroll * stride) {
