@@ -513,7 +513,8 @@ def test_in_place_one_shot_of_a_pool_input_sums_through_scratch_at_every_size(mo
     the kernel a scratch tensor plus the input to copy back to; a capture records it exactly as
     the same call out of place, so ranks that differ only in calling in place compare equal.
     Staging it would send this rank to the peers' staging buffers while they read the pool. An
-    in-place call on an ordinary tensor is still staged, as its out-of-place twin is."""
+    in-place call on an ordinary tensor is still staged (its out-of-place twin, captured, would
+    get a slot of its own: the capture's comparison names that difference)."""
     granule = (1 << 30) >> GRANULE_SHIFT
     base_ptr = granule << GRANULE_SHIFT
     state = FakeState(granules={g: base_ptr for g in range(granule, granule + 64)})
@@ -571,6 +572,30 @@ def test_check_mode_compares_alignment_and_signatures_share_one_length():
     assert values[names.index("16-byte misalignment of the all_reduce input/output")] == 8
     table = [values, checks.signature(_call(), 1, 2, None)[0]]
     assert "misalignment" in checks.first_mismatch(table, names, ["nccl", "custom-oneshot"])
+
+
+@pytest.mark.parametrize("algo", custom_ar.ALGO_CODES)
+def test_check_mode_compares_only_the_kernels_inputs_offsets(algo):
+    """The all-reduce kernels write every output locally, so check mode compares where the input
+    sits and not the output: rank 0 summing in place into its pool tensor and rank 1 writing an
+    ordinary tensor sign alike. A path that compares outputs too (the base rule) tells them apart,
+    and an input at another offset still does."""
+    from symcomm import check_mode as checks
+    pool_base = 1 << 30
+
+    def locate(ptr):
+        return [0, ptr - pool_base] if pool_base <= ptr < 2 * pool_base else [-1, -1]
+    path = custom_ar.AllReduceKernelPath(algo, peer_setup.SharedContext(FakeState()))
+    x = pool_base + 4096
+    in_place, out_of_place = _call(in_ptr=x, out_ptr=x), _call(in_ptr=x, out_ptr=3 << 30)
+    moved = _call(in_ptr=x + 4096, out_ptr=3 << 30)
+
+    def sign(call, compared):
+        return checks.signature(call, 1, 2, locate, compared=compared)[0]
+    assert path.compared_offsets(in_place) == ("x",)
+    assert sign(in_place, path.compared_offsets(in_place)) == sign(out_of_place, path.compared_offsets(out_of_place))
+    assert sign(in_place, ("x", "out")) != sign(out_of_place, ("x", "out"))
+    assert sign(moved, path.compared_offsets(moved)) != sign(out_of_place, path.compared_offsets(out_of_place))
 
 
 def test_a_rank_that_turned_the_kernels_off_still_votes(no_library_needed):
