@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kThreads) one_shot(Sync s, const Peers* in, si
   for (; i < nvec; i += stride) out[i] = reduce_at<T, W>(src, i);
   // Peers read this rank's input until they pass here; it must not be reused before then.
   if (!barrier(s, kEnd, world, epoch) || copy_to == nullptr) return;
-  // In place past the staging buffer (symcomm_ar_oneshot_in_place): `out` is scratch and copy_to
-  // the input. Peer block b read exactly this block's indices of it (the same grid-stride on
+  // In place on a pool input (symcomm_ar_oneshot_in_place, any size): `out` is scratch and
+  // copy_to the input. Peer block b read exactly this block's indices of it (the same grid-stride on
   // every rank, whose grids are equal) and has passed the end barrier, so they may be overwritten
   // now. Each thread copies the vectors it wrote itself; a block that gave up writes nothing.
   // kCopyUnroll loads before any store, as above: a local copy needs about 4 MB in flight to

@@ -166,9 +166,10 @@ class AllReduceKernelPath(PeerPath):
         context, ptr = self._context, call.in_ptrs[0]
         # In place, one-shot writes what peers may still be reading. A pool input is read where
         # it lies, as peers that call out of place read it, and summed into scratch that the
-        # kernel copies back once every peer has read it; any other input is staged, as the
-        # peers' ordinary inputs are. Staging a pool input would send this rank to the staging
-        # buffers while its peers read the pool.
+        # kernel copies back once every peer has read it: staging it would send this rank to the
+        # staging buffers while its peers read the pool. Any other input is staged (eagerly, so is
+        # its out-of-place twin; in graph_capture() the twin gets a slot, and the capture's
+        # comparison of the ranks' records names the difference).
         overwritten = self.name == ONESHOT and ptr == call.out_ptrs[0]
         if overwritten and context.region_of(ptr) is not None:
             self._run_in_place_through(call)

@@ -269,7 +269,7 @@ def test_one_shot_of_a_pool_input_summed_in_place_by_rank_0_only(comm, nbytes):
     inputs = all_inputs(numel, dtype, w, 45)
     with symcomm.use_symmetric_memory(comm):
         x = torch.empty(numel, dtype=dtype, device=comm.device)
-    for round_ in range(2):  # the second round finds the staging buffers holding the first's data
+    for round_ in range(2):  # twice: the second call starts from the epochs and scratch the first left
         x.copy_(inputs[rank])
         out = x if rank == 0 else torch.empty_like(x)
         comm.all_reduce(x, out=out, algo="custom-oneshot")

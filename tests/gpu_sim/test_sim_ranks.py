@@ -61,9 +61,10 @@ def test_many_calls_in_a_row_alternating_kernels(world):
 def test_one_shot_in_place_sums_through_scratch_and_copies_back(world):
     """symcomm_ar_oneshot_in_place, the in-place one-shot of a pool input: every rank reads the
     others' inputs through a slot, sums into its scratch, and after the end barrier copies the
-    sums over its own input, eight vectors a thread at a time and then the tail. Sizes put the
-    tail at every length (vector counts around multiples of the grid's 8 x stride). The bits
-    equal the out-of-place one-shot's, which the reference checks."""
+    sums over its own input, eight vectors a thread at a time and then the tail. The vector
+    counts give a one-block grid, threads with a tail and no eight-vector pass, one pass and no
+    tail, one pass and a tail, and two passes with tails of 5 and 6. The bits equal the
+    out-of-place one-shot's, which the reference checks."""
     gen = torch.Generator().manual_seed(world + 1000)
     with SimWorld(world, graph_slots=2) as sim:
         stride = MAX_BLOCKS * 512  # the grid's threads: each thread copies every stride-th vector
