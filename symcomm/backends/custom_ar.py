@@ -50,8 +50,9 @@ class AllReduceKernelPath(PeerPath):
     """One of the three all-reduce kernels."""
 
     # Peers read this rank's pool inputs at its offsets (one-shot, two-shot) or nothing of its
-    # tensors (flag-free); every output is written by its own rank alone, so a rank may sum in
-    # place into its pool input while its peers write ordinary tensors.
+    # tensors (flag-free); every output is written by its own rank alone, so check mode compares
+    # the inputs only. The guide's rule for outputs still stands: under auto, nccl-symm (next in
+    # many rows) can take a call only if its output is in the pool.
     equal_offsets = ("x",)
 
     def __init__(self, name: str, shared=None) -> None:
@@ -185,7 +186,7 @@ class AllReduceKernelPath(PeerPath):
         barrier. A kernel that gives up leaves the input as it was."""
         context, ptr = self._context, call.in_ptrs[0]
         stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name], peers_read=True)
-        if stage or not slot:  # why_not took it from a mapped region: a broken invariant, not bad input
+        if stage or not slot:  # run() found it in a mapped region: a broken invariant, not bad input
             raise SymmetricMemoryError(f"an in-place one-shot of {call.nbytes} bytes found its pool input "
                                        f"outside the mapped pool")
         scratch = torch.empty_like(call.outputs[0])
