@@ -861,7 +861,8 @@ int symcomm_ar_oneshot_in_place(symcomm_ar_t ctx, symcomm_dtype_t dtype, int slo
   Context* c = &ctx->impl;
   cudaError_t err = use_device(c->device);
   if (err != cudaSuccess) return err;
-  // Slot 0 is the staging buffer, which holds no input here; a pool region's slot is read in place.
+  // Slot 0 is the staging buffer, which holds no input here; a pool region's slot, or a captured
+  // input's own, is read where the input lies.
   if (nbytes % 16 || slot <= 0 || slot >= c->max_slots || ((reinterpret_cast<uintptr_t>(scratch) |
       reinterpret_cast<uintptr_t>(inout)) & 15))
     return cudaErrorInvalidValue;

@@ -420,15 +420,14 @@ def test_capture_records_each_input_once_and_stages_what_cannot_be_registered():
     granule = 77
     state = FakeState(granules={granule: granule << GRANULE_SHIFT}, graph_slots=3)
     session = peer_capture.CaptureSession()
-    assert state._record(session, 1 << 30, False) == 1
-    assert state._record(session, 1 << 30, False) == 1  # same buffer, same slot
-    assert state._record(session, 1 << 30, True) == 0  # overwritten while peers read it: staged
-    assert state._record(session, 3 << 30, False) == 2
-    assert state._record(session, granule << GRANULE_SHIFT, False) == 0  # symmetric pool: cuMem
-    assert state._record(session, 5 << 30, False) == 0  # slots exhausted: stage instead
+    assert state._record(session, 1 << 30) == 1
+    assert state._record(session, 1 << 30) == 1  # same buffer, same slot
+    assert state._record(session, 3 << 30) == 2
+    assert state._record(session, granule << GRANULE_SHIFT) == 0  # symmetric pool: cuMem
+    assert state._record(session, 5 << 30) == 0  # slots exhausted: stage instead
     assert session.out_of_slots and list(session.slots) == [1 << 30, 3 << 30]
     no_ipc = FakeState(can_register=False)
-    assert no_ipc._record(peer_capture.CaptureSession(), 1 << 30, False) == 0
+    assert no_ipc._record(peer_capture.CaptureSession(), 1 << 30) == 0
 
 
 def test_capture_registration_refuses_mismatched_counts_before_touching_cuda():
@@ -475,9 +474,10 @@ def test_captured_calls_are_compared_by_kernel_size_region_and_offset(field, the
 
 def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     """What run() appends per captured call: the recorded buffer's index, or how it read its
-    input instead (staged, symmetric region, flag-free's direct read)."""
-    granule = 9
-    state = FakeState(granules={granule: granule << GRANULE_SHIFT})
+    input instead (staged, symmetric region, flag-free's direct read). An in-place one-shot
+    records what its out-of-place twin records."""
+    granule, unmapped = 9, 11
+    state = FakeState(granules={granule: granule << GRANULE_SHIFT, unmapped: unmapped << GRANULE_SHIFT})
     state.region_slots = {granule << GRANULE_SHIFT: 7}  # a local slot number...
     state.region_numbers = {granule << GRANULE_SHIFT: 0}  # ...and the order every rank agrees on
     launched = []
@@ -485,7 +485,11 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     def run(ctx, algo, dtype, ptr, slot, offset, out, nbytes, stage, stream):
         launched.append((algo, stage, slot, offset))
         return 0
-    state.lib, state.ctx = SimpleNamespace(symcomm_ar_run=run), 1
+
+    def in_place(ctx, dtype, slot, offset, scratch, inout, nbytes, stream):
+        launched.append((ONESHOT, 0, slot, offset))
+        return 0
+    state.lib, state.ctx = SimpleNamespace(symcomm_ar_run=run, symcomm_ar_oneshot_in_place=in_place), 1
     state.launch_stream = lambda session: 0
     state.capture = session = peer_capture.CaptureSession()
     monkeypatch.setattr(base, "_stream_capturing", lambda: True)
@@ -494,17 +498,19 @@ def test_run_records_the_pattern_of_captured_calls(monkeypatch):
     two.run(_call(in_ptr=1 << 30))                                   # recorded, buffer 0
     one.run(_call(in_ptr=3 << 30))                                   # recorded, buffer 1
     two.run(_call(in_ptr=1 << 30))                                   # buffer 0 again
-    one.run(_call(in_ptr=4 << 30, out_ptr=4 << 30))                  # in-place one-shot: staged
+    one.run(_call(in_ptr=4 << 30, out_ptr=4 << 30))                  # in-place one-shot: buffer 2
+    one.run(_call(in_ptr=unmapped << GRANULE_SHIFT))                 # pool memory, unmapped: staged
     two.run(_call(in_ptr=(granule << GRANULE_SHIFT) + 4096))         # in a mapped pool region
     flag.run(_call(in_ptr=5 << 30))                                  # flag-free reads it directly
     nbytes = _call().nbytes
     assert session.calls == [(0, 2, nbytes, -1, -1), (1, 1, nbytes, -1, -1), (0, 2, nbytes, -1, -1),
-                             (peer_capture.STAGED, 1, nbytes, -1, -1), (peer_capture.IN_REGION, 2, nbytes, 0, 4096),
-                             (peer_capture.DIRECT, 0, nbytes, -1, -1)]
-    assert [l[1:] for l in launched] == [(0, 1, 0), (0, 2, 0), (0, 1, 0), (1, 0, 0), (0, 7, 4096), (1, 0, 0)]
+                             (2, 1, nbytes, -1, -1), (peer_capture.STAGED, 1, nbytes, -1, -1),
+                             (peer_capture.IN_REGION, 2, nbytes, 0, 4096), (peer_capture.DIRECT, 0, nbytes, -1, -1)]
+    assert [l[1:] for l in launched] == [(0, 1, 0), (0, 2, 0), (0, 1, 0), (0, 3, 0), (1, 0, 0), (0, 7, 4096),
+                                         (1, 0, 0)]
     state.capture = None  # outside graph_capture(): nothing is recorded
     two.run(_call(in_ptr=6 << 30))
-    assert len(session.calls) == 6 and launched[-1][1:] == (1, 0, 0)
+    assert len(session.calls) == 7 and launched[-1][1:] == (1, 0, 0)
 
 
 def test_in_place_one_shot_of_a_pool_input_sums_through_scratch_at_every_size(monkeypatch):
@@ -513,8 +519,8 @@ def test_in_place_one_shot_of_a_pool_input_sums_through_scratch_at_every_size(mo
     the kernel a scratch tensor plus the input to copy back to; a capture records it exactly as
     the same call out of place, so ranks that differ only in calling in place compare equal.
     Staging it would send this rank to the peers' staging buffers while they read the pool. An
-    in-place call on an ordinary tensor is still staged (its out-of-place twin, captured, would
-    get a slot of its own: the capture's comparison names that difference)."""
+    ordinary tensor in place is the same inside graph_capture(): its out-of-place twin gets a
+    slot, so it gets the same slot and sums through scratch. Outside a capture both are staged."""
     granule = (1 << 30) >> GRANULE_SHIFT
     base_ptr = granule << GRANULE_SHIFT
     state = FakeState(granules={g: base_ptr for g in range(granule, granule + 64)})
@@ -538,12 +544,16 @@ def test_in_place_one_shot_of_a_pool_input_sums_through_scratch_at_every_size(mo
     one.run(_call(numel=numel, in_ptr=ptr, out_ptr=2 << 30))   # the same out of place
     one.run(_call(numel=1024, in_ptr=ptr, out_ptr=ptr))        # in place within it
     one.run(_call(numel=1024, in_ptr=ptr, out_ptr=2 << 30))    # the same out of place
-    one.run(_call(numel=1024, in_ptr=ordinary, out_ptr=ordinary))  # an ordinary tensor in place: staged
-    assert through == [(5, 4096, ptr, numel * 2, True), (5, 4096, ptr, 2048, True)]
-    assert plain == [(False, 0, 5, 4096), (False, 0, 5, 4096), (True, 1, 0, 0)]
+    one.run(_call(numel=1024, in_ptr=ordinary, out_ptr=ordinary))  # an ordinary tensor in place
+    one.run(_call(numel=1024, in_ptr=ordinary, out_ptr=2 << 30))    # the same out of place
+    assert through == [(5, 4096, ptr, numel * 2, True), (5, 4096, ptr, 2048, True), (1, 0, ordinary, 2048, True)]
+    assert plain == [(False, 0, 5, 4096), (False, 0, 5, 4096), (False, 0, 1, 0)]
     assert session.calls[0] == session.calls[1] == (peer_capture.IN_REGION, 1, numel * 2, 0, 4096)
     assert session.calls[2] == session.calls[3] == (peer_capture.IN_REGION, 1, 2048, 0, 4096)
-    assert session.calls[4][0] == peer_capture.STAGED
+    assert session.calls[4] == session.calls[5] == (0, 1, 2048, -1, -1)  # the first captured buffer
+    state.capture = None  # eagerly an ordinary tensor is staged, in place or not
+    one.run(_call(numel=1024, in_ptr=ordinary, out_ptr=ordinary))
+    assert len(through) == 3 and plain[-1] == (True, 1, 0, 0)
 
 
 @pytest.mark.parametrize("world", (2, 4))

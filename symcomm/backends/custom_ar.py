@@ -16,7 +16,6 @@ import torch
 
 from .. import _native
 from ..base import FLAGFREE, ONESHOT, SCATTERING_OPS, TWOSHOT, Call
-from ..errors import SymmetricMemoryError
 from ..peer.capture import CAPTURE_CODES, IN_REGION, SCATTER_CODE, STAGED
 from ..peer.context import PeerContext, aligned
 from .peer_path import PeerPath, offset_unit
@@ -165,33 +164,27 @@ class AllReduceKernelPath(PeerPath):
             self._run_scatter(call)
             return
         context, ptr = self._context, call.in_ptrs[0]
-        # In place, one-shot writes what peers may still be reading. A pool input is read where
-        # it lies, as peers that call out of place read it, and summed into scratch that the
-        # kernel copies back once every peer has read it: staging it would send this rank to the
-        # staging buffers while its peers read the pool. Any other input is staged (eagerly, so is
-        # its out-of-place twin; in graph_capture() the twin gets a slot, and the capture's
-        # comparison of the ranks' records names the difference).
-        overwritten = self.name == ONESHOT and ptr == call.out_ptrs[0]
-        if overwritten and context.region_of(ptr) is not None:
-            self._run_in_place_through(call)
-            return
         stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name],
-                                                        peers_read=self.name != FLAGFREE, overwritten=overwritten)
+                                                        peers_read=self.name != FLAGFREE)
+        # In place, one-shot writes what its peers may still be reading. An input they read where
+        # it lies (a pool region's slot, or a captured input's own slot) is summed into scratch,
+        # which the kernel copies back once every peer has passed its end barrier: staging it
+        # instead would send this rank to the staging buffers while its peers, calling out of
+        # place on the same tensor, read it where it lies. A staged input is a copy already.
+        if self.name == ONESHOT and ptr == call.out_ptrs[0] and not stage:
+            self._run_in_place_through(call, slot, offset, session)
+            return
         self.launch(call, stage, slot, offset, session)
 
-    def _run_in_place_through(self, call: Call) -> None:
-        """An in-place one-shot of a pool input, at any size: the input is read where it lies
-        (recorded like an out-of-place one, so ranks that differ only in calling in place agree)
-        and summed into a fresh tensor, which the kernel copies to the input after its end
-        barrier. A kernel that gives up leaves the input as it was."""
-        context, ptr = self._context, call.in_ptrs[0]
-        stage, slot, offset, session = context.input_of(ptr, call.nbytes, CAPTURE_CODES[self.name], peers_read=True)
-        if stage or not slot:  # run() found it in a mapped region: a broken invariant, not bad input
-            raise SymmetricMemoryError(f"an in-place one-shot of {call.nbytes} bytes found its pool input "
-                                       f"outside the mapped pool")
+    def _run_in_place_through(self, call: Call, slot: int, offset: int, session) -> None:
+        """An in-place one-shot of an input that peers read through ``slot``: summed into a fresh
+        tensor, which the kernel copies to the input after its end barrier. A kernel that gives
+        up leaves the input as it was. In a capture the tensor comes from the graph's pool and
+        lives as long as the graph."""
+        context = self._context
         scratch = torch.empty_like(call.outputs[0])
         code = context.lib.symcomm_ar_oneshot_in_place(context.ctx, DTYPE_CODES[call.dtype], slot, offset,
-                                                       scratch.data_ptr(), ptr, call.nbytes,
+                                                       scratch.data_ptr(), call.in_ptrs[0], call.nbytes,
                                                        context.launch_stream(session))
         if code:
             context.check("custom all-reduce launch (in place, through scratch)", code)

@@ -238,19 +238,20 @@ class PeerContext:
         self.collect_released()
         return len(self.graph_slots_of)
 
-    def input_of(self, ptr: int, nbytes: int, code: int, *, peers_read: bool,
-                 overwritten: bool = False) -> tuple[int, int, int, CaptureSession | None]:
+    def input_of(self, ptr: int, nbytes: int, code: int, *,
+                 peers_read: bool) -> tuple[int, int, int, CaptureSession | None]:
         """How a launch reads its input at ptr: (stage, slot, offset, the capture session or
         None). ``peers_read``: peers load this input from this rank's memory (one-shot,
         two-shot); a kernel that pushes its own input (flag-free) reads it directly, whatever it
         is. A read-by-peers input in a mapped pool region is read in place; inside
         graph_capture() one with an IPC handle gets a slot of its own; any other is staged.
         Inside graph_capture() the call is recorded, as kernel ``code``, for the ranks'
-        comparison. ``overwritten``: the launch writes its input while peers still read it, so
-        it must be staged."""
+        comparison. A launch that overwrites its input while peers read it is the caller's
+        business: the read is the same either way, so ranks that differ only in calling in
+        place record the same call."""
         state = self
         session = state.session()
-        if peers_read and not overwritten:
+        if peers_read:
             region = state.region_of(ptr)  # None also for a region map_regions could not map
             if region is not None:
                 base, slot = region
@@ -259,16 +260,15 @@ class PeerContext:
                 return 0, slot, ptr - base, session
         if session is None:
             return 1, 0, 0, None
-        slot = self._record(session, ptr, overwritten) if peers_read else 0
+        slot = self._record(session, ptr) if peers_read else 0
         session.record(session.order[ptr] if slot else STAGED if peers_read else DIRECT, code, nbytes)
         return (0 if slot else 1), slot, 0, session
 
-    def _record(self, session: CaptureSession, ptr: int, overwritten: bool) -> int:
+    def _record(self, session: CaptureSession, ptr: int) -> int:
         """The slot for this captured input, or 0 to stage it instead (still correct, one copy
-        slower): symmetric-pool and expandable-segment memory has no IPC handle, and an input
-        the launch overwrites while peers read it must be staged."""
+        slower): symmetric-pool and expandable-segment memory has no IPC handle."""
         state = self
-        if not state.can_register or overwritten:
+        if not state.can_register:
             return 0
         if state.granules is not None and (ptr >> GRANULE_SHIFT) in state.granules:
             return 0

@@ -140,6 +140,38 @@ def test_graph_replay_is_bitwise_equal_to_eager(fast, algo, register, in_place):
         assert torch.equal(r.view(torch.int16), eager.view(torch.int16))
 
 
+@pytest.mark.parametrize("nbytes", (4096, (1 << 20) + 48))
+def test_captured_one_shot_in_place_on_rank_0_only(fast, nbytes):
+    """Inside graph_capture() rank 0 sums an ordinary tensor in place and its peers out of place.
+    Each rank's input gets a slot of its own, as it would out of place, so the ranks' records
+    agree at the capture's end; rank 0 sums through scratch and copies back after its peers
+    have read its input. When an in-place call was staged instead, the records differed and
+    the capture's end raised PeerMismatchError."""
+    w, rank, dtype = fast.world_size, fast.rank, torch.bfloat16
+    numel = nbytes // 2
+    inputs = all_inputs(numel, dtype, w, seed=47)
+    inp = torch.empty(numel, dtype=dtype, device=fast.device)
+    out = inp if rank == 0 else torch.empty_like(inp)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        inp.copy_(inputs[rank])
+        fast.all_reduce(inp, out=out, algo=base.ONESHOT)  # warm-up before capturing
+    torch.cuda.current_stream().wait_stream(side)
+    assert_reduced(out, inputs, f"{nbytes} bytes eagerly, rank 0 in place")
+    graph = torch.cuda.CUDAGraph()
+    with fast.graph_capture(), torch.cuda.graph(graph):
+        fast.all_reduce(inp, out=out, algo=base.ONESHOT)
+    for replay in range(3):
+        inp.copy_(inputs[rank])
+        if rank:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_reduced(out, inputs, f"{nbytes} bytes, replay {replay}, rank 0 in place")
+        assert _gathered_equal(out), f"{nbytes} bytes, replay {replay}: ranks hold different bits"
+
+
 def test_registered_capture_reads_inputs_in_place(fast):
     """Inside graph_capture() a captured one-shot/two-shot call copies nothing; captured
     without it, it copies its input to the staging buffer first."""
