@@ -1,12 +1,15 @@
 // Custom all-reduce (sum) over peer-mapped GPU memory inside one NVLink domain.
 //
-// Three kernels, all summing in fp32 and in rank order 0..world-1, so every rank produces the
+// Four kernels, all summing in fp32 and in rank order 0..world-1, so every rank produces the
 // same bits whatever the algorithm:
 //   flag-free one-shot: each rank pushes its input into every peer's receive buffer; readers
 //                       poll for a sentinel to disappear instead of meeting at a barrier.
 //   one-shot:           barrier, every rank reads all peers' inputs and reduces, barrier.
 //   two-shot:           barrier, rank r reduces chunk r into its scratch, barrier, every rank
 //                       copies each chunk from its owner's scratch.
+//   two-shot by stores: for an output in a symmetric pool region. Barrier, every rank stores
+//                       chunk r of its input into rank r's memory, barrier, rank r sums chunk
+//                       r and stores it into every rank's output, barrier.
 //
 // Peer memory is one cudaMalloc per rank, mapped by the others with CUDA IPC:
 //   [Signal | staging | scratch | flag-free receive buffers x 3]
@@ -146,6 +149,114 @@ __global__ void __launch_bounds__(kThreads) two_shot(Sync s, Peers scratch, cons
   }
   // No closing barrier: peers read our scratch until they finish, and we write it again only
   // after the next call's start barrier, which they reach only after finishing this call.
+}
+
+// Two-shot by stores: the same two phases with every NVLink transfer a remote store, for an
+// output in a symmetric pool region mapped by all (`outs`, the output at out_offset on every
+// rank). Remote stores move more of the link than remote loads: at world 2 on H200, the push
+// all_gather reached 0.95 of a copy-engine peer copy where one-shot's loads reached 0.87
+// (bench/results/2026-11-30_nvidia-h200-x2_w2_verify_256f496/grid_ab).
+// - Reduce-scatter: rank q stores its input's chunk p into owner p's memory. The peer just
+//   after p in rank order stores it into p's own output chunk, which nobody else writes before
+//   p has summed it; the other W-2 peers store into areas of p's scratch. So at world 2 no
+//   scratch is used and the size is unbounded.
+// - After the middle barrier the owner sums its chunk in rank order (its own terms from `own`)
+//   and stores the sum into its output and every peer's. A peer's chunk p of the output holds
+//   nothing anyone still reads: contributions land only in their owner's chunk.
+// - After the end barrier every peer's sums have landed here.
+// In place (out == in), the host passes `own`, a copy of this rank's chunk taken before the
+// launch, since a peer overwrites that chunk of the output (= input) in the first phase; every
+// other chunk of the input is read in the first phase and overwritten by its owner only after
+// the middle barrier. Block b handles the same offsets within a chunk in both phases on every
+// rank, so block b's barriers are the only ones its data depends on. The start barrier: a peer
+// still in its previous call may read its scratch or output, which we are about to store to.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) two_shot_push(Sync s, Peers scratch, const Peers* outs, size_t out_offset,
+                                                          const uint4* in, const uint4* own, uint4* out, size_t nvec) {
+  const int rank = s.rank;
+  const uint64_t epoch = next_epoch(s);
+  if (epoch == 0 || !slot_ready(s, outs, W)) return;
+  const size_t chunk = (nvec + W - 1) / W;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Where this rank's contribution to owner (rank + k) % W lands, k = 1..W-1: the owner's
+  // output chunk for k == W-1 (this rank follows the owner), else scratch area W-2-k.
+  uint4* dst[W];
+  size_t at[W];
+#pragma unroll
+  for (int k = 1; k < W; ++k) {
+    const int owner = (rank + k) % W;
+    at[k] = size_t(owner) * chunk;
+    dst[k] = k == W - 1 ? reinterpret_cast<uint4*>(outs->ptr[owner] + out_offset) + at[k]
+                        : reinterpret_cast<uint4*>(scratch.ptr[owner]) + size_t(W - 2 - k) * chunk;
+  }
+  if (!barrier(s, kStart, W, epoch)) return;
+  // kUnroll passes' loads before any store, as in one_shot: the compiler cannot move a load
+  // above a store that may alias it, so one pass at a time kept one local load in flight per
+  // thread and peer. World 2 only, where registers allow. Measured at world 2 on H200 with 64
+  // blocks, one pass -> four: 256 MiB 815.5 -> 765.9 us, 64 MiB 208.2 -> 198.3, 16 MiB 55.2 ->
+  // 54.7, with PyTorch's two-shot at 814.9 and 817.5 in the two calls
+  // (bench/results/2026-11-30_nvidia-h200-x2_w2_twoshot_push, call1 and call2).
+  constexpr int kUnroll = W == 2 ? 4 : 1;
+  size_t j = first;
+  for (; j + (kUnroll - 1) * stride < chunk; j += kUnroll * stride) {
+    uint4 v[kUnroll][W];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 1; k < W; ++k)
+        if (at[k] + j + u * stride < nvec) v[u][k] = in[at[k] + j + u * stride];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 1; k < W; ++k)
+        if (at[k] + j + u * stride < nvec) dst[k][j + u * stride] = v[u][k];
+  }
+  for (; j < chunk; j += stride) {
+    uint4 v[W];
+#pragma unroll
+    for (int k = 1; k < W; ++k)
+      if (at[k] + j < nvec) v[k] = in[at[k] + j];
+#pragma unroll
+    for (int k = 1; k < W; ++k)
+      if (at[k] + j < nvec) dst[k][j] = v[k];
+  }
+  if (!barrier(s, kMid, W, epoch)) return;
+  // Term r of this rank's chunk: its own from `own`, the follower's from the output chunk, the
+  // rest from scratch area (r - rank + W) % W - 2, where peer r stored it.
+  const size_t lo = size_t(rank) * chunk;
+  const size_t mine = lo >= nvec ? 0 : lo + chunk < nvec ? chunk : nvec - lo;
+  const uint4* term[W];
+  uint4* to[W];
+#pragma unroll
+  for (int r = 0; r < W; ++r) {
+    const int d = (r - rank + W) % W;
+    term[r] = d == 0 ? own : d == 1 ? out + lo : reinterpret_cast<const uint4*>(scratch.ptr[rank]) + size_t(d - 2) * chunk;
+    to[r] = reinterpret_cast<uint4*>(outs->ptr[(rank + r) % W] + out_offset) + lo;  // peers from rank + 1 on
+  }
+  to[0] = out + lo;
+  for (j = first; j + (kUnroll - 1) * stride < mine; j += kUnroll * stride) {
+    uint4 v[kUnroll][W];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < W; ++r) v[u][r] = term[r][j + u * stride];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint4 sum = sum_in_rank_order<T, W>(v[u]);
+#pragma unroll
+      for (int r = 0; r < W; ++r) to[r][j + u * stride] = sum;
+    }
+  }
+  for (; j < mine; j += stride) {
+    uint4 v[W];
+#pragma unroll
+    for (int r = 0; r < W; ++r) v[r] = term[r][j];
+    const uint4 sum = sum_in_rank_order<T, W>(v);
+#pragma unroll
+    for (int r = 0; r < W; ++r) to[r][j] = sum;
+  }
+  barrier(s, kEnd, W, epoch);
 }
 
 // Receive buffers rotate over three: call k writes buffer k%3 and clears buffer (k-1)%3.
@@ -574,6 +685,7 @@ int symcomm_ar_sim_link(symcomm_ar_t* ctxs, int world, int max_blocks) {
     Context* c = &ctxs[r]->impl;
     // Only ever lowered: the constants are the kernels' barrier-slot limit (kMaxBlocks).
     c->grid_blocks = max_blocks < kGridBlocks ? max_blocks : kGridBlocks;
+    c->wide_blocks = max_blocks < kWideGridBlocks ? max_blocks : kWideGridBlocks;
     // The narrow flag-free grid takes a quarter of the cap where it can, so that simulated ranks
     // run all three grids (flagfree_grid) and the bookkeeping that keeps them alike (flagfree_end).
     c->flagfree_blocks = std::max(1, std::min(kFlagFreeBlocks, max_blocks / 4));
@@ -874,6 +986,28 @@ int symcomm_ar_oneshot_in_place(symcomm_ar_t ctx, symcomm_dtype_t dtype, int slo
       return launch(c->overlap, one_shot<typename decltype(t)::type, decltype(w)::value>, blocks_for(c, nvec), kThreads,
                     stream, s, c->slots + slot, size_t(in_offset), static_cast<uint4*>(scratch), nvec,
                     static_cast<uint4*>(inout));
+    });
+  });
+}
+
+int symcomm_ar_twoshot_push(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, const void* own, int out_slot,
+                            uint64_t out_offset, void* out, uint64_t nbytes, cudaStream_t stream) {
+  Context* c = &ctx->impl;
+  cudaError_t err = use_device(c->device);
+  if (err != cudaSuccess) return err;
+  if (nbytes % 16 || out_offset % 16 || out_slot <= 0 || out_slot >= c->max_slots ||
+      ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(own) | reinterpret_cast<uintptr_t>(out)) & 15))
+    return cudaErrorInvalidValue;
+  const size_t nvec = nbytes / 16;
+  const size_t chunk = (nvec + c->world - 1) / c->world;
+  if (size_t(c->world - 2) * chunk * 16 > c->staging_bytes) return cudaErrorInvalidValue;  // scratch's size
+  if (nbytes == 0) return cudaSuccess;
+  const Sync s = make_sync(c);
+  return for_dtype(dtype, [&](auto t) {
+    return for_world(c->world, [&](auto w) {
+      return launch(c->overlap, two_shot_push<typename decltype(t)::type, decltype(w)::value>, push_blocks_for(c, chunk),
+                    kThreads, stream, s, c->scratch, c->slots + out_slot, size_t(out_offset),
+                    static_cast<const uint4*>(in), static_cast<const uint4*>(own), static_cast<uint4*>(out), nvec);
     });
   });
 }

@@ -29,7 +29,7 @@ namespace symcomm {
 namespace ar {
 
 constexpr int kMaxRanks = 8;
-constexpr int kMaxBlocks = 64;
+constexpr int kMaxBlocks = 128;  // barrier slots per rank: the widest grid (kWideGridBlocks)
 constexpr int kThreads = 512;
 // Grid cap of the barrier kernels (one-shot, two-shot, the push gathers, MoE dispatch/combine;
 // H100 and H200 have 132 SMs). Every block spins on peers in barriers, so all of them must be
@@ -52,7 +52,15 @@ constexpr int kFlagFreeRecords = 4 * kFlagFreeBlocks;
 // These are the defaults of a context's grid_blocks / flagfree_blocks / flagfree_max_blocks;
 // only symcomm_ar_sim_link lowers them (simulated ranks share one GPU, so each rank gets fewer
 // SMs). Every rank of one world must use the same caps: block b meets block b.
-static_assert(kGridBlocks <= kMaxBlocks, "one barrier slot per block");
+// The push kernels' wide grid (two_shot_push, gather_push), for calls in which each rank sends
+// at least kWideFromBytes to a peer: their remote stores drain faster issued from more SMs. At
+// world 2 on H200, 128 blocks against 64 (bench/results/2026-11-30_nvidia-h200-x2_w2_twoshot_push):
+// all_gather 256 MiB 401.6 -> 381.6 us, 64 MiB 107.1 -> 101.2, 16 MiB level at 30.2; the
+// two-shot all-reduce by stores 256 MiB 766.4 -> 747.6, 64 MiB 198.4 -> 193.1, 16 MiB 54.8 ->
+// 54.1, but 4 MiB 20.6 -> 21.4. 128 blocks of 512 threads use a quarter of an H200's threads.
+constexpr int kWideGridBlocks = 128;
+constexpr size_t kWideFromBytes = size_t(8) << 20;
+static_assert(kGridBlocks <= kMaxBlocks && kWideGridBlocks <= kMaxBlocks, "one barrier slot per block");
 constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == SYMCOMM_AR_HANDLE_BYTES, "symcomm.h's handle size");
 // A receive-buffer word that no peer has written yet. Compared as bits, never as floats. As a
@@ -161,6 +169,7 @@ struct Context {
   // Grid caps of this context's launches. Real ranks keep the constants above; simulated
   // ranks (symcomm_ar_sim_link) lower them so every rank's blocks fit on one GPU at once.
   int grid_blocks = kGridBlocks;
+  int wide_blocks = kWideGridBlocks;           // push_blocks_for's cap from kWideFromBytes
   int flagfree_blocks = kFlagFreeBlocks;       // the narrow flag-free grid, N (flagfree_grid)
   int flagfree_max_blocks = kFlagFreeRecords;  // the cap of the wider ones, 2N and 4N
   // Launch every kernel as a programmatic dependent launch (launch.cuh). On unless
@@ -683,6 +692,14 @@ inline int blocks_for(const Context* c, size_t work) {
   size_t b = (work + kThreads - 1) / kThreads;
   if (b < 1) b = 1;
   return int(b < size_t(c->grid_blocks) ? b : size_t(c->grid_blocks));
+}
+
+// The grid of a push kernel whose ranks each send `per_peer_vecs` vectors to a peer (the same
+// on every rank): blocks_for's below kWideFromBytes, up to the wide cap from there.
+inline int push_blocks_for(const Context* c, size_t per_peer_vecs) {
+  if (per_peer_vecs * 16 < kWideFromBytes) return blocks_for(c, per_peer_vecs);
+  const size_t b = (per_peer_vecs + kThreads - 1) / kThreads;
+  return int(b < size_t(c->wide_blocks) ? b : size_t(c->wide_blocks));
 }
 
 // Runs f(std::integral_constant<int, W>{}) for the world size: the kernels take W as a template

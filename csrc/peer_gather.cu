@@ -504,7 +504,7 @@ int symcomm_ar_gatherv(symcomm_ar_t ctx, int npieces, const uint64_t* srcs, cons
   }
   // The grid must be the same on every rank (block b meets block b), so it follows the total,
   // which every rank knows, not this rank's share.
-  const int blocks = blocks_for(c, total_bytes / 16 / size_t(c->world));
+  const int blocks = push_blocks_for(c, total_bytes / 16 / size_t(c->world));
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     return launch(c->overlap, gather_push<decltype(w)::value>, blocks, kThreads, stream, s, c->slots, pieces);

@@ -252,6 +252,17 @@ symcomm_status_t symcomm_ar_run(symcomm_ar_t ctx, symcomm_ar_algo_t algo, symcom
 symcomm_status_t symcomm_ar_oneshot_in_place(symcomm_ar_t ctx, symcomm_dtype_t dtype, int slot, uint64_t in_offset,
                                              void* scratch, void* inout, uint64_t nbytes, symcomm_stream_t stream);
 
+/* Two-shot sum all-reduce by remote stores, into an output that every rank holds at out_offset
+ * of the pool region in slot `out_slot` (not 0), which is also out's address here. `in` is read
+ * locally only; `own` holds this rank's chunk of it (in + rank * chunk, or a copy of that chunk
+ * taken before the launch when out == in: a peer overwrites that chunk of out). The chunk is
+ * ceil(nbytes / 16 / world) vectors. At world 2 any size; at a larger world the W-2 other peers'
+ * contributions pass through the scratch buffer, so (world - 2) chunks must fit in it. nbytes
+ * and every pointer are multiples of 16. Collective like symcomm_ar_run. */
+symcomm_status_t symcomm_ar_twoshot_push(symcomm_ar_t ctx, symcomm_dtype_t dtype, const void* in, const void* own,
+                                         int out_slot, uint64_t out_offset, void* out, uint64_t nbytes,
+                                         symcomm_stream_t stream);
+
 /* Flag-free all-gather(v): rank r's chunk of chunk_bytes[r] bytes (one entry per rank, the same
  * array on every rank; each a multiple of 16 and at most the context's flag-free buffer size)
  * goes from its `in` to offset chunk_bytes[0] + ... + chunk_bytes[r-1] of every rank's `out`.

@@ -112,6 +112,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_set_slot_ptrs": ([_ar, _int, _c.POINTER(_u64)], _status),
     "symcomm_ar_run": ([_ar, _algo, _dtype, _ptr, _int, _u64, _ptr, _u64, _int, _stream], _status),
     "symcomm_ar_oneshot_in_place": ([_ar, _dtype, _int, _u64, _ptr, _ptr, _u64, _stream], _status),
+    "symcomm_ar_twoshot_push": ([_ar, _dtype, _ptr, _ptr, _int, _u64, _ptr, _u64, _stream], _status),
     "symcomm_ar_flagfree_all_gatherv": ([_ar, _dtype, _ptr, _ptr, _c.POINTER(_u64), _stream], _status),
     "symcomm_ar_flagfree_reduce_scatterv": ([_ar, _dtype, _ptr, _ptr, _c.POINTER(_u64), _stream], _status),
     "symcomm_ar_gatherv": ([_ar, _int, _c.POINTER(_u64), _c.POINTER(_int), _c.POINTER(_u64), _c.POINTER(_u64), _u64,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from symcomm import _native
-from _sim import ALGOS, DTYPES, MAX_BLOCKS, SimWorld, capacity, check_outputs, make_inputs
+from _sim import ALGOS, DTYPES, MAX_BLOCKS, STAGING_BYTES, SimWorld, capacity, check_outputs, make_inputs
 
 WORLDS = (2, 4, 8)
 # Bytes: one vector, an odd vector count, two pages and a vector, flag-free's whole capacity,
@@ -86,3 +86,51 @@ def test_one_shot_in_place_sums_through_scratch_and_copies_back(world):
                 sim.each_rank(run)
                 torch.cuda.synchronize()
                 check_outputs(inout, x, f"in place {dtype} world {world} {nvec} vectors")
+
+
+@pytest.mark.parametrize("in_place", (False, True), ids=("out_of_place", "in_place"))
+@pytest.mark.parametrize("world", WORLDS)
+def test_two_shot_by_stores_into_pool_outputs(world, in_place):
+    """symcomm_ar_twoshot_push: every rank stores its input's chunks into their owners' memory
+    (the following rank into the owner's output chunk, the others into areas of its scratch),
+    the owner sums in rank order and stores the sum into every rank's output, at one offset of
+    the region every rank holds in slot 1. In place, `own` is a copy of the rank's chunk taken
+    before the launch. The sizes: one vector (most ranks own nothing), an odd vector count,
+    chunks that do not divide evenly, and at world 2 twice the scratch buffer (no scratch is
+    used there), else the most scratch holds. Two calls in a row each: the second starts from
+    the epochs and scratch the first left. The bits equal the reference's on every rank."""
+    gen = torch.Generator().manual_seed(world + 2000 + in_place)
+    biggest = 2 * STAGING_BYTES if world == 2 else STAGING_BYTES // (world - 2) // 16 * 16 * world
+    with SimWorld(world, graph_slots=2) as sim:
+        for nbytes in (16, 1008, 16 * (3 * MAX_BLOCKS * 512 + 5), biggest):
+            nvec = nbytes // 16
+            chunk = -(-nvec // world) * 16
+            for dtype in DTYPES:
+                offset = 4096  # the output's offset in its region, the same on every rank
+                regions = [torch.empty(offset + nbytes, dtype=torch.uint8, device="cuda") for _ in range(world)]
+                ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in regions])
+                for r in range(world):
+                    assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+                outs = [t[offset:].view(dtype) for t in regions]
+                for round_ in range(2):
+                    x = make_inputs(world, nbytes, dtype, gen)
+                    if in_place:
+                        for r in range(world):
+                            outs[r].copy_(x[r])
+                    else:
+                        for t in outs:
+                            t.fill_(7.0)
+                    ins = outs if in_place else x
+                    owns = [t.view(torch.uint8)[min(r * chunk, nbytes):][:chunk].clone() if in_place else None
+                            for r, t in enumerate(ins)]
+
+                    def run(r, stream):
+                        src = ins[r].data_ptr()
+                        own = owns[r].data_ptr() if in_place and owns[r].numel() else src + min(r * chunk, nbytes)
+                        code = sim.lib.symcomm_ar_twoshot_push(sim.ctxs[r], _native.DTYPE_CODES[dtype], src, own, 1,
+                                                               offset, outs[r].data_ptr(), nbytes, stream.cuda_stream)
+                        assert code == 0, f"rank {r}: {code}"
+                    sim.each_rank(run)
+                    torch.cuda.synchronize()
+                    check_outputs(outs, x, f"two-shot by stores {dtype} world {world} {nbytes} B round {round_}"
+                                           f"{' in place' if in_place else ''}")
