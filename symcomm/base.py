@@ -36,6 +36,7 @@ SCATTERING_OPS = frozenset({"reduce_scatter", "reduce_scatterv"})
 NCCL, NCCL_SYMM, TORCH = "nccl", "nccl-symm", "torch"
 FLAGFREE, ONESHOT, TWOSHOT = "custom-flagfree", "custom-oneshot", "custom-twoshot"
 PUSH = "custom-push"
+TWOSHOT_PUSH = "custom-twoshot-push"
 
 # The current cudaStream_t as an int, without building a torch.cuda.Stream (about 1 us saved per
 # eager call). Absent from CPU builds, where nothing that launches GPU work is opened.

@@ -21,6 +21,7 @@ from symcomm.backends.nccl import NcclPath
 from symcomm.backends.nccl_symm import NcclSymmPath
 from symcomm.backends.peer_gather import PushPath
 from symcomm.backends.torch_dist import TorchPath
+from symcomm.backends.twoshot_push import TwoShotPushPath
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
 from symcomm.peer import context as peer_context
 from symcomm.peer.setup import SHARED_KEY, SharedContext
@@ -89,6 +90,7 @@ def communicator(pool: Pool) -> symcomm.Communicator:
         return lambda: Fake(*args)
 
     paths = (Nccl, Symm, on_shared(AllReduceKernelPath, FLAGFREE), on_shared(AllReduceKernelPath, ONESHOT),
-             on_shared(AllReduceKernelPath, TWOSHOT), on_shared(PushPath), TorchPath, unfused_norm, reference_norm,
+             on_shared(AllReduceKernelPath, TWOSHOT), on_shared(TwoShotPushPath), on_shared(PushPath), TorchPath,
+             unfused_norm, reference_norm,
              on_shared(FusedPushFp4Path), UnfusedFp4Path)
     return symcomm.Communicator(paths=paths, timeout_s=60)

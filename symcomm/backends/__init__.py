@@ -19,6 +19,7 @@ from .nccl import NcclPath
 from .nccl_symm import NcclSymmPath
 from .peer_gather import PushPath
 from .torch_dist import TorchPath
+from .twoshot_push import TwoShotPushPath
 
 PATHS: tuple[PathFactory, ...] = (
     # the collectives'
@@ -27,6 +28,7 @@ PATHS: tuple[PathFactory, ...] = (
     lambda: AllReduceKernelPath(FLAGFREE),
     lambda: AllReduceKernelPath(ONESHOT),
     lambda: AllReduceKernelPath(TWOSHOT),
+    TwoShotPushPath,
     PushPath,
     TorchPath,
     # all_reduce_rmsnorm's

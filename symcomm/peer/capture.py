@@ -3,7 +3,7 @@ each captured call's kernel and how it reads its input, and the buffers that nee
 of their own. symcomm/peer/setup.py's register_captured compares it across ranks and fills the slots."""
 from __future__ import annotations
 
-from ..base import FLAGFREE, ONESHOT, PUSH, TWOSHOT
+from ..base import FLAGFREE, ONESHOT, PUSH, TWOSHOT, TWOSHOT_PUSH
 
 STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecorded inputs
 # The kernel field of a captured call (CALL_FIELDS): one code per kernel a context launches, so
@@ -12,7 +12,7 @@ STAGED, IN_REGION, DIRECT = -1, -2, -3  # CaptureSession.calls codes for unrecor
 CAPTURE_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2, PUSH: 3, "fused-push": 4, "custom-oneshot:reduce_scatter": 8,
                  "ep-dispatch": 9, "ep-combine": 10, "custom-flagfree:all_gather": 11,
                  "custom-flagfree:reduce_scatter": 12, "custom-flagfree:all_gatherv": 13,
-                 "custom-flagfree:reduce_scatterv": 14, "fused-flagfree": 15}
+                 "custom-flagfree:reduce_scatterv": 14, "fused-flagfree": 15, TWOSHOT_PUSH: 16}
 SCATTER_CODE = CAPTURE_CODES["custom-oneshot:reduce_scatter"]
 
 

@@ -140,6 +140,65 @@ def test_graph_replay_is_bitwise_equal_to_eager(fast, algo, register, in_place):
         assert torch.equal(r.view(torch.int16), eager.view(torch.int16))
 
 
+@pytest.mark.parametrize("in_place", (False, True), ids=("out_of_place", "in_place"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_two_shot_push_into_a_pool_output(comm, dtype, in_place):
+    """custom-twoshot-push stores into the peers' pool outputs (two_shot_push) at any size at
+    world 2, past the scratch buffer too, from an ordinary input or in place. Checked against
+    the float64 reference, bit for bit across ranks and against one-shot (both sum in rank order
+    with one rounding), empty too, then in a graph captured in graph_capture() and replayed.
+    Elsewhere it declines, saying why (it has run on real ranks at world 2 only)."""
+    from symcomm.backends import twoshot_push
+    w, rank = comm.world_size, comm.rank
+    algo = base.TWOSHOT_PUSH
+    if w not in twoshot_push.REAL_WORLDS:
+        with symcomm.use_symmetric_memory(comm):
+            x = torch.empty(4096, dtype=dtype, device=comm.device)
+        with pytest.raises(symcomm.SymcommError, match="world 2 only"):
+            comm.all_reduce(x, algo=algo)
+        return
+    cap = peer_context.DEFAULT_STAGING_BYTES
+    itemsize = torch.finfo(dtype).bits // 8
+    for nbytes in (0, 16, 1008, 65_552, 1_000_016, cap + 48, 3 * cap + 16 * 7):
+        numel = nbytes // itemsize
+        inputs = all_inputs(numel, dtype, w, seed=nbytes % 997 + 61)
+        with symcomm.use_symmetric_memory(comm):
+            out = torch.empty(numel, dtype=dtype, device=comm.device)
+        x = out if in_place else inputs[rank].clone()  # an ordinary input when out of place
+        assert comm.select("all_reduce", x, out=out, algo=algo).algo == algo
+        x.copy_(inputs[rank])
+        comm.all_reduce(x, out=out, algo=algo)
+        what = f"{algo}, {nbytes} bytes {dtype}{' in place' if in_place else ''}"
+        if not nbytes:
+            assert out.numel() == 0
+            continue
+        assert_reduced(out, inputs, what)
+        assert _gathered_equal(out), f"{what}: ranks hold different bits"
+        with symcomm.use_symmetric_memory(comm):  # one-shot reads a pool input at any size
+            one = torch.empty_like(out)
+        one.copy_(inputs[rank])
+        comm.all_reduce(one, out=one, algo=base.ONESHOT)
+        assert torch.equal(one.view(torch.uint8), out.view(torch.uint8)), f"{what}: not one-shot's bits"
+    numel = (1 << 20) // itemsize + 8
+    inputs = all_inputs(numel, dtype, w, seed=67)
+    with symcomm.use_symmetric_memory(comm):
+        out = torch.empty(numel, dtype=dtype, device=comm.device)
+    x = out if in_place else torch.empty_like(out)
+    x.copy_(inputs[rank])
+    comm.all_reduce(x, out=out, algo=algo)  # warm-up before capturing
+    graph = torch.cuda.CUDAGraph()
+    with comm.graph_capture(), torch.cuda.graph(graph):
+        comm.all_reduce(x, out=out, algo=algo)
+    for replay in range(3):
+        x.copy_(inputs[rank])
+        if not in_place:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_reduced(out, inputs, f"{algo}, replay {replay}{' in place' if in_place else ''}")
+        assert _gathered_equal(out), f"replay {replay}: ranks hold different bits"
+
+
 @pytest.mark.parametrize("nbytes", (4096, (1 << 20) + 48))
 def test_captured_one_shot_in_place_on_rank_0_only(fast, nbytes):
     """Inside graph_capture() rank 0 sums an ordinary tensor in place and its peers out of place.
