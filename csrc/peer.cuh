@@ -57,7 +57,10 @@ constexpr int kFlagFreeRecords = 4 * kFlagFreeBlocks;
 // world 2 on H200, 128 blocks against 64 (bench/results/2026-11-30_nvidia-h200-x2_w2_twoshot_push):
 // all_gather 256 MiB 401.6 -> 381.6 us, 64 MiB 107.1 -> 101.2, 16 MiB level at 30.2; the
 // two-shot all-reduce by stores 256 MiB 766.4 -> 747.6, 64 MiB 198.4 -> 193.1, 16 MiB 54.8 ->
-// 54.1, but 4 MiB 20.6 -> 21.4. 128 blocks of 512 threads use a quarter of an H200's threads.
+// 54.1, but 4 MiB 20.6 -> 21.4. Every block must be resident at once (they meet at barriers):
+// at world 2 both kernels take at most 52 registers a thread, two blocks to an SM, so 128
+// blocks need 64 SMs' worth; at world 8 two_shot_push<float> takes 70 (one block to an SM,
+// 128 of 132 SMs), one more reason it is served at world 2 only until measured there.
 constexpr int kWideGridBlocks = 128;
 constexpr size_t kWideFromBytes = size_t(8) << 20;
 static_assert(kGridBlocks <= kMaxBlocks && kWideGridBlocks <= kMaxBlocks, "one barrier slot per block");

@@ -1,6 +1,7 @@
 """custom-twoshot-push's rules and launch arguments, over stand-in native state (no GPU)."""
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from symcomm import base
 from symcomm.backends import twoshot_push
-from symcomm.base import Call
+from symcomm.base import TWOSHOT_PUSH, Call
 from symcomm.peer import capture as peer_capture
 from symcomm.peer import context as peer_context
 from symcomm.peer import setup as peer_setup
@@ -65,8 +66,11 @@ def test_the_launch_gets_the_region_slot_the_output_offset_and_this_ranks_chunk(
     state = _state(rank)
     launched = []
 
+    copied = []
+
     def push(ctx, dtype, in_ptr, own, slot, out_offset, out, nbytes, stream):
         launched.append((in_ptr, own, slot, out_offset, out, nbytes))
+        copied.append(ctypes.string_at(own, (1008, 992)[rank]))  # while `own` is alive
         return 0
     state.lib, state.ctx, state.launch_stream = SimpleNamespace(symcomm_ar_twoshot_push=push), 1, lambda s: 0
     path = twoshot_push.TwoShotPushPath(peer_setup.SharedContext(state))
@@ -77,6 +81,8 @@ def test_the_launch_gets_the_region_slot_the_output_offset_and_this_ranks_chunk(
     path.run(_call(x, out, out))  # in place (the fake output address stands for x)
     in_ptr, own, *_ = launched[-1]
     assert in_ptr == x.data_ptr() and own not in range(in_ptr, in_ptr + 2000) and own % 16 == 0
+    mine = x.view(torch.uint8).numpy().tobytes()[rank * 1008:][:(1008, 992)[rank]]
+    assert copied[-1] == mine and copied[0] == mine  # this rank's chunk, copied or read in place
     state.capture = session = peer_capture.CaptureSession()
     monkeypatch.setattr(base, "_stream_capturing", lambda: True)
     path.run(_call(x, x.data_ptr(), out))
@@ -97,3 +103,31 @@ def test_a_misaligned_input_is_copied_not_declined():
     path.run(_call(x, x.data_ptr(), BASE))
     in_ptr, own = launched[-1]
     assert in_ptr % 16 == 0 and own == in_ptr and in_ptr != x.data_ptr()
+
+
+def _norm_inner_offsets(rank: int, world: int) -> None:
+    from _gpu_like import Pool, communicator
+    from symcomm import dispatch
+    from symcomm.operations.all_reduce_rmsnorm import all_reduce_view
+    pool = Pool()
+    comm = communicator(pool)
+    try:
+        tuned = dispatch.read_tuning(dispatch.PACKAGED_DIR / "nvidia_h200_w2.json")
+        comm.table = dispatch.DispatchTable(tuned.rules, source="packaged nvidia_h200_w2.json")
+        x = pool.tensor(0, ((16 << 20) // 2048, 1024), torch.bfloat16)  # the norm's input, in the pool
+        view = all_reduce_view(x)
+        inner = comm.router.choose_inner(view, "auto")
+        assert inner.name == TWOSHOT_PUSH, inner.name
+        assert "x" in inner.compared_offsets(view)
+    finally:
+        comm.close()
+
+
+def test_a_composite_operation_still_compares_its_input_when_the_push_serves_the_check():
+    """all_reduce_rmsnorm's unfused path checks its inner all-reduce on a view of x (output x)
+    before it allocates the real output; with x in the pool at 16 MiB that view goes to
+    custom-twoshot-push. The real output, allocated outside the pool, goes to custom-oneshot,
+    which reads x at this rank's offset on every peer: so the push must compare x as well, or
+    check mode compares nothing for that call."""
+    from _spawn import run_world
+    run_world(_norm_inner_offsets, 2, timeout_s=120)

@@ -30,8 +30,13 @@ REAL_WORLDS = (2,)
 
 
 class TwoShotPushPath(PeerPath):
-    needs_equal_offsets = True  # peers write at this rank's output offset...
-    equal_offsets = ("out",)  # ...while the input is read locally and may sit anywhere
+    needs_equal_offsets = True
+    # Peers write at this rank's output offset; the input is read locally. Check mode compares
+    # the input's offset too (the pool rule asks it of every tensor of a call): a composite
+    # operation checks its inner all-reduce on the input before it allocates the output, and
+    # the path that serves the output it then allocates may be one that reads the input at
+    # this rank's offset (all_reduce_rmsnorm's unfused path, custom-oneshot).
+    equal_offsets = ("x", "out")
 
     def __init__(self, shared: SharedContext | None = None) -> None:
         self.scratch_bytes = 0
