@@ -3,8 +3,8 @@
 Two-shot's two phases with every NVLink transfer a store (csrc/custom_ar.cu, two_shot_push):
 each rank stores chunk p of its input into rank p's memory, rank p sums its chunk in rank order
 and stores the sum into every rank's output. Stores move more of the link than the loads that
-one-shot and two-shot issue, so from about 16 MiB this is symcomm's fastest all-reduce at world
-2 (docs/benchmarks.md). The output must lie in the symmetric pool, at the same offset on every
+one-shot and two-shot issue, so past the flag-free kernel's 4 MiB receive slot this is symcomm's
+fastest all-reduce at world 2 (docs/benchmarks.md). The output must lie in the symmetric pool, at the same offset on every
 rank (the pool rule), since peers write it; the input is read locally and may sit anywhere. At
 world 2 no scratch is used, so any size goes; at a larger world W-2 of each chunk's terms pass
 through the scratch buffer, which bounds the size. It has run on real ranks at world 2 only
