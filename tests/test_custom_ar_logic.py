@@ -40,6 +40,7 @@ class FakeState:
     region_of = peer_context.PeerContext.region_of
     session = peer_context.PeerContext.session
     input_of = peer_context.PeerContext.input_of
+    output_slot = peer_context.PeerContext.output_slot
     _record = peer_context.PeerContext._record
 
     def guard(self, session):

@@ -80,7 +80,7 @@ def test_the_launch_gets_the_region_slot_the_output_offset_and_this_ranks_chunk(
     assert launched[-1] == (x.data_ptr(), x.data_ptr() + rank * 1008, 5, 8192, out, 2000)
     path.run(_call(x, out, out))  # in place (the fake output address stands for x)
     in_ptr, own, *_ = launched[-1]
-    assert in_ptr == x.data_ptr() and own not in range(in_ptr, in_ptr + 2000) and own % 16 == 0
+    assert in_ptr == out and own not in range(x.data_ptr(), x.data_ptr() + 2000) and own % 16 == 0
     mine = x.view(torch.uint8).numpy().tobytes()[rank * 1008:][:(1008, 992)[rank]]
     assert copied[-1] == mine and copied[0] == mine  # this rank's chunk, copied or read in place
     state.capture = session = peer_capture.CaptureSession()
