@@ -228,13 +228,13 @@ __global__ void __launch_bounds__(kThreads) two_shot_push(Sync s, Peers scratch,
   const size_t mine = lo >= nvec ? 0 : lo + chunk < nvec ? chunk : nvec - lo;
   const uint4* term[W];
   uint4* to[W];
+  to[0] = out + lo;
 #pragma unroll
   for (int r = 0; r < W; ++r) {
     const int d = (r - rank + W) % W;
     term[r] = d == 0 ? own : d == 1 ? out + lo : reinterpret_cast<const uint4*>(scratch.ptr[rank]) + size_t(d - 2) * chunk;
-    to[r] = reinterpret_cast<uint4*>(outs->ptr[(rank + r) % W] + out_offset) + lo;  // peers from rank + 1 on
+    if (r > 0) to[r] = reinterpret_cast<uint4*>(outs->ptr[(rank + r) % W] + out_offset) + lo;  // peers from rank + 1 on
   }
-  to[0] = out + lo;
   for (j = first; j + (kUnroll - 1) * stride < mine; j += kUnroll * stride) {
     uint4 v[kUnroll][W];
 #pragma unroll

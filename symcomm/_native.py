@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 11  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 12  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):

@@ -134,3 +134,57 @@ def test_two_shot_by_stores_into_pool_outputs(world, in_place):
                     torch.cuda.synchronize()
                     check_outputs(outs, x, f"two-shot by stores {dtype} world {world} {nbytes} B round {round_}"
                                            f"{' in place' if in_place else ''}")
+
+
+def test_wide_push_grid_alternates_with_narrow_grids_at_world_2():
+    """The push kernels' wide grid (kWideGridBlocks, from kWideFromBytes sent to a peer) on the
+    same contexts as narrower grids: two_shot_push and gather_push, alternating 16 MiB + 32 B
+    (the wide grid), 1 MiB + 48 B (the default cap) and 16 B (one block), twice over, so that
+    blocks past the narrow grid meet at their own epochs between calls they sat out. The grid
+    cap is the SM count (at most 128): two ranks' blocks must all be resident at once, two to an
+    SM at world 2 (csrc/peer.cuh). The bits equal the reference's on every rank."""
+    world = 2
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    max_blocks = min(128, sms)
+    assert max_blocks > 64, f"{sms} SMs leave no grid wider than the default cap of 64 blocks"
+    gen = torch.Generator().manual_seed(4242)
+    dtype = torch.bfloat16
+    sizes = [16 * ((16 << 20) // 16 + 2), 16 * ((1 << 20) // 16 + 3), 16] * 2
+    with SimWorld(world, graph_slots=2, max_blocks=max_blocks) as sim:
+        offset = 4096  # the outputs' offset in their regions, the same on every rank
+        regions = [torch.empty(offset + max(sizes) * world, dtype=torch.uint8, device="cuda") for _ in range(world)]
+        ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in regions])
+        for r in range(world):
+            assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+        for step, nbytes in enumerate(sizes):
+            x = make_inputs(world, nbytes, dtype, gen)
+            outs = [t[offset:offset + nbytes].view(dtype) for t in regions]
+            for t in outs:
+                t.fill_(7.0)
+
+            def reduce(r, stream):
+                own = x[r].data_ptr() + min(r * -(-nbytes // 16 // world) * 16, nbytes)
+                code = sim.lib.symcomm_ar_twoshot_push(sim.ctxs[r], _native.DTYPE_CODES[dtype], x[r].data_ptr(), own,
+                                                       1, offset, outs[r].data_ptr(), nbytes, stream.cuda_stream)
+                assert code == 0, f"rank {r}: {code}"
+            sim.each_rank(reduce)
+            torch.cuda.synchronize()
+            check_outputs(outs, x, f"two-shot by stores, step {step}, {nbytes} B")
+
+            gathered = [t[offset:offset + world * nbytes] for t in regions]
+            for t in gathered:
+                t.fill_(0x5A)
+
+            def gather(r, stream):
+                one = ctypes.c_int * 1
+                code = sim.lib.symcomm_ar_gatherv(sim.ctxs[r], 1, (ctypes.c_uint64 * 1)(x[r].data_ptr()), one(1),
+                                                  (ctypes.c_uint64 * 1)(offset + r * nbytes),
+                                                  (ctypes.c_uint64 * 1)(nbytes), world * nbytes, stream.cuda_stream)
+                assert code == 0, f"rank {r}: {code}"
+            sim.each_rank(gather)
+            torch.cuda.synchronize()
+            want = torch.cat([t.view(torch.uint8) for t in x])
+            for r, t in enumerate(gathered):
+                differ = (t != want).nonzero()
+                assert differ.numel() == 0, f"gather by push, step {step}, {nbytes} B: rank {r} differs at " \
+                                            f"{differ[:8].flatten().tolist()}"
