@@ -31,10 +31,10 @@ VARIABLES: dict[str, str] = {
     "SYMCOMM_NCCL_LIBRARY": "libnccl to load; otherwise the one torch loaded, then the `nvidia-nccl` wheel, then the system's",
     "SYMCOMM_NATIVE_LIBRARY": "csrc/ library to load instead of the packaged one",
     "SYMCOMM_CUDA_ARCHS": "nvcc `-gencode` flags at build time (read by setup.py; default sm_90 + compute_90 PTX; `none` builds no kernels)",
+    "CUDA_HOME, CUDA_PATH": "read by setup.py: where it looks for nvcc first, before PATH ([docs/install.md](docs/install.md))",
     "SYMCOMM_BENCH_CORRUPT": "symcomm-bench test hook: this rank spoils one output element, so #wrong must count it",
     "SYMCOMM_BENCH_DEBUG": "symcomm-bench prints the traceback of a failure, not just its one line",
-    "PYTORCH_CUDA_ALLOC_CONF": "torch's, read only: expandable segments have no CUDA IPC handle, so captured inputs there are staged",
-    "PYTORCH_ALLOC_CONF": "torch's newer name for the same, read the same way",
+    "PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF": "torch's (the second its newer name), read only: expandable segments have no CUDA IPC handle, so captured inputs there are staged",
     "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE": "set by torchrun; symcomm-bench joins that world instead of launching its own",
     "PYTHONPATH": "Python's own, read by symcomm-bench's launcher to extend it so its ranks import this same symcomm",
 }
