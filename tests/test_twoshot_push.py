@@ -89,10 +89,12 @@ def test_the_launch_gets_the_region_slot_the_output_offset_and_this_ranks_chunk(
     assert session.calls == [(peer_capture.IN_REGION, twoshot_push.CAPTURE_CODE, 2000, 0, 8192)] and not session.slots
 
 
-def test_a_misaligned_input_is_copied_not_declined():
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_misaligned_input_is_copied_not_declined(rank):
     """An input's alignment is this rank's own business and must not decide the path (peers
-    would wait in another one): run() hands the kernel an aligned copy."""
-    state = _state()
+    would wait in another one): run() hands the kernel an aligned copy, and `own` points at
+    this rank's chunk of that copy (rank 1's starts past rank 0's 63 vectors)."""
+    state = _state(rank=rank)
     launched = []
     state.lib = SimpleNamespace(symcomm_ar_twoshot_push=lambda *a: launched.append(a[2:4]) or 0)
     state.ctx, state.launch_stream = 1, lambda s: 0
@@ -102,7 +104,8 @@ def test_a_misaligned_input_is_copied_not_declined():
     assert x.data_ptr() % 16 and path.why_not(_call(x, x.data_ptr(), BASE)) is None
     path.run(_call(x, x.data_ptr(), BASE))
     in_ptr, own = launched[-1]
-    assert in_ptr % 16 == 0 and own == in_ptr and in_ptr != x.data_ptr()
+    assert in_ptr % 16 == 0 and in_ptr != x.data_ptr()
+    assert own == in_ptr + rank * path.chunk_bytes(x.nbytes) and path.chunk_bytes(x.nbytes) == 63 * 16
 
 
 def _norm_inner_offsets(rank: int, world: int) -> None:
