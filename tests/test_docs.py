@@ -4,10 +4,11 @@ Comments and docs point at files ("csrc/custom_ar.cu explains the kernels", "see
 docs/measuring.md"); a pointer to a file that was renamed, deleted, or never part of the
 repository (the design notes the project started from) leaves a reader of a clone with
 nothing to read. This test scans the repository's own source and documentation files (those
-git knows: tracked, or new and not ignored; bench/results/ excluded), finds the path-like
-tokens in them, and fails naming the file, the line and the path of every one that does not
-exist. It also fails on any mention of the two design notes that lived outside the
-repository: docs/ holds their content now. CPU only; it imports nothing of symcomm.
+git knows: tracked, or new and not ignored outside a virtual environment made in the clone;
+bench/results/ excluded), finds the path-like tokens in them, and fails naming the file, the
+line and the path of every one that does not exist. It also fails on any mention of the two
+design notes that lived outside the repository: docs/ holds their content now. CPU only; it
+imports nothing of symcomm.
 
 What counts as a citation (see ``references``):
 - a token containing a slash that ends in a known file extension (``bench/membership.py``);
@@ -132,9 +133,15 @@ def _git(*args: str, stdin: str | None = None) -> str:
 def _repository_files() -> list[str]:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the set of repository files is unknown")
-    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    tracked = _git("ls-files", "-z", "--cached").split("\0")
+    new = _git("ls-files", "-z", "--others", "--exclude-standard").split("\0")
+    # A virtual environment made inside the clone (the README's "fresh virtual environment",
+    # under whatever name) is not the repository's, ignored or not: its installed packages cite
+    # their own files. Its root holds pyvenv.cfg.
+    venvs = tuple(f[:-len("pyvenv.cfg")] for f in new if f.endswith("/pyvenv.cfg"))
+    new = [f for f in new if not f.startswith(venvs)] if venvs else new
     # A tracked file deleted in the working tree is gone for a reader too.
-    return sorted({f for f in listed if f and (ROOT / f).is_file()})
+    return sorted({f for f in tracked + new if f and (ROOT / f).is_file()})
 
 
 def _git_ignored(paths: Iterable[str]) -> set[str]:
