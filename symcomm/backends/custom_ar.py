@@ -240,10 +240,11 @@ class AllReduceKernelPath(PeerPath):
         # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided
         # the path) goes through aligned copies; an in-place call then runs out of place.
         in_ptr, out_ptr, out = call.in_ptrs[0], call.out_ptrs[0], call.outputs[0]
+        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
         copy = aligned(call.inputs[0]) if in_ptr % 16 else None
         target = torch.empty_like(out) if out_ptr % 16 else None
         code = fn(context.ctx, DTYPE_CODES[call.dtype], in_ptr if copy is None else copy.data_ptr(),
-                  out_ptr if target is None else target.data_ptr(), chunks, context.launch_stream(session))
+                  out_ptr if target is None else target.data_ptr(), chunks, stream)
         if code:
             context.check(f"custom-flagfree {op} launch", code)
         if target is not None:

@@ -77,6 +77,7 @@ class PushDispatchPath(_EpPushPath):
     def run(self, call: DispatchCall) -> None:
         context, h = self._context, call.handle
         session = context.session()
+        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
         x = aligned(call.x)
         ids = call.topk_ids
         recv = self._where(call.recv, session, self.CODE)
@@ -93,7 +94,7 @@ class PushDispatchPath(_EpPushPath):
             src_slot=src[0], src_offset=src[1], table_slot=table[0], table_offset=table[1],
             send_rows=_i32(h.send_rows), expert_counts=_i32(call.expert_counts),
             expert_offsets=_i32(call.expert_offsets))
-        code = context.lib.symcomm_ep_dispatch(context.ctx, ctypes.byref(a), context.launch_stream(session))
+        code = context.lib.symcomm_ep_dispatch(context.ctx, ctypes.byref(a), stream)
         if code:
             context.check("MoE dispatch launch", code)
 
@@ -112,6 +113,7 @@ class PushCombinePath(_EpPushPath):
     def run(self, call: CombineCall) -> None:
         context, h = self._context, call.handle
         session = context.session()
+        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
         y = aligned(call.expert_out)
         returned = self._where(h.returned, session, self.CODE)
         out = call.out if call.out.data_ptr() % 16 == 0 else torch.empty_like(call.out)
@@ -122,7 +124,7 @@ class PushCombinePath(_EpPushPath):
             returned_slot=returned[0], returned_offset=returned[1], max_tokens=h.max_tokens, topk=h.topk,
             rows=h.tokens, send_rows=_i32(h.send_rows), weights=h.topk_weights.data_ptr(),
             weights_dtype=_native.DTYPE_CODES[h.topk_weights.dtype], out=out.data_ptr())
-        code = context.lib.symcomm_ep_combine(context.ctx, ctypes.byref(a), context.launch_stream(session))
+        code = context.lib.symcomm_ep_combine(context.ctx, ctypes.byref(a), stream)
         if code:
             context.check("MoE combine launch", code)
         if out is not call.out:

@@ -75,15 +75,15 @@ class FlagFreeFp4Path(PeerPath):
         if not sum(call.sizes):
             return  # every rank knows: no rank launches
         context = self._context
-        x = aligned(call.x)  # rank-local, so it never decided the path: a misaligned view is copied
         # Recorded with the gathered bytes, which every rank's capture must agree on (x's are its own).
-        _, _, _, session = context.input_of(x.data_ptr(), call.packed.nbytes + call.scales.nbytes, CAPTURE_CODE,
-                                            peers_read=False)
+        _, _, _, session = context.input_of(call.x.data_ptr(), call.packed.nbytes + call.scales.nbytes,
+                                            CAPTURE_CODE, peers_read=False)
+        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
+        x = aligned(call.x)  # rank-local, so it never decided the path: a misaligned view is copied
         self._rows[:] = call.sizes
         gs_ptr, gs_value = fp4.launch_scale(call.gs)
         args = _native.FlagFreeFp4Args(x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[1], self._rows, gs_ptr,
                                        gs_value, call.packed.data_ptr(), call.scales.data_ptr())
-        code = context.lib.symcomm_ar_flagfree_gatherv_fp4(context.ctx, ctypes.byref(args),
-                                                           context.launch_stream(session))
+        code = context.lib.symcomm_ar_flagfree_gatherv_fp4(context.ctx, ctypes.byref(args), stream)
         if code:
             context.check("flag-free FP4 gather launch", code)

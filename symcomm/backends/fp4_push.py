@@ -77,6 +77,7 @@ class FusedPushFp4Path(PeerPath):
             return  # every rank knows: no rank launches
         context = self._context
         session = context.session()
+        stream = context.launch_stream(session)  # first: the copies must follow symcomm's last launch too
         x, extra = aligned(call.x), [aligned(t) for t in call.extra]
         n, h = x.shape
         where = [context.output_slot(t.data_ptr(), t.nbytes, session, CAPTURE_CODE) for _, t in call.named_outputs()]
@@ -89,7 +90,7 @@ class FusedPushFp4Path(PeerPath):
         args = _native.GathervFp4Args(x.data_ptr(), _native.DTYPE_CODES[x.dtype], n, h, sum(call.sizes[:context.rank]),
                                       total, gs_ptr, gs_value, where[0][0], where[0][1], where[1][0], where[1][1], k,
                                       srcs, slots, offsets, rows)
-        code = context.lib.symcomm_ar_gatherv_fp4(context.ctx, ctypes.byref(args), context.launch_stream(session))
+        code = context.lib.symcomm_ar_gatherv_fp4(context.ctx, ctypes.byref(args), stream)
         if code:
             context.check("fused FP4 dispatch launch", code)
 

@@ -61,13 +61,13 @@ class PushPath(PeerPath):
         n = len(call.outputs)
         srcs, slots = (_c.c_uint64 * n)(), (_c.c_int * n)()
         offsets, nbytes = (_c.c_uint64 * n)(), (_c.c_uint64 * n)()
+        stream = context.launch_stream(session)  # first: the copies must follow symcomm's last launch too
         keep = [aligned(x) for x in call.inputs]
         for i, (out, x, dst) in enumerate(zip(call.outputs, keep, call.out_ptrs)):
             slot, offset = context.output_slot(dst, out.nbytes, session, CAPTURE_CODE)
             row_bytes = out.nbytes // total_rows
             srcs[i], slots[i] = x.data_ptr(), slot
             offsets[i], nbytes[i] = offset + before * row_bytes, sizes[rank] * row_bytes
-        code = context.lib.symcomm_ar_gatherv(context.ctx, n, srcs, slots, offsets, nbytes, call.nbytes,
-                                            context.launch_stream(session))
+        code = context.lib.symcomm_ar_gatherv(context.ctx, n, srcs, slots, offsets, nbytes, call.nbytes, stream)
         if code:
             context.check("custom all_gatherv launch", code)

@@ -90,6 +90,9 @@ class TwoShotPushPath(PeerPath):
         slot, out_offset = context.output_slot(out_ptr, nbytes, session, CAPTURE_CODE)
         chunk = self.chunk_bytes(nbytes)
         lo = min(context.rank * chunk, nbytes)
+        # Ordered first, so that the copies below come after symcomm's last launch on another
+        # stream, as the kernel does.
+        stream = context.launch_stream(session)
         keep = None  # the in-place copy, alive until the launch is enqueued
         if in_ptr == out_ptr:
             if lo < nbytes:
@@ -101,6 +104,6 @@ class TwoShotPushPath(PeerPath):
                 in_ptr = keep.data_ptr()
             own_ptr = in_ptr + lo
         code = context.lib.symcomm_ar_twoshot_push(context.ctx, DTYPE_CODES[call.dtype], in_ptr, own_ptr, slot,
-                                                   out_offset, out_ptr, nbytes, context.launch_stream(session))
+                                                   out_offset, out_ptr, nbytes, stream)
         if code:
             context.check("custom-twoshot-push launch", code)
