@@ -94,9 +94,15 @@ def test_in_place_and_symmetric_inputs(comm, algo):
 
 
 def test_empty_tensor(fast):
-    x = torch.empty(0, dtype=torch.bfloat16, device=fast.device)
+    """An empty call returns an empty tensor of the input's shape and takes no turn of the
+    protocol: the sum right after it still pairs each rank's input with its peers'."""
+    x = torch.empty(0, 3, dtype=torch.bfloat16, device=fast.device)
+    inputs = all_inputs(1000, torch.bfloat16, fast.world_size, seed=73)
     for algo in ALGOS:
-        assert fast.all_reduce(x, algo=algo).numel() == 0
+        empty = fast.all_reduce(x, algo=algo)
+        assert empty.shape == x.shape and empty.dtype == x.dtype, f"{algo}: {empty.shape} {empty.dtype}"
+        after = fast.all_reduce(inputs[fast.rank].clone(), algo=algo)
+        assert_reduced(after, inputs, f"{algo}, the call after an empty one")
 
 
 def _graph_case(c, algo, register: bool, in_place: bool, numel: int):
@@ -165,13 +171,11 @@ def test_two_shot_push_into_a_pool_output(comm, dtype, in_place):
         with symcomm.use_symmetric_memory(comm):
             out = torch.empty(numel, dtype=dtype, device=comm.device)
         x = out if in_place else inputs[rank].clone()  # an ordinary input when out of place
-        assert comm.select("all_reduce", x, out=out, algo=algo).algo == algo
         x.copy_(inputs[rank])
         comm.all_reduce(x, out=out, algo=algo)
-        what = f"{algo}, {nbytes} bytes {dtype}{' in place' if in_place else ''}"
         if not nbytes:
-            assert out.numel() == 0
-            continue
+            continue  # takes no turn: a mispairing would show in the next size's sum
+        what = f"{algo}, {nbytes} bytes {dtype}{' in place' if in_place else ''}"
         assert_reduced(out, inputs, what)
         assert _gathered_equal(out), f"{what}: ranks hold different bits"
         with symcomm.use_symmetric_memory(comm):  # one-shot reads a pool input at any size
@@ -496,3 +500,48 @@ def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
         # Every rank meets here even when rank 0's checks fail: a barrier one rank skipped would
         # pair with the next test's, and the ranks' later collectives would cross (a hang).
         dist.barrier()
+
+
+@pytest.mark.parametrize("case", ("two-shot-push in place", "flag-free all_gather of a misaligned view"))
+def test_a_copied_input_follows_the_previous_launch_on_another_stream(comm, case):
+    """Both paths copy their input before launching (the own chunk in place; a misaligned view
+    to an aligned one). The input here is the output of symcomm's previous call, made on
+    another stream behind a long kernel: the copy must wait for that launch, as the kernel
+    does, or it reads the old bytes. Without the wait the result below is wrong on every rank."""
+    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
+    from symcomm.backends import twoshot_push
+    push = case.startswith("two-shot")
+    if push and w not in twoshot_push.REAL_WORLDS:
+        pytest.skip(f"custom-twoshot-push runs at world {twoshot_push.REAL_WORLDS} only")
+    n = 65_544  # 131,088 bytes: not a whole number of 4 KiB pages
+    first_input = rank_input(n, dtype, rank, seed=79)
+    with symcomm.use_symmetric_memory(comm):
+        y = torch.empty(n, dtype=dtype, device=comm.device)
+
+    def first(stream_y: torch.Tensor) -> None:
+        if push:
+            comm.all_reduce(stream_y, out=stream_y, algo=base.TWOSHOT_PUSH)
+        else:
+            comm.all_gather(first_input[:n // w], out=stream_y, algo=base.FLAGFREE)
+
+    def second(stream_y: torch.Tensor) -> torch.Tensor:
+        if push:
+            return comm.all_reduce(stream_y, out=stream_y, algo=base.TWOSHOT_PUSH)
+        return comm.all_gather(stream_y[1:1 + n // w - 1], algo=base.FLAGFREE)  # 2 bytes off 16
+
+    y.copy_(first_input)  # the reference, eagerly on one stream
+    first(y)
+    want = second(y).clone()
+    y.copy_(first_input)
+    here, behind, ahead = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    behind.wait_stream(here)
+    ahead.wait_stream(here)
+    with torch.cuda.stream(behind):
+        torch.cuda._sleep(100_000_000)  # tens of milliseconds: the next call is made long before
+        first(y)
+    with torch.cuda.stream(ahead):
+        got = second(y)
+    here.wait_stream(behind)
+    here.wait_stream(ahead)
+    torch.cuda.synchronize()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{case}: the copy read the old input"
