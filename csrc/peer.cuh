@@ -691,18 +691,19 @@ inline int flagfree_grid(const Context* c, size_t send_vecs) {
   return blocks < c->flagfree_max_blocks ? blocks : c->flagfree_max_blocks;
 }
 
-inline int blocks_for(const Context* c, size_t work) {
+// One thread per unit of work, at least one block, at most `cap` blocks.
+inline int capped_blocks(size_t work, int cap) {
   size_t b = (work + kThreads - 1) / kThreads;
   if (b < 1) b = 1;
-  return int(b < size_t(c->grid_blocks) ? b : size_t(c->grid_blocks));
+  return int(b < size_t(cap) ? b : size_t(cap));
 }
+
+inline int blocks_for(const Context* c, size_t work) { return capped_blocks(work, c->grid_blocks); }
 
 // The grid of a push kernel whose ranks each send `per_peer_vecs` vectors to a peer (the same
 // on every rank): blocks_for's below kWideFromBytes, up to the wide cap from there.
 inline int push_blocks_for(const Context* c, size_t per_peer_vecs) {
-  if (per_peer_vecs * 16 < kWideFromBytes) return blocks_for(c, per_peer_vecs);
-  const size_t b = (per_peer_vecs + kThreads - 1) / kThreads;
-  return int(b < size_t(c->wide_blocks) ? b : size_t(c->wide_blocks));
+  return capped_blocks(per_peer_vecs, per_peer_vecs * 16 < kWideFromBytes ? c->grid_blocks : c->wide_blocks);
 }
 
 // Runs f(std::integral_constant<int, W>{}) for the world size: the kernels take W as a template
