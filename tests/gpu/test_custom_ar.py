@@ -513,7 +513,8 @@ def test_a_copied_input_follows_the_previous_launch_on_another_stream(comm, case
     push = case.startswith("two-shot")
     if push and w not in twoshot_push.REAL_WORLDS:
         pytest.skip(f"custom-twoshot-push runs at world {twoshot_push.REAL_WORLDS} only")
-    n = 65_544  # 131,088 bytes: not a whole number of 4 KiB pages
+    per_rank = 8200  # bf16 elements: 16,400 bytes, whole 16-byte vectors as flag-free needs
+    n = per_rank * w
     first_input = rank_input(n, dtype, rank, seed=79)
     with symcomm.use_symmetric_memory(comm):
         y = torch.empty(n, dtype=dtype, device=comm.device)
@@ -522,17 +523,20 @@ def test_a_copied_input_follows_the_previous_launch_on_another_stream(comm, case
         if push:
             comm.all_reduce(stream_y, out=stream_y, algo=base.TWOSHOT_PUSH)
         else:
-            comm.all_gather(first_input[:n // w], out=stream_y, algo=base.FLAGFREE)
+            comm.all_gather(first_input[:per_rank], out=stream_y, algo=base.FLAGFREE)
 
     def second(stream_y: torch.Tensor) -> torch.Tensor:
         if push:
             return comm.all_reduce(stream_y, out=stream_y, algo=base.TWOSHOT_PUSH)
-        return comm.all_gather(stream_y[1:1 + n // w - 1], algo=base.FLAGFREE)  # 2 bytes off 16
+        return comm.all_gather(stream_y[1:per_rank - 7], algo=base.FLAGFREE)  # 2 bytes past a vector
 
     y.copy_(first_input)  # the reference, eagerly on one stream
     first(y)
     want = second(y).clone()
-    y.copy_(first_input)
+    if push:
+        y.copy_(first_input)  # the first call's input
+    else:
+        y.fill_(7.0)  # what a copy that does not wait would read
     here, behind, ahead = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
     behind.wait_stream(here)
     ahead.wait_stream(here)
