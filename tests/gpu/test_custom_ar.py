@@ -94,8 +94,8 @@ def test_in_place_and_symmetric_inputs(comm, algo):
 
 
 def test_empty_tensor(fast):
-    """An empty call returns an empty tensor of the input's shape and takes no turn of the
-    protocol: the sum right after it still pairs each rank's input with its peers'."""
+    """An empty call returns an empty tensor of the input's shape and leaves the path usable:
+    the sum right after it is right (a broken or half-taken turn would hang or corrupt it)."""
     x = torch.empty(0, 3, dtype=torch.bfloat16, device=fast.device)
     inputs = all_inputs(1000, torch.bfloat16, fast.world_size, seed=73)
     for algo in ALGOS:
@@ -174,7 +174,7 @@ def test_two_shot_push_into_a_pool_output(comm, dtype, in_place):
         x.copy_(inputs[rank])
         comm.all_reduce(x, out=out, algo=algo)
         if not nbytes:
-            continue  # takes no turn: a mispairing would show in the next size's sum
+            continue  # nothing to check but that it returned: the next size's sum shows a broken path
         what = f"{algo}, {nbytes} bytes {dtype}{' in place' if in_place else ''}"
         assert_reduced(out, inputs, what)
         assert _gathered_equal(out), f"{what}: ranks hold different bits"
@@ -502,38 +502,46 @@ def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
         dist.barrier()
 
 
-@pytest.mark.parametrize("case", ("two-shot-push in place", "flag-free all_gather of a misaligned view"))
+CASES = {"two-shot-push in place": base.TWOSHOT_PUSH, "flag-free all_gather of a misaligned view": base.FLAGFREE,
+         "push all_gather of a misaligned view": base.PUSH}
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_a_copied_input_follows_the_previous_launch_on_another_stream(comm, case):
-    """Both paths copy their input before launching (the own chunk in place; a misaligned view
+    """These paths copy their input before launching (the own chunk in place; a misaligned view
     to an aligned one). The input here is the output of symcomm's previous call, made on
     another stream behind a long kernel: the copy must wait for that launch, as the kernel
     does, or it reads the old bytes. Without the wait the result below is wrong on every rank."""
-    w, rank, dtype = comm.world_size, comm.rank, torch.bfloat16
-    from symcomm.backends import twoshot_push
-    push = case.startswith("two-shot")
-    if push and w not in twoshot_push.REAL_WORLDS:
-        pytest.skip(f"custom-twoshot-push runs at world {twoshot_push.REAL_WORLDS} only")
+    from symcomm.backends import custom_ar, twoshot_push
+    w, rank, dtype, algo = comm.world_size, comm.rank, torch.bfloat16, CASES[case]
+    if algo == base.TWOSHOT_PUSH and w not in twoshot_push.REAL_WORLDS:
+        pytest.skip(f"{algo} runs at world {twoshot_push.REAL_WORLDS} only (the push case runs at every world)")
+    if algo == base.FLAGFREE and w not in custom_ar.FLAGFREE_COLLECTIVE_WORLDS:
+        pytest.skip(f"{algo} gathers at world {custom_ar.FLAGFREE_COLLECTIVE_WORLDS} only (the push case runs "
+                    f"at every world)")
     per_rank = 8200  # bf16 elements: 16,400 bytes, whole 16-byte vectors as flag-free needs
     n = per_rank * w
     first_input = rank_input(n, dtype, rank, seed=79)
     with symcomm.use_symmetric_memory(comm):
         y = torch.empty(n, dtype=dtype, device=comm.device)
+        gathered = torch.empty((per_rank - 8) * w, dtype=dtype, device=comm.device)
 
     def first(stream_y: torch.Tensor) -> None:
-        if push:
-            comm.all_reduce(stream_y, out=stream_y, algo=base.TWOSHOT_PUSH)
+        if algo == base.TWOSHOT_PUSH:
+            comm.all_reduce(stream_y, out=stream_y, algo=algo)
         else:
-            comm.all_gather(first_input[:per_rank], out=stream_y, algo=base.FLAGFREE)
+            comm.all_gather(first_input[:per_rank], out=stream_y, algo=algo)
 
     def second(stream_y: torch.Tensor) -> torch.Tensor:
-        if push:
-            return comm.all_reduce(stream_y, out=stream_y, algo=base.TWOSHOT_PUSH)
-        return comm.all_gather(stream_y[1:per_rank - 7], algo=base.FLAGFREE)  # 2 bytes past a vector
+        if algo == base.TWOSHOT_PUSH:
+            return comm.all_reduce(stream_y, out=stream_y, algo=algo)
+        # 2 bytes past a vector, per_rank - 8 elements: whole vectors
+        return comm.all_gather(stream_y[1:per_rank - 7], out=gathered, algo=algo)
 
     y.copy_(first_input)  # the reference, eagerly on one stream
     first(y)
     want = second(y).clone()
-    if push:
+    if algo == base.TWOSHOT_PUSH:
         y.copy_(first_input)  # the first call's input
     else:
         y.fill_(7.0)  # what a copy that does not wait would read

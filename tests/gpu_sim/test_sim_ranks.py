@@ -194,7 +194,7 @@ def test_two_shot_by_stores_back_to_back_with_the_other_kernels(world):
         plan = []
         for i in range(36 if world == 2 else 24):
             kind = "push" if i % 3 else others[i // 3 % len(others)]
-            nbytes = sizes[(5 * i + i // 3) % len(sizes)]
+            nbytes = sizes[(i // 3 + i % 3) % len(sizes)]  # every size for the push, in place and not
             if kind != "push":
                 nbytes = min(nbytes, capacity(kind))
             plan.append((kind, nbytes, i // 2 % 2 == 1, make_inputs(world, nbytes, dtype, gen)))
