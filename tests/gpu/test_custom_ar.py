@@ -58,13 +58,14 @@ def test_every_kernel_matches_reference_nccl_and_each_other(fast, nbytes, dtype)
     numel = nbytes // (torch.finfo(dtype).bits // 8)
     inputs = all_inputs(numel, dtype, w, seed=nbytes % 1000 + 3)
     x = inputs[rank]
+    before = x.clone()
     nccl = fast.all_reduce(x, algo="nccl")
     results = {}
     for algo in ALGOS:
         if nbytes > capacity(algo, w):
             continue
         out = fast.all_reduce(x, algo=algo)
-        assert torch.equal(x, inputs[rank]), f"{algo} modified its input"
+        assert torch.equal(x.view(torch.uint8), before.view(torch.uint8)), f"{algo} modified its input"
         assert_reduced(out, inputs, f"{algo} {nbytes} B {dtype}")
         # NCCL rounds in the tensor's dtype along its ring; the bound covers both.
         assert_reduced(nccl, inputs, f"nccl {nbytes} B {dtype}")
@@ -300,8 +301,8 @@ def test_one_shot_reads_symmetric_inputs_past_the_staging_capacity(comm):
     with symcomm.use_symmetric_memory(comm):
         x = torch.empty(numel, dtype=dtype, device=comm.device)
     x.copy_(inputs[rank])
-    for in_place in (False, True):
-        assert comm.select("all_reduce", x, out=x if in_place else None, algo=base.ONESHOT).algo == base.ONESHOT
+    for in_place in (False, True):  # accepted (a forced algo raises where it cannot serve)
+        comm.select("all_reduce", x, out=x if in_place else None, algo=base.ONESHOT)
     out = comm.all_reduce(x, algo=base.ONESHOT)
     assert torch.equal(x, inputs[rank]), "one-shot modified its input"
     assert_reduced(out, inputs, "one-shot past the staging capacity")

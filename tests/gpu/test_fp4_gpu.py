@@ -318,11 +318,12 @@ def test_all_gatherv_fp4_flagfree_matches_reference(comm, pattern, h, symmetric,
         assert comm.is_symmetric(got.packed) and comm.is_symmetric(got.scales)
     choice = comm.select("all_gatherv_fp4", x, sizes=sizes, global_scale=gs,
                          out=symcomm.Fp4Gathered(got.packed, got.scales, (), None, None))
-    if "fused-flagfree" in comm.algorithms():
-        if w == 2:
-            assert choice.algo == "fused-flagfree", choice
-        else:
-            assert choice.algo != "fused-flagfree" and "world 2 only" in choice.rejected["fused-flagfree"], choice
+    paths = comm.algorithms("all_gatherv_fp4")
+    assert "fused-flagfree" in paths, paths
+    if w == 2:
+        assert choice.algo == "fused-flagfree", choice
+    else:
+        assert choice.algo != "fused-flagfree" and "world 2 only" in choice.rejected["fused-flagfree"], choice
     xs = [_rank_rows(r, sizes[r], dtype, seed, h).cpu() for r in range(w)]
     ref_packed, ref_scales = fp4.quantize_reference(torch.cat(xs), gs.cpu())
     _assert_same(got.packed, ref_packed, "packed")

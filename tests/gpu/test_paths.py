@@ -347,20 +347,28 @@ def test_close_after_every_kind_of_refused_call_leaves_the_process_working(dist_
     aborted the process after a refusal inside a capture) and CUDA still works."""
     c = symcomm.Communicator(symmetric_capacity=64 << 20, check=True)
     dev = c.device
-    plain = torch.ones(1024, dtype=torch.bfloat16, device=dev)
+    plain = rank_input(1024, torch.bfloat16, c.rank, seed=97)
+    # Each refusal with the words of its own rule: a refusal for another reason (this test once
+    # made one for a dtype instead of a shape, and one for a missing max_tokens instead of the
+    # ids) fails here.
     refusals = {
-        "a CPU tensor": lambda: c.all_reduce(torch.ones(4)),
-        "an unknown op": lambda: c.all_reduce(plain, op="median"),
-        "symmetric path on plain memory": lambda: c.all_reduce(plain, algo="nccl-symm"),
-        "out of the wrong shape": lambda: c.all_gather(plain, out=torch.empty(3, device=dev)),
-        "uneven sizes that do not add up": lambda: c.all_gatherv(plain, [1, 2][:c.world_size]),
-        "a negative reservation": lambda: c.reserve_symmetric(-1),
-        "ids out of range": lambda: c.moe_dispatch(torch.ones(2, 128, dtype=torch.bfloat16, device=dev),
-                                                   torch.full((2, 1), 99, dtype=torch.int32, device=dev),
-                                                   torch.ones(2, 1, device=dev), 8 * c.world_size),
+        "a CPU tensor": (lambda: c.all_reduce(torch.ones(4)), symcomm.ArgumentError, "is on cpu"),
+        "an unknown op": (lambda: c.all_reduce(plain, op="median"), symcomm.ArgumentError, "op must be one of"),
+        "symmetric path on plain memory": (lambda: c.all_reduce(plain, algo="nccl-symm"), symcomm.ArgumentError,
+                                           "algo='nccl-symm' cannot serve"),
+        "out of the wrong shape": (lambda: c.all_gather(plain, out=torch.empty(3, dtype=plain.dtype, device=dev)),
+                                   symcomm.ArgumentError, r"out has shape \(3,\)"),
+        "uneven sizes that do not add up": (lambda: c.all_gatherv(plain, [1, 2][:c.world_size]),
+                                            symcomm.ArgumentError, r"\(this rank\) is"),
+        "a negative reservation": (lambda: c.reserve_symmetric(-1), symcomm.SymmetricMemoryError,
+                                   "nbytes must be positive"),
+        "ids out of range": (lambda: c.moe_dispatch(torch.ones(2, 128, dtype=torch.bfloat16, device=dev),
+                                                    torch.full((2, 1), 99, dtype=torch.int32, device=dev),
+                                                    torch.ones(2, 1, device=dev), 8 * c.world_size, max_tokens=2),
+                             symcomm.ArgumentError, r"topk_ids\[0, 0\] = 99 is outside"),
     }
-    for what, call in refusals.items():
-        with pytest.raises(symcomm.SymcommError):
+    for what, (call, error, rule) in refusals.items():
+        with pytest.raises(error, match=rule):
             call()
         torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -368,6 +376,7 @@ def test_close_after_every_kind_of_refused_call_leaves_the_process_working(dist_
         with torch.cuda.graph(graph):
             c.reserve_symmetric(2 << 20)
     del graph
-    assert_reduced(c.all_reduce(plain.clone()), [plain] * c.world_size, "after the refusals")
+    inputs = all_inputs(1024, torch.bfloat16, c.world_size, seed=97)
+    assert_reduced(c.all_reduce(plain.clone()), inputs, "after the refusals")
     c.close()
     assert torch.ones(8, device=dev).sum().item() == 8
