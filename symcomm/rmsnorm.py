@@ -264,7 +264,10 @@ def reference_add_rmsnorm(a: torch.Tensor, weight: torch.Tensor, residual: torch
     # Python scalars (eps is already fp32-exact): no host-to-device copy, so this can be captured.
     # The reciprocal goes through float64, whose correctly rounded division, rounded again to
     # fp32, is the correctly rounded fp32 quotient (53 >= 2 * 24 + 2 bits).
-    rinv = (1.0 / _sqrt_rn(_kernel_order_sumsq(hf) / hidden + call.eps).double()).float()
+    sumsq = _kernel_order_sumsq(hf)
+    # A tensor divisor: torch divides a CUDA tensor by a Python number as a multiply by its
+    # reciprocal, an ulp off the kernel's fp32 division for some rows (fp4.scale_tensor).
+    rinv = (1.0 / _sqrt_rn(sumsq / torch.full_like(sumsq, hidden) + call.eps).double()).float()
     y = ((hf * rinv.unsqueeze(1)) * call.weight.float()).to(a.dtype)
     if quant is None:
         return NormedResult(y, h, None)
