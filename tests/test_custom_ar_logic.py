@@ -42,6 +42,7 @@ class FakeState:
     input_of = peer_context.PeerContext.input_of
     output_slot = peer_context.PeerContext.output_slot
     _record = peer_context.PeerContext._record
+    launch_inputs = peer_context.PeerContext.launch_inputs
 
     def guard(self, session):
         session.token = 1
@@ -250,9 +251,12 @@ def _recorded_launch(call, world=2):
 @pytest.mark.parametrize("op", custom_ar.FLAGFREE_OPS)
 def test_flagfree_collectives_launch_every_ranks_chunk(op):
     """The entry point takes each rank's chunk in bytes, not the call's nbytes (the whole message)."""
-    name, args = _recorded_launch(_collective(op, 1024, world=4), world=4)
+    call = _collective(op, 1024, world=4)
+    name, args = _recorded_launch(call, world=4)
     assert name == FLAGFREE_ENTRY[op]
-    assert args[:4] == (7, _native.DTYPE_CODES[torch.bfloat16], 1 << 30, 2 << 30) and args[5] == 99
+    # The input's own address (an aligned input is launched as it is, not copied); the output's
+    # as the call recorded it.
+    assert args[:4] == (7, _native.DTYPE_CODES[torch.bfloat16], call.inputs[0].data_ptr(), 2 << 30) and args[5] == 99
     assert list(args[4]) == [2048] * 4
 
 
@@ -574,15 +578,20 @@ def test_builtin_table_puts_the_kernels_first_up_to_their_capacity(world):
 
 def test_check_mode_compares_alignment_and_signatures_share_one_length():
     """A view misaligned on one rank only would send that rank to NCCL and its peers to a
-    kernel; check mode's signature carries the misalignment so ranks compare it. Every
-    operation's signature has one length, so ranks in different operations compare op codes."""
+    kernel; check mode's signature carries the misalignment so ranks compare it, and names it
+    as the cause of the path disagreement. Where every rank took the same path (two-shot-push
+    copies a misaligned input), the alignment alone is no mismatch. Every operation's
+    signature has one length, so ranks in different operations compare op codes."""
     from symcomm import check_mode as checks
-    values, names = checks.signature(_call(in_ptr=(1 << 30) + 8), 1, 2, None)
+    misaligned, names = checks.signature(_call(in_ptr=(1 << 30) + 8), 0, 2, None)
     other, _ = checks.signature(_call(), 1, 2, None, op="all_gatherv_fp4", scalars=[("global_scale", 7)])
-    assert len(values) == len(names) == len(other)
-    assert values[names.index("16-byte misalignment of the all_reduce input/output")] == 8
-    table = [values, checks.signature(_call(), 1, 2, None)[0]]
-    assert "misalignment" in checks.first_mismatch(table, names, ["nccl", "custom-oneshot"])
+    assert len(misaligned) == len(names) == len(other)
+    assert misaligned[names.index(checks.MISALIGNMENT)] == 8
+    paths = ["nccl", "custom-oneshot"]
+    problem = checks.first_mismatch([misaligned, checks.signature(_call(), 1, 2, None)[0]], names, paths)
+    assert problem is not None and "misalignment" in problem and "rank 0: 8, rank 1: 0" in problem
+    same_path = [checks.signature(_call(in_ptr=(1 << 30) + 8), 1, 2, None)[0], checks.signature(_call(), 1, 2, None)[0]]
+    assert checks.first_mismatch(same_path, names, paths) is None
 
 
 @pytest.mark.parametrize("algo", custom_ar.ALGO_CODES)

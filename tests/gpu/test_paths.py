@@ -151,6 +151,26 @@ def test_check_mode_names_the_misplaced_tensor(fresh):
         fresh.all_reduce(x, out=x, algo="nccl-symm")
 
 
+def test_check_mode_lets_one_rank_copy_its_misaligned_input(fresh):
+    """custom-twoshot-push copies a misaligned input into an aligned buffer (its input is read
+    locally), so a rank whose input alone is misaligned runs the same path as its peers: check
+    mode must not call that a mismatch, and the sum must be right."""
+    from symcomm.backends import twoshot_push
+    w, numel = fresh.world_size, 8200
+    if w not in twoshot_push.REAL_WORLDS:
+        pytest.skip(f"custom-twoshot-push runs at world {twoshot_push.REAL_WORLDS} only")
+    inputs = all_inputs(numel, torch.bfloat16, w, seed=23)
+    shift = 1 if fresh.rank == 0 else 0  # 2 bytes: rank 0's view is off the 16-byte grid
+    x = torch.empty(numel + 1, dtype=torch.bfloat16, device=fresh.device)[shift:shift + numel]
+    x.copy_(inputs[fresh.rank])
+    assert (x.data_ptr() & 15 != 0) == (fresh.rank == 0)
+    with symcomm.use_symmetric_memory(fresh):
+        out = torch.empty(numel, dtype=torch.bfloat16, device=fresh.device)
+    fresh.all_reduce(x, out=out, algo="custom-twoshot-push")
+    torch.cuda.synchronize()
+    assert_reduced(out, inputs, "two-shot-push with rank 0's input misaligned, check mode on")
+
+
 def test_check_mode_catches_size_mismatch_instead_of_hanging(fresh):
     x = torch.ones(1000 + fresh.rank, device=fresh.device)
     with pytest.raises(symcomm.PeerMismatchError, match="message size"):
