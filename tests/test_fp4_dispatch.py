@@ -126,6 +126,8 @@ class FakeState:
         self.region_slots[base] = 10 + number
         self.region_numbers[base] = number
 
+    launch_inputs = peer_context.PeerContext.launch_inputs
+
     def launch_stream(self, session):
         return 0xABC
 

@@ -166,6 +166,8 @@ class FakeState:
                                   a.payload, a.scales, stream))
         return 0
 
+    launch_inputs = peer_context.PeerContext.launch_inputs
+
     def launch_stream(self, session):
         return 0xABC
 

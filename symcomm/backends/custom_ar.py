@@ -17,7 +17,7 @@ import torch
 from .. import _native
 from ..base import FLAGFREE, ONESHOT, SCATTERING_OPS, TWOSHOT, Call
 from ..peer.capture import CAPTURE_CODES, IN_REGION, SCATTER_CODE, STAGED
-from ..peer.context import PeerContext, aligned
+from ..peer.context import PeerContext
 from .peer_path import PeerPath, offset_unit
 
 ALGO_CODES = {FLAGFREE: 0, ONESHOT: 1, TWOSHOT: 2}  # symcomm_ar_algo_t
@@ -239,12 +239,11 @@ class AllReduceKernelPath(PeerPath):
               else context.lib.symcomm_ar_flagfree_all_gatherv)
         # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided
         # the path) goes through aligned copies; an in-place call then runs out of place.
-        in_ptr, out_ptr, out = call.in_ptrs[0], call.out_ptrs[0], call.outputs[0]
-        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
-        copy = aligned(call.inputs[0]) if in_ptr % 16 else None
+        out_ptr, out = call.out_ptrs[0], call.outputs[0]
+        stream, (x,) = context.launch_inputs(session, call.inputs[0])
         target = torch.empty_like(out) if out_ptr % 16 else None
-        code = fn(context.ctx, DTYPE_CODES[call.dtype], in_ptr if copy is None else copy.data_ptr(),
-                  out_ptr if target is None else target.data_ptr(), chunks, stream)
+        code = fn(context.ctx, DTYPE_CODES[call.dtype], x.data_ptr(), out_ptr if target is None else target.data_ptr(),
+                  chunks, stream)
         if code:
             context.check(f"custom-flagfree {op} launch", code)
         if target is not None:

@@ -22,7 +22,6 @@ from ..ep import fp8
 from ..operations.moe_combine import OP as COMBINE_OP, CombineCall
 from ..operations.moe_dispatch import OP as DISPATCH_OP, PUSH, DispatchCall
 from ..peer.capture import CAPTURE_CODES
-from ..peer.context import aligned
 from ..peer.setup import SharedContext
 from .peer_path import PeerPath
 
@@ -77,8 +76,7 @@ class PushDispatchPath(_EpPushPath):
     def run(self, call: DispatchCall) -> None:
         context, h = self._context, call.handle
         session = context.session()
-        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
-        x = aligned(call.x)
+        stream, (x,) = context.launch_inputs(session, call.x)
         ids = call.topk_ids
         recv = self._where(call.recv, session, self.CODE)
         scales = self._where(call.recv_scales, session, self.CODE) if call.recv_scales is not None else (0, 0)
@@ -113,8 +111,7 @@ class PushCombinePath(_EpPushPath):
     def run(self, call: CombineCall) -> None:
         context, h = self._context, call.handle
         session = context.session()
-        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
-        y = aligned(call.expert_out)
+        stream, (y,) = context.launch_inputs(session, call.expert_out)
         returned = self._where(h.returned, session, self.CODE)
         out = call.out if call.out.data_ptr() % 16 == 0 else torch.empty_like(call.out)
         a = _native.EpCombineArgs(

@@ -17,7 +17,7 @@ from .. import _native, fp4
 from ..base import Setup
 from ..operations.all_gatherv_fp4 import FLAGFREE_FP4, OP, Fp4Call
 from ..peer.capture import CAPTURE_CODES
-from ..peer.context import PeerContext, aligned
+from ..peer.context import PeerContext
 from ..peer.setup import SharedContext
 from .custom_ar import FLAGFREE_COLLECTIVE_WORLDS
 from .fp4_push import FUSED_DTYPES
@@ -78,8 +78,7 @@ class FlagFreeFp4Path(PeerPath):
         # Recorded with the gathered bytes, which every rank's capture must agree on (x's are its own).
         _, _, _, session = context.input_of(call.x.data_ptr(), call.packed.nbytes + call.scales.nbytes,
                                             CAPTURE_CODE, peers_read=False)
-        stream = context.launch_stream(session)  # first: the copy must follow symcomm's last launch too
-        x = aligned(call.x)  # rank-local, so it never decided the path: a misaligned view is copied
+        stream, (x,) = context.launch_inputs(session, call.x)  # x is rank-local: a misaligned view is copied
         self._rows[:] = call.sizes
         gs_ptr, gs_value = fp4.launch_scale(call.gs)
         args = _native.FlagFreeFp4Args(x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[1], self._rows, gs_ptr,

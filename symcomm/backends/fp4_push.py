@@ -17,7 +17,6 @@ from ..base import Setup
 from ..errors import ArgumentError
 from ..operations.all_gatherv_fp4 import FUSED, OP, Fp4Call
 from ..peer.capture import CAPTURE_CODES
-from ..peer.context import aligned
 from ..peer.setup import SharedContext
 from .peer_gather import MAX_TENSORS
 from .peer_path import PeerPath
@@ -77,8 +76,7 @@ class FusedPushFp4Path(PeerPath):
             return  # every rank knows: no rank launches
         context = self._context
         session = context.session()
-        stream = context.launch_stream(session)  # first: the copies must follow symcomm's last launch too
-        x, extra = aligned(call.x), [aligned(t) for t in call.extra]
+        stream, (x, *extra) = context.launch_inputs(session, call.x, *call.extra)
         n, h = x.shape
         where = [context.output_slot(t.data_ptr(), t.nbytes, session, CAPTURE_CODE) for _, t in call.named_outputs()]
         k = len(extra)

@@ -17,7 +17,6 @@ import ctypes
 
 from ..base import PUSH, Call
 from ..peer.capture import CAPTURE_CODES
-from ..peer.context import aligned
 from ..peer.setup import SharedContext
 from .peer_path import PeerPath, offset_unit
 
@@ -61,8 +60,7 @@ class PushPath(PeerPath):
         n = len(call.outputs)
         srcs, slots = (_c.c_uint64 * n)(), (_c.c_int * n)()
         offsets, nbytes = (_c.c_uint64 * n)(), (_c.c_uint64 * n)()
-        stream = context.launch_stream(session)  # first: the copies must follow symcomm's last launch too
-        keep = [aligned(x) for x in call.inputs]
+        stream, keep = context.launch_inputs(session, *call.inputs)
         for i, (out, x, dst) in enumerate(zip(call.outputs, keep, call.out_ptrs)):
             slot, offset = context.output_slot(dst, out.nbytes, session, CAPTURE_CODE)
             row_bytes = out.nbytes // total_rows

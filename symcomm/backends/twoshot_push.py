@@ -19,7 +19,7 @@ import torch
 
 from ..base import TWOSHOT_PUSH, Call
 from ..peer.capture import CAPTURE_CODES
-from ..peer.context import PeerContext, aligned
+from ..peer.context import PeerContext
 from ..peer.setup import SharedContext
 from .custom_ar import DTYPE_CODES
 from .peer_path import PeerPath
@@ -90,18 +90,18 @@ class TwoShotPushPath(PeerPath):
         slot, out_offset = context.output_slot(out_ptr, nbytes, session, CAPTURE_CODE)
         chunk = self.chunk_bytes(nbytes)
         lo = min(context.rank * chunk, nbytes)
-        # Ordered first, so that the copies below come after symcomm's last launch on another
-        # stream, as the kernel does.
-        stream = context.launch_stream(session)
-        keep = None  # the in-place copy, alive until the launch is enqueued
+        keep = None  # a copy, alive until the launch is enqueued
         if in_ptr == out_ptr:
+            # The stream first, as launch_inputs takes it: the clone reads the input, which may be
+            # the output of symcomm's previous launch on another stream.
+            stream = context.launch_stream(session)
             if lo < nbytes:
                 keep = call.inputs[0].reshape(-1).view(torch.uint8)[lo:lo + chunk].clone()
             own_ptr = keep.data_ptr() if keep is not None else in_ptr
         else:
-            if in_ptr & 15:  # this rank's own business (why_not): an aligned copy, not a refusal
-                keep = aligned(call.inputs[0])
-                in_ptr = keep.data_ptr()
+            # A misaligned input is this rank's own business (why_not): an aligned copy, not a refusal.
+            stream, (keep,) = context.launch_inputs(session, call.inputs[0])
+            in_ptr = keep.data_ptr()
             own_ptr = in_ptr + lo
         code = context.lib.symcomm_ar_twoshot_push(context.ctx, DTYPE_CODES[call.dtype], in_ptr, own_ptr, slot,
                                                    out_offset, out_ptr, nbytes, stream)

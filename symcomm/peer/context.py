@@ -169,6 +169,16 @@ class PeerContext:
             self.guard(session)
         return stream
 
+    def launch_inputs(self, session: CaptureSession | None,
+                      *tensors: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+        """launch_stream, then each tensor or its 16-byte-aligned copy (the kernels' vector
+        loads need one; alignment is one rank's own business, so it never decides a path: a
+        misaligned view is copied, not declined). In this order because a copy reads the input,
+        which may be the output of symcomm's previous launch on another stream: launch_stream
+        is what orders this stream after that launch."""
+        stream = self.launch_stream(session)
+        return stream, [aligned(t) for t in tensors]
+
     def region_of(self, ptr: int) -> tuple[int, int] | None:
         """(region base, slot) of the mapped symmetric region holding ptr, or None."""
         if not self.region_slots:
@@ -313,7 +323,6 @@ def allocator_has_ipc_handles() -> bool:
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a 16-byte-aligned copy of it for the kernels' vector loads. Alignment is one rank's
-    own business, so it must never decide a path (ranks would wait in different ones): the
-    kernels' callers copy a misaligned input instead of declining it."""
+    """t, or a 16-byte-aligned copy of it. Paths copy through PeerContext.launch_inputs, which
+    orders the copy after symcomm's previous launch."""
     return t if t.data_ptr() % 16 == 0 or not t.numel() else t.clone()
