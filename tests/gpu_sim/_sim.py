@@ -11,7 +11,10 @@ nothing about NVLink timing (peers here are the same HBM), so never read timings
 from __future__ import annotations
 
 import ctypes
+import os
+from typing import NoReturn
 
+import pytest
 import torch
 
 from symcomm import _native
@@ -30,6 +33,14 @@ TIMEOUT_S = 5.0
 # A late rank's head start for its peers: 50M cycles is about 25-30 ms at H100 clocks, long
 # against a call (microseconds) and far inside TIMEOUT_S.
 LATE_CYCLES = 50_000_000
+
+
+def cannot_run(reason: str) -> NoReturn:
+    """Skip with the reason, or fail under SYMCOMM_REQUIRE_GPU=1, so that a GPU run cannot pass
+    by skipping."""
+    if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
+        pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but: {reason}")
+    pytest.skip(reason)
 
 
 def capacity(algo: str) -> int:
@@ -104,6 +115,14 @@ class SimWorld:
             enqueue(r, stream)
         for r in ranks:
             here.wait_stream(self.streams[r])
+
+    def link_slot(self, slot: int, tensors, ranks=None) -> None:
+        """Graph slot ``slot`` of each rank in ``ranks`` (all by default) reads tensors[q] as
+        rank q's buffer: what registration does for real ranks over CUDA IPC. ``tensors`` may
+        be addresses."""
+        ptrs = (ctypes.c_uint64 * self.world)(*(t if isinstance(t, int) else t.data_ptr() for t in tensors))
+        for r in range(self.world) if ranks is None else ranks:
+            _native.check(self.lib, "symcomm_ar_set_slot_ptrs", self.lib.symcomm_ar_set_slot_ptrs(self.ctxs[r], slot, ptrs))
 
     def alarm(self, rank: int) -> int:
         """Rank ``rank``'s alarm word (symcomm.h's SYMCOMM_AR_ABORT_* layout), 0 while healthy."""

@@ -3,10 +3,10 @@ reason, unless SYMCOMM_REQUIRE_GPU=1, which turns the skip into a failure so a G
 pass by skipping."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+
+from _sim import cannot_run
 
 
 def _unavailable() -> str | None:
@@ -24,6 +24,4 @@ def _unavailable() -> str | None:
 def _gpu():
     reason = _unavailable()
     if reason is not None:
-        if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
-            pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but: {reason}")
-        pytest.skip(reason)
+        cannot_run(reason)

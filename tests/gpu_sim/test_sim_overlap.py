@@ -12,7 +12,6 @@ two-shot (through next_epoch), so both entries are covered. Timings here are nev
 """
 from __future__ import annotations
 
-import ctypes
 
 import pytest
 import torch
@@ -30,13 +29,6 @@ TOKENS, HIDDEN = 7, 2048
 def _late_copy(lib, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
     _native.check(lib, "symcomm_debug_late_copy",
                   lib.symcomm_debug_late_copy(dst.data_ptr(), src.data_ptr(), src.nbytes, DELAY_NS, stream.cuda_stream))
-
-
-def _link_slot(sim: SimWorld, xs: list[torch.Tensor]) -> None:
-    """Slot SLOT of every rank reads every rank's x in place, as a captured input's slot does."""
-    ptrs = (ctypes.c_uint64 * sim.world)(*[x.data_ptr() for x in xs])
-    for r in range(sim.world):
-        _native.check(sim.lib, "symcomm_ar_set_slot_ptrs", sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], SLOT, ptrs))
 
 
 def _run(sim: SimWorld, graph: bool, launch, reset) -> None:
@@ -70,7 +62,7 @@ def test_all_reduce_waits_for_a_late_predecessor(world, algo, graph, overlap):
         src = make_inputs(world, NBYTES, torch.bfloat16, gen)
         xs = [torch.empty_like(s) for s in src]
         outs = [torch.empty_like(s) for s in src]
-        _link_slot(sim, xs)
+        sim.link_slot(SLOT, xs)
         for r in range(world):
             sim.state(r).set_overlap(overlap)
 

@@ -9,7 +9,6 @@ across ranks), graph replay against eager. Timings here are never performance.
 """
 from __future__ import annotations
 
-import ctypes
 import time
 
 import pytest
@@ -46,8 +45,7 @@ def _map_region(sim: SimWorld, tensors: list[torch.Tensor], number: int) -> None
     for r in range(sim.world):
         state = sim.state(r)
         assert state.next_free_slot() == slot
-        ptrs = (ctypes.c_uint64 * sim.world)(*(t.data_ptr() for t in tensors))
-        assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], slot, ptrs) == 0
+        sim.link_slot(slot, tensors, ranks=[r])
         base, end = tensors[r].data_ptr(), tensors[r].data_ptr() + tensors[r].nbytes
         state.granules = state.granules or {}
         for g in range(base >> GRANULE_SHIFT, ((end - 1) >> GRANULE_SHIFT) + 1):

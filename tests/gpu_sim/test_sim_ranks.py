@@ -76,9 +76,7 @@ def test_one_shot_in_place_sums_through_scratch_and_copies_back(world):
                 x = make_inputs(world, nbytes, dtype, gen)
                 inout = [t.clone() for t in x]
                 scratch = [torch.full_like(t, 7.0) for t in x]
-                ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in inout])
-                for r in range(world):
-                    assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+                sim.link_slot(1, inout)
 
                 def run(r, stream):
                     code = sim.lib.symcomm_ar_oneshot_in_place(sim.ctxs[r], _native.DTYPE_CODES[dtype], 1, 0,
@@ -110,9 +108,7 @@ def test_two_shot_by_stores_into_pool_outputs(world, in_place):
             for dtype in DTYPES:
                 offset = 4096  # the output's offset in its region, the same on every rank
                 regions = [torch.empty(offset + nbytes, dtype=torch.uint8, device="cuda") for _ in range(world)]
-                ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in regions])
-                for r in range(world):
-                    assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+                sim.link_slot(1, regions)
                 outs = [t[offset:].view(dtype) for t in regions]
                 for round_ in range(2):
                     x = make_inputs(world, nbytes, dtype, gen)
@@ -149,9 +145,7 @@ def test_two_shot_by_stores_refuses_more_than_its_scratch_holds(world):
     offset = 4096
     with SimWorld(world, graph_slots=2) as sim:
         regions = [torch.empty(offset + biggest + 16 * world, dtype=torch.uint8, device="cuda") for _ in range(world)]
-        ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in regions])
-        for r in range(world):
-            assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+        sim.link_slot(1, regions)
         for nbytes, refused in ((biggest + 16 * world, True), (biggest, False)):
             x = make_inputs(world, nbytes, dtype, gen)
             outs = [t[offset:offset + nbytes].view(dtype) for t in regions]
@@ -188,9 +182,7 @@ def test_two_shot_by_stores_back_to_back_with_the_other_kernels(world):
     offset = 4096  # the push outputs' offset in their regions, the same on every rank
     with SimWorld(world, graph_slots=2) as sim:
         regions = [torch.empty(offset + max(sizes), dtype=torch.uint8, device="cuda") for _ in range(world)]
-        ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in regions])
-        for r in range(world):
-            assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+        sim.link_slot(1, regions)
         plan = []
         for i in range(36 if world == 2 else 24):
             kind = "push" if i % 3 else others[i // 3 % len(others)]
@@ -255,9 +247,7 @@ def test_wide_push_grid_alternates_with_narrow_grids_at_world_2():
     with SimWorld(world, graph_slots=2, max_blocks=max_blocks) as sim:
         offset = 4096  # the outputs' offset in their regions, the same on every rank
         regions = [torch.empty(offset + max(sizes) * world, dtype=torch.uint8, device="cuda") for _ in range(world)]
-        ptrs = (ctypes.c_uint64 * world)(*[t.data_ptr() for t in regions])
-        for r in range(world):
-            assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], 1, ptrs) == 0
+        sim.link_slot(1, regions)
         for step, nbytes in enumerate(sizes):
             x = make_inputs(world, nbytes, dtype, gen)
             outs = [t[offset:offset + nbytes].view(dtype) for t in regions]

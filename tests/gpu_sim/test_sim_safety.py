@@ -7,7 +7,6 @@ Timings here are bounds on waits, never performance.
 """
 from __future__ import annotations
 
-import ctypes
 import time
 import warnings
 
@@ -218,12 +217,6 @@ def _capture(path: AllReduceKernelPath, x: torch.Tensor, y: torch.Tensor, stream
     return g, session.slots.get(x.data_ptr(), 0)
 
 
-def _fill(sim: SimWorld, rank: int, slot: int, xs: list[torch.Tensor]) -> None:
-    """What registration does for real ranks over IPC: every rank's address of the buffer."""
-    ptrs = (ctypes.c_uint64 * sim.world)(*(t.data_ptr() for t in xs))
-    assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[rank], slot, ptrs) == 0
-
-
 def _replay(graphs: list, streams: list) -> None:
     here = torch.cuda.current_stream()
     for g, s in zip(graphs, streams):
@@ -271,7 +264,7 @@ def test_eager_calls_interleaved_with_three_graphs():
             per_rank = [_capture(paths[r], x[r], y[r], streams[r]) for r in range(world)]
             for r, (_, slot) in enumerate(per_rank):
                 if slot:
-                    _fill(sim, r, slot, x)
+                    sim.link_slot(slot, x, ranks=[r])
             graphs.append([g for g, _ in per_rank])
             graph_io.append((x, y))
         order = [("graph", 2), ("eager", TWOSHOT), ("graph", 0), ("eager", FLAGFREE), ("graph", 1),
@@ -314,7 +307,7 @@ def test_replay_after_close_returns_without_touching_memory(algo):
         graphs = [_capture(paths[r], x[r], y[r], streams[r]) for r in range(world)]
         for r, (_, slot) in enumerate(graphs):
             if slot:
-                _fill(sim, r, slot, x)
+                sim.link_slot(slot, x, ranks=[r])
         _replay([g for g, _ in graphs], streams)
         check_outputs(y, x, "replay before close")
         for r in range(world):

@@ -11,7 +11,6 @@ captures reuses them instead of growing.
 """
 from __future__ import annotations
 
-import ctypes
 import time
 
 import torch
@@ -62,8 +61,7 @@ def _capture_round(sim: SimWorld, paths, streams, inputs, weights, static, pool_
         for r in range(WORLD):
             for ptr, slot in sessions[r][i].slots.items():
                 idx = sessions[r][i].order[ptr]
-                ptrs = (ctypes.c_uint64 * WORLD)(*(by_order[q][idx] for q in range(WORLD)))
-                assert sim.lib.symcomm_ar_set_slot_ptrs(sim.ctxs[r], slot, ptrs) == 0
+                sim.link_slot(slot, [by_order[q][idx] for q in range(WORLD)], ranks=[r])
     return graphs, sessions
 
 
