@@ -6,7 +6,7 @@ dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")
 if gpu:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 comm = symcomm.Communicator()                        # collective: every rank, same order
-w = comm.world_size                                  # shapes follow the world size: any -n works
+w = comm.world_size                                  # shapes follow the world size: any --nproc-per-node
 with symcomm.use_symmetric_memory(comm):             # registered NCCL windows (a no-op on the CPU)
     x = torch.randn(64 * w, 1024, dtype=torch.bfloat16, device=comm.device)
     out = torch.empty_like(x)
