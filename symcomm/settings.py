@@ -32,8 +32,8 @@ VARIABLES: dict[str, str] = {
     "SYMCOMM_NATIVE_LIBRARY": "csrc/ library to load instead of the packaged one",
     "SYMCOMM_CUDA_ARCHS": "nvcc `-gencode` flags at build time (read by setup.py; default sm_90 + compute_90 PTX; `none` builds no kernels)",
     "CUDA_HOME, CUDA_PATH": "read by setup.py: where it looks for nvcc first, before PATH ([docs/install.md](docs/install.md))",
-    "SYMCOMM_BENCH_CORRUPT": "symcomm-bench test hook: this rank spoils one output element, so #wrong must count it",
-    "SYMCOMM_BENCH_DEBUG": "symcomm-bench prints the traceback of a failure, not just its one line",
+    "SYMCOMM_BENCH_CORRUPT": "symcomm-bench test hook: the rank it names (a number) spoils one output element, so #wrong must count it",
+    "SYMCOMM_BENCH_DEBUG": "1 (or true/yes/on): symcomm-bench prints the traceback of a failure, not just its one line",
     "PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF": "torch's (the second its newer name), read only: expandable segments have no CUDA IPC handle, so captured inputs there are staged",
     "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE": "set by torchrun; symcomm-bench joins that world instead of launching its own",
     "PYTHONPATH": "Python's own, read by symcomm-bench's launcher to extend it so its ranks import this same symcomm",
@@ -106,7 +106,7 @@ def bench_corrupt_rank() -> str | None:
 
 
 def bench_debug() -> bool:
-    return _get("SYMCOMM_BENCH_DEBUG") is not None
+    return _flag("SYMCOMM_BENCH_DEBUG")
 
 
 def torch_allocator_conf() -> str:

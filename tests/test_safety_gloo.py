@@ -285,17 +285,23 @@ def test_the_largest_timeout_is_accepted_and_held_by_the_kernels_clock():
 
 
 # ----------------------------------------------------------------------------- item 9
+BOOLEAN_SETTINGS = {"SYMCOMM_CHECK": settings.check_mode, "SYMCOMM_DISABLE_CUSTOM_AR": settings.custom_kernels_disabled,
+                    "SYMCOMM_BENCH_DEBUG": settings.bench_debug}
+
+
+@pytest.mark.parametrize("name", BOOLEAN_SETTINGS)
 @pytest.mark.parametrize("word,on", [("1", True), ("true", True), ("Yes", True), ("ON", True), ("0", False),
                                      ("false", False), ("no", False), ("off", False)])
-def test_boolean_settings_accept_the_usual_spellings(word, on, monkeypatch):
-    monkeypatch.setenv("SYMCOMM_CHECK", word)
-    assert settings.check_mode() is on
+def test_boolean_settings_accept_the_usual_spellings(name, word, on, monkeypatch):
+    monkeypatch.setenv(name, word)
+    assert BOOLEAN_SETTINGS[name]() is on
 
 
-def test_an_unknown_boolean_spelling_is_an_error(monkeypatch):
-    monkeypatch.setenv("SYMCOMM_CHECK", "maybe")
-    with pytest.raises(symcomm.ArgumentError, match="SYMCOMM_CHECK must be one of"):
-        settings.check_mode()
+@pytest.mark.parametrize("name", BOOLEAN_SETTINGS)
+def test_an_unknown_boolean_spelling_is_an_error(name, monkeypatch):
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(symcomm.ArgumentError, match=f"{name} must be one of"):
+        BOOLEAN_SETTINGS[name]()
 
 
 def _numpy_sizes_and_select(rank, world):

@@ -448,7 +448,12 @@ def _report_failure(exc: Exception, rank: int) -> int:
         if rank == 0 or getattr(exc, "every_rank", False):
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if settings.bench_debug():
+    try:
+        debug = settings.bench_debug()
+    except symcomm.ArgumentError as misspelt:  # said beside the failure, never in its place
+        print(f"{PROG}: {misspelt}", file=sys.stderr)
+        debug = False
+    if debug:
         traceback.print_exc()
     print(f"{PROG}: error: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 1
