@@ -14,6 +14,9 @@ from _data import DTYPES, all_inputs, assert_reduced, assert_symmetric_served, r
 PATHS = ("nccl", "nccl-symm", "auto")
 # Element counts: empty, tiny, not a multiple of 16 bytes, around the path thresholds, large.
 NUMELS = (0, 1, 7, 1023, 4097, 65537, 1_000_003, 8 * 2**20 + 5)
+# A reduce-scatter chunk must also come in whole 16-byte vectors for the symmetric and kernel
+# paths to take it (NUMELS' odd counts send them all to plain NCCL): these do, at every dtype.
+SCATTER_NUMELS = NUMELS + (8, 1024, 65536, 1 << 20)
 
 
 def _poison(t: torch.Tensor) -> torch.Tensor:
@@ -74,7 +77,7 @@ def test_all_gather(comm, algo, dtype, numel):
     assert torch.equal(out, torch.cat(all_inputs((numel, 1), dtype, comm.world_size, seed)))
 
 
-@pytest.mark.parametrize("numel", NUMELS)
+@pytest.mark.parametrize("numel", SCATTER_NUMELS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("algo", PATHS)
 def test_reduce_scatter(comm, algo, dtype, numel):
@@ -86,6 +89,8 @@ def test_reduce_scatter(comm, algo, dtype, numel):
         with pytest.raises(symcomm.ArgumentError, match="multiple of 16 bytes"):
             comm.reduce_scatter(x, out=out, algo=algo)
         return
+    if algo == "auto" and numel and not numel * dtype.itemsize % 16:
+        assert_symmetric_served(comm.select("reduce_scatter", x, out=out))
     comm.reduce_scatter(x, out=out, algo=algo)
     mine = [t[comm.rank * numel:(comm.rank + 1) * numel] for t in all_inputs(w * numel, dtype, w, seed)]
     assert_reduced(out, mine, f"reduce_scatter {algo}")
@@ -123,10 +128,13 @@ SIZE_PATTERNS = {
 # later symmetric tensor (the "same offset" rule), so uneven sizes use ordinary memory here;
 # test_paths.py (test_check_mode_names_the_misplaced_tensor) shows check mode catching exactly that.
 GATHERV_CASES = [(p, False) for p in SIZE_PATTERNS] + [("equal", True), ("all_zero", True)]
+# Only an uneven call chooses between the two schedules (an even one is one ncclAllGather).
+UNEVEN_PATTERNS = ("uneven_with_zero", "all_zero_but_last", "large_uneven")
+GATHERV_SCHEDULED = ([(p, s, "send/recv") for p, s in GATHERV_CASES]
+                     + [(p, s, "broadcast") for p, s in GATHERV_CASES if p in UNEVEN_PATTERNS])
 
 
-@pytest.mark.parametrize("schedule", ("send/recv", "broadcast"))
-@pytest.mark.parametrize(("pattern", "symmetric"), GATHERV_CASES)
+@pytest.mark.parametrize(("pattern", "symmetric", "schedule"), GATHERV_SCHEDULED)
 def test_all_gatherv_several_tensors(comm, pattern, symmetric, schedule, monkeypatch):
     if schedule == "broadcast":  # the uneven schedule of gathers over 64 MiB, at any size here
         monkeypatch.setattr(nccl_backend, "SENDRECV_GATHERV_MAX_BYTES", -1)

@@ -349,22 +349,27 @@ def test_capture_count_mismatch_raises_on_every_rank(fast):
 
 
 def test_ten_thousand_calls_with_changing_sizes(fast):
+    """Every one of 10,000 calls, not only the last of each size: auto takes one path per size,
+    so each call must give the first call's bits (a stale buffer or epoch would not)."""
     w, rank = fast.world_size, fast.rank
     sizes = [16, 2064, 65_536, 131_088, 1 << 20, 3 << 20, 48, 8 << 20, 512]  # bytes
     inputs = {n: all_inputs(n // 2, torch.bfloat16, w, seed=n % 97) for n in sizes}
     expected = {n: fast.all_reduce(inputs[n][rank], algo="nccl") for n in sizes}
-    seen = {}
-    for i in range(10_000):
-        n = sizes[i % len(sizes)]
-        seen[n] = fast.all_reduce(inputs[n][rank])
-        if i % 2500 == 2499:
-            torch.cuda.synchronize()
+    first = {n: fast.all_reduce(inputs[n][rank]) for n in sizes}
     torch.cuda.synchronize()
     algos = {n: fast.select("all_reduce", inputs[n][rank]).algo for n in sizes}
     assert any(a.startswith("custom-") for a in algos.values()), algos
     for n in sizes:
-        assert_reduced(seen[n], inputs[n], f"{n} B after 10,000 calls ({algos[n]})")
-        torch.testing.assert_close(seen[n], expected[n], rtol=0.02, atol=0.05)
+        assert_reduced(first[n], inputs[n], f"{n} B ({algos[n]})")
+        torch.testing.assert_close(first[n], expected[n], rtol=0.02, atol=0.05)
+    differ = {n: torch.zeros((), dtype=torch.int64, device=fast.device) for n in sizes}
+    for i in range(10_000):
+        n = sizes[i % len(sizes)]
+        differ[n] += (fast.all_reduce(inputs[n][rank]).view(torch.int16) != first[n].view(torch.int16)).sum()
+        if i % 2500 == 2499:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    assert {n: int(d) for n, d in differ.items()} == dict.fromkeys(sizes, 0), algos
 
 
 def test_fallback_reasons(fast):
@@ -483,8 +488,9 @@ def _missing_peer_workers(mode: str, tmp_path) -> tuple[str, str]:
 def test_missing_peer_raises_within_the_timeout(dist_env, mode, tmp_path):
     """Two fresh processes on GPUs 0 and 1 (rank 0 of this suite runs them): rank 1 stalls or
     dies before an all-reduce; rank 0's kernel must give up within SYMCOMM_TIMEOUT_S (6 s
-    here, which also bounds their NCCL init), the next call must raise CommTimeoutError naming
-    rank 1, and rank 0's CUDA context must still work afterwards."""
+    here, which also bounds their NCCL init) and the next call must raise CommTimeoutError
+    naming rank 1. With a stalled peer rank 0's CUDA context must still work afterwards; a dead
+    peer's memory may vanish under rank 0's stores, so there only the bound is checked."""
     try:
         if dist.get_rank() == 0:
             out, _ = _missing_peer_workers(mode, tmp_path)

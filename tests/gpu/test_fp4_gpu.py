@@ -353,17 +353,21 @@ def test_all_gatherv_fp4_flagfree_writes_misaligned_outputs(comm):
 
 def test_all_gatherv_fp4_flagfree_between_other_flagfree_calls(comm):
     """FP4 gathers between flag-free all-reduces and all-gathers of other sizes, no host wait
-    between them: they share receive buffers, and each call clears what another left."""
+    between them: they share receive buffers, and each call clears what another left. Named
+    paths where the flag-free kernels serve, so the claim does not rest on a dispatch table."""
+    from symcomm.backends.custom_ar import FLAGFREE_COLLECTIVE_WORLDS
     w, rank = comm.world_size, comm.rank
+    named = w in FLAGFREE_COLLECTIVE_WORLDS
+    fp4_algo, flagfree = ("fused-flagfree", "custom-flagfree") if named else ("auto", "auto")
     results = []
     for i in range(24):
         h = (48, 7168, 256)[i % 3]
         sizes = [(i * 5 + 3 * r) % 9 for r in range(w)]
         x = _rank_rows(rank, sizes[rank], torch.bfloat16, 200 + i, h)
-        got = comm.all_gatherv_fp4(x, sizes, 2.0)
+        got = comm.all_gatherv_fp4(x, sizes, 2.0, algo=fp4_algo)
         y = rank_input((1024 * (i % 4 + 1),), torch.bfloat16, rank, 300 + i)
-        summed = comm.all_reduce(y.clone())
-        gathered = comm.all_gather(y)
+        summed = comm.all_reduce(y.clone(), algo=flagfree)
+        gathered = comm.all_gather(y, algo=flagfree)
         results.append((sizes, h, got, y, summed, gathered))
     for i, (sizes, h, got, y, summed, gathered) in enumerate(results):
         xs = [_rank_rows(r, sizes[r], torch.bfloat16, 200 + i, h).cpu() for r in range(w)]

@@ -115,7 +115,7 @@ def test_all_to_allv_matches_the_reference(comm, dtype):
             continue
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), algo
         served.append(algo)
-    assert "nccl" in served or comm.device.type == "cpu", served
+    assert {"nccl", "torch"} <= set(served), served
 
 
 def test_a_rank_with_nothing_to_send_or_receive_still_takes_part(comm):
