@@ -9,10 +9,11 @@ fails under SYMCOMM_REQUIRE_GPU=1 like every GPU skip.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pytest
+
+from _sim import cannot_run
 
 CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
 
@@ -37,9 +38,7 @@ def _cupy():
     try:
         import cupy
     except ImportError as exc:
-        if os.environ.get("SYMCOMM_REQUIRE_GPU") == "1":
-            pytest.fail(f"SYMCOMM_REQUIRE_GPU=1 but CuPy is missing: {exc}")
-        pytest.skip(f"CuPy is needed to compile the check: {exc}")
+        cannot_run(f"CuPy is needed to compile the check: {exc}")
     return cupy
 
 

@@ -138,24 +138,23 @@ def test_many_calls_in_a_row_alternating_with_the_all_reduce(world):
     sizes cross the grid thresholds both ways (at the simulated cap of 8 blocks: 2 below 16 KiB
     sent to a peer, 4 from there, 8 from 64 KiB): the two smallest run on the narrow grid, the
     next on the middle one, the two largest on the widest, whose extra blocks must find the live
-    buffer that narrower calls left."""
+    buffer that narrower calls left. Every input is made first: its copy to the GPU would wait
+    for every rank's calls so far."""
     gen = torch.Generator().manual_seed(world + 900)
     chunks = (16, 1008, 32_784, 65_552, FLAGFREE_BYTES)  # 5 sizes against 3 kernels: all pairs meet
+    # A period of four kinds over three rotating buffers: every kernel meets every buffer.
+    plan = [(("ar", "ag", "rs", "ag")[i % 4], DTYPES[(i // 4) % 3], chunks[i % len(chunks)]) for i in range(150)]
+    inputs = [make_inputs(world, world * chunk if kind == "rs" else chunk, dtype, gen) for kind, dtype, chunk in plan]
     calls = []
     with SimWorld(world) as sim:
-        for i in range(150):
-            # A period of four kinds over three rotating buffers: every kernel meets every buffer.
-            kind, dtype, chunk = ("ar", "ag", "rs", "ag")[i % 4], DTYPES[(i // 4) % 3], chunks[i % len(chunks)]
+        for (kind, dtype, chunk), x in zip(plan, inputs):
             if kind == "ar":
-                x = make_inputs(world, chunk, dtype, gen)
                 y = [torch.full_like(t, 7.0) for t in x]
                 sim.launch(FLAGFREE, dtype, x, y)
             elif kind == "ag":
-                x = make_inputs(world, chunk, dtype, gen)
                 y = [torch.full((world * t.numel(),), 7.0, dtype=dtype, device="cuda") for t in x]
                 launch(sim, GATHER, dtype, x, y, chunk)
             else:
-                x = make_inputs(world, world * chunk, dtype, gen)
                 y = [torch.full((t.numel() // world,), 7.0, dtype=dtype, device="cuda") for t in x]
                 launch(sim, SCATTER, dtype, x, y, chunk)
             calls.append((kind, dtype, chunk, x, y))
@@ -290,25 +289,30 @@ def test_uneven_in_place(world):
 def test_uneven_calls_in_a_row_with_the_even_ones(world):
     """90 calls, back to back, synchronised once: uneven gathers and scatters between even
     all-reduces. Each uneven call leaves its longest peer chunk in a receive buffer (a gather's
-    slots differ in length), which the clear two calls later must cover whatever kernel runs."""
+    slots differ in length), which the clear two calls later must cover whatever kernel runs.
+    Every input is made first: its copy to the GPU would wait for every rank's calls so far."""
     rng = random.Random(world)
     gen = torch.Generator().manual_seed(world + 1100)
     dtype = torch.bfloat16
+    plan = []
+    for i in range(90):
+        kind = ("ar", "agv", "rsv", "agv")[i % 4]  # four kinds over three buffers: all pairs meet
+        chunks = [16 * rng.choice((0, 1, 63, 4097, FLAGFREE_BYTES // 16)) for _ in range(world)]
+        if kind == "ar":
+            x = make_inputs(world, 16 * rng.choice((1, 63, 4097)), dtype, gen)
+        else:
+            x = uneven_inputs(world, chunks, dtype, gen, each=kind == "rsv")
+        plan.append((kind, chunks, x))
     calls = []
     with SimWorld(world) as sim:
-        for i in range(90):
-            kind = ("ar", "agv", "rsv", "agv")[i % 4]  # four kinds over three buffers: all pairs meet
-            chunks = [16 * rng.choice((0, 1, 63, 4097, FLAGFREE_BYTES // 16)) for _ in range(world)]
+        for kind, chunks, x in plan:
             if kind == "ar":
-                x = make_inputs(world, 16 * rng.choice((1, 63, 4097)), dtype, gen)
                 y = [torch.full_like(t, 7.0) for t in x]
                 sim.launch(FLAGFREE, dtype, x, y)
             elif kind == "agv":
-                x = uneven_inputs(world, chunks, dtype, gen, each=False)
                 y = [torch.full((sum(chunks) // 2,), 7.0, dtype=dtype, device="cuda") for _ in x]
                 launch(sim, GATHER, dtype, x, y, chunks)
             else:
-                x = uneven_inputs(world, chunks, dtype, gen, each=True)
                 y = [torch.full((chunks[r] // 2,), 7.0, dtype=dtype, device="cuda") for r in range(world)]
                 launch(sim, SCATTER, dtype, x, y, chunks)
             calls.append((kind, chunks, x, y))

@@ -113,24 +113,30 @@ def test_every_rank_gets_the_codec_bytes_in_rank_order(world, dtype):
 def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
     """90 calls, back to back, synchronised once: the FP4 gather, the flag-free all-reduce and
     all-gather, of different sizes, so each clears, two calls later, what another kernel of
-    another size left in a receive buffer."""
+    another size left in a receive buffer. Every input is made first: its copy to the GPU
+    would wait for every rank's calls so far."""
     gen = torch.Generator().manual_seed(world + 500)
+    plan = []
+    for i in range(90):
+        kind = ("fp4", "ar", "fp4", "ag")[i % 4]
+        if kind == "fp4":
+            h = HIDDEN[i % 3]
+            sizes = [(i * 7 + 3 * r) % 11 for r in range(world)]
+            if i % 5 == 0:
+                sizes[0] = 0
+            plan.append((kind, h, sizes, [rows_of(n, h, torch.bfloat16, gen) for n in sizes]))
+        else:
+            chunk = (16, 32_784, 65_552, FLAGFREE_BYTES)[(i // 4) % 4]  # grids of 2, 4, 8, 8 blocks
+            plan.append((kind, None, chunk, make_inputs(world, chunk, torch.bfloat16, gen)))
     calls = []
     with SimWorld(world) as sim:
-        for i in range(90):
-            kind = ("fp4", "ar", "fp4", "ag")[i % 4]
+        for kind, h, sizes, xs in plan:
             if kind == "fp4":
-                h = HIDDEN[i % 3]
-                sizes = [(i * 7 + 3 * r) % 11 for r in range(world)]
-                if i % 5 == 0:
-                    sizes[0] = 0
-                xs = [rows_of(n, h, torch.bfloat16, gen) for n in sizes]
                 outs = [outputs_at(sum(sizes), h, skew=0) for _ in range(world)]
                 launch(sim, xs, sizes, 1.0, outs)
                 calls.append((kind, xs, outs, sizes))
             else:
-                chunk = (16, 32_784, 65_552, FLAGFREE_BYTES)[(i // 4) % 4]  # grids of 2, 4, 8, 8 blocks
-                x = make_inputs(world, chunk, torch.bfloat16, gen)
+                chunk, x = sizes, xs
                 if kind == "ar":
                     y = [torch.full_like(t, 7.0) for t in x]
                     sim.launch(FLAGFREE, torch.bfloat16, x, y)
@@ -158,10 +164,10 @@ def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
 
 
 def test_a_rank_with_no_rows_does_not_run_ahead():
-    """Rows (0, n): rank 0 sends only a placeholder, and rank 1, the one with rows for it, starts
-    late. Three calls per rank go in with no wait between ranks; every output must be right and
-    no rank may give up (without the placeholder, rank 0 would write its third call into a
-    buffer rank 1 has yet to clear)."""
+    """Rows (0, n): rank 0 has no rows and sends only a placeholder, and it starts late. Three
+    calls per rank go in with no wait between ranks; every output must be right and no rank may
+    give up (without the placeholder, rank 1, which receives nothing else, would not wait for
+    rank 0 and would write its third call into a buffer rank 0 has yet to clear)."""
     world, h = 2, 7168
     sizes = [0, 40]
     gen = torch.Generator().manual_seed(77)
@@ -178,7 +184,7 @@ def test_a_rank_with_no_rows_does_not_run_ahead():
             for xs, outs in calls:
                 enqueue(sim, r, xs, sizes, 2.0, outs, stream)
 
-        sim.each_rank(all_three, late=1)
+        sim.each_rank(all_three, late=0)
         torch.cuda.synchronize()
         assert [sim.alarm(r) for r in range(world)] == [0, 0]
         for i, (xs, outs) in enumerate([(first, first_out), *calls]):
@@ -216,7 +222,7 @@ def test_a_global_scale_validation_never_saw_still_arrives_whole(gs):
         check(outs, expected(xs, scale), f"global scale {gs}")
 
 
-def test_graph_replay_writes_what_eager_wrote():
+def test_graph_replay_writes_what_the_codec_writes():
     world, sizes, h = 2, (3, 5), 272
     gen = torch.Generator().manual_seed(11)
     with SimWorld(world) as sim:

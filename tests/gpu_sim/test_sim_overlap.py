@@ -84,6 +84,28 @@ def test_all_reduce_waits_for_a_late_predecessor(world, algo, graph, overlap):
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
+def test_a_dependent_that_does_not_wait_reads_before_the_late_predecessor_writes():
+    """The positive control of the tests above: launched the way the kernels are (launch.cuh),
+    a dependent that skips griddepcontrol.wait runs while symcomm_debug_late_copy still holds
+    its output back, and reads the marker. So the predecessor does let its dependents start at
+    once, and a kernel above that read its input before waiting would have summed the marker."""
+    lib = _native.load().lib
+    src = torch.randn(NBYTES // 2, device="cuda").to(torch.bfloat16)
+    x, seen = torch.empty_like(src), torch.empty_like(src)
+    # Loaded first: under lazy module loading its first launch would wait for an idle device,
+    # that is, for the late copy to end.
+    _unwaiting_copy(lib, seen, src)
+    torch.cuda.synchronize()
+    x.fill_(1000.0)
+    seen.fill_(-5.0)
+    stream = torch.cuda.current_stream()
+    _late_copy(lib, x, src, stream)
+    _unwaiting_copy(lib, seen, x)
+    torch.cuda.synchronize()
+    assert torch.equal(x, src)
+    assert torch.equal(seen, torch.full_like(seen, 1000.0)), "the dependent did not overtake the late copy"
+
+
 def test_standalone_norm_waits_for_a_late_predecessor():
     """all_reduce_rmsnorm's norm kernel is always a programmatic dependent launch."""
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -107,7 +129,7 @@ def _unwaiting_copy(lib, dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def _stale_behind_all_reduce(algo: str, early: bool, trials: int) -> int:
     """Trials in which a dependent that never waits, launched behind rank 0's all-reduce,
-    copied rank 0's output before the all-reduce wrote it. Rank 1 starts tens of milliseconds
+    copied rank 0's output before the all-reduce wrote it. Rank 1 starts a few milliseconds
     late, so rank 0's kernel sits in its barrier (or waits for rank 1's data) all that time."""
     world = 2
     gen = torch.Generator().manual_seed(17 + ALGOS.index(algo))

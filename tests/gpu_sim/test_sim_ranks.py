@@ -17,7 +17,8 @@ import torch
 from symcomm import _native
 from symcomm.backends.custom_ar import ALGO_CODES
 from symcomm.base import FLAGFREE, ONESHOT, TWOSHOT
-from _sim import ALGOS, DTYPES, MAX_BLOCKS, STAGING_BYTES, SimWorld, capacity, check_outputs, make_inputs
+from _sim import (ALGOS, DTYPES, MAX_BLOCKS, STAGING_BYTES, SimWorld, cannot_run, capacity, check_outputs,
+                  make_inputs)
 
 WORLDS = (2, 4, 8)
 # Bytes: one vector, an odd vector count, two pages and a vector, flag-free's whole capacity,
@@ -43,14 +44,15 @@ def test_every_rank_gets_the_rank_order_sum(world, dtype, algo):
 def test_many_calls_in_a_row_alternating_kernels(world):
     """200 calls enqueued back to back, synchronised once: ranks drift apart by whole calls,
     epochs climb, and the flag-free kernel rotates its three receive buffers across calls of
-    different sizes (each clears what the call before last left, by that call's size)."""
+    different sizes (each clears what the call before last left, by that call's size). Every
+    input is made first: its copy to the GPU would wait for every rank's calls so far."""
     gen = torch.Generator().manual_seed(world)
     sizes = (16, 1008, 4096 * 2 + 16, 65_552, 256 << 10)  # 5 sizes against 3 kernels: all pairs meet
+    plan = [(ALGOS[i % 3], DTYPES[(i // 3) % 3], sizes[i % len(sizes)]) for i in range(200)]
+    inputs = [make_inputs(world, nbytes, dtype, gen) for _, dtype, nbytes in plan]
     calls = []
     with SimWorld(world) as sim:
-        for i in range(200):
-            algo, dtype, nbytes = ALGOS[i % 3], DTYPES[(i // 3) % 3], sizes[i % len(sizes)]
-            x = make_inputs(world, nbytes, dtype, gen)
+        for i, ((algo, dtype, nbytes), x) in enumerate(zip(plan, inputs)):
             y = [torch.full_like(t, 7.0) for t in x]
             sim.launch(algo, dtype, x, y)
             calls.append((f"call {i} {algo} {dtype} {nbytes} B", x, y))
@@ -240,7 +242,7 @@ def test_wide_push_grid_alternates_with_narrow_grids_at_world_2():
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     max_blocks = min(128, sms)
     if max_blocks <= 64:
-        pytest.skip(f"{sms} SMs leave no grid wider than the default cap of 64 blocks")
+        cannot_run(f"{sms} SMs leave no grid wider than the default cap of 64 blocks")
     gen = torch.Generator().manual_seed(4242)
     dtype = torch.bfloat16
     sizes = [16 * ((16 << 20) // 16 + 2), 16 * ((1 << 20) // 16 + 3), 16] * 2
