@@ -105,8 +105,9 @@ def world_combine(ids: list[torch.Tensor], weights: list[torch.Tensor], send_row
 
 def random_case(world: int, tokens: list[int], hidden: int, num_experts: int, k: int, seed: int,
                 dtype: torch.dtype = torch.bfloat16, ids_dtype: torch.dtype = torch.int64, skip: float = 0.1,
-                only_experts: list[int] | None = None) -> tuple[list, list, list]:
-    """Per rank: tokens [n, hidden], top-k ids [n, k] (distinct per token, some -1, drawn from
+                only_experts: list[int] | None = None, repeat: float = 0.0) -> tuple[list, list, list]:
+    """Per rank: tokens [n, hidden], top-k ids [n, k] (distinct per token unless ``repeat``, the
+    share of slots after the first that repeat the token's first id; some -1; drawn from
     ``only_experts`` when given, so other experts get nothing), weights float32 [n, k]."""
     gen = torch.Generator().manual_seed(seed)
     pool = torch.tensor(only_experts if only_experts is not None else list(range(num_experts)))
@@ -117,6 +118,10 @@ def random_case(world: int, tokens: list[int], hidden: int, num_experts: int, k:
             torch.empty(0, k, dtype=torch.int64)
         if n and len(pool) < k:
             raise ValueError("fewer experts to draw from than k")
+        if repeat:
+            again = torch.rand(n, k, generator=gen) < repeat
+            again[:, 0] = False
+            pick = torch.where(again, pick[:, :1], pick)
         drop = torch.rand(n, k, generator=gen) < skip
         pick = torch.where(drop, -1, pick)
         xs.append(x)

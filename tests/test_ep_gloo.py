@@ -70,8 +70,10 @@ def _dispatch_world(rank, world):
     experts = 4 * world
     case = 0
     for k in range(1, 9):
-        for quant in (None, "nvfp4", "fp8"):
-            _check_dispatch(comm, rank, world, case, k, quant, align=1 + (case % 3) * 3, experts=experts)
+        for q, quant in enumerate((None, "nvfp4", "fp8")):
+            # Each encoding meets each alignment (1, 4, 7) as k goes round; tying the alignment to
+            # the case number gave every encoding one alignment only.
+            _check_dispatch(comm, rank, world, case, k, quant, align=(1, 4, 7)[(k + q) % 3], experts=experts)
             case += 1
     # experts nobody picks: every token draws from two experts of the last rank and one of rank 0
     only = [0, experts - 1, experts - 2]

@@ -38,10 +38,21 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
+def _has_a_repeat(ids: list[torch.Tensor]) -> bool:
+    """Some token names one expert in two slots, both valid (not -1)."""
+    for t in ids:
+        for row in t.tolist():
+            valid = [i for i in row if i >= 0]
+            if len(set(valid)) < len(valid):
+                return True
+    return False
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"w{c[0]}-k{c[3]}-a{c[4]}")
 def test_layout_functions_match_the_reference(case):
     world, tokens, experts, k, align = case
-    _, ids, _ = random_case(world, tokens, 32, experts, k, seed=world * 10 + k)
+    _, ids, _ = random_case(world, tokens, 32, experts, k, seed=world * 10 + k, repeat=0.25)
+    assert k == 1 or _has_a_repeat(ids), "the case should repeat an id"
     received, send_rows = world_dispatch(ids, experts, max(tokens) + 1, align)
     counts = []
     for q in range(world):
@@ -102,7 +113,8 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
     max_tokens = max(tokens) + 2
     dtype = torch.float16 if world % 2 else torch.bfloat16
     xs, ids, ws = random_case(world, tokens, hidden, experts, k, seed=world * 100 + k,
-                              dtype=dtype, ids_dtype=torch.int32 if k % 2 else torch.int64)
+                              dtype=dtype, ids_dtype=torch.int32 if k % 2 else torch.int64, repeat=0.25)
+    assert k == 1 or _has_a_repeat(ids), "the case should repeat an id"
     gs = 1.5 * 448 * 6 / max(float(x.float().abs().max()) for x in xs if x.numel())
     received, send_rows = world_dispatch(ids, experts, max_tokens, align)
     ranks = host.dispatch_host(list(xs), list(ids), experts, max_tokens, quant, gs, align, swizzle)
@@ -144,17 +156,27 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
 @needs_twin
 def test_twin_combine_adds_in_slot_order_without_fusing():
     """Values whose sum depends on the order and on fused multiply-adds: the twin must give the
-    reference's bits (acc + w*y, slot by slot, each step rounded)."""
+    reference's bits (acc + w*y, slot by slot, each step rounded), and the values must tell
+    that sum from the reversed order's and from a fused multiply-add's, or the test proves
+    nothing."""
     experts, k, hidden = 4, 4, 16
     ids = [torch.tensor([[0, 1, 2, 3]]), torch.empty(0, k, dtype=torch.int64)]
     xs = [torch.ones(1, hidden, dtype=torch.float32), torch.empty(0, hidden, dtype=torch.float32)]
-    ws = [torch.tensor([[1.0, 1e-8, 1.0 / 3, -1.0]]), torch.empty(0, k)]
+    weights = torch.tensor([1.0 / 3, 0.7, -0.3, 1e-8])
+    ws = [weights[None], torch.empty(0, k)]
+    values = (1.0 + 5 * 2**-23, 1.0 / 3)  # what experts 0, 1 (rank 0) and 2, 3 (rank 1) return
     ranks = host.dispatch_host(xs, ids, experts, 1)
     _, send_rows = world_dispatch(ids, experts, 1)
-    outs = [torch.full((r.recv.shape[0], hidden), v, dtype=torch.float32) for r, v in zip(ranks, (1.0 + 2**-20, 3.0))]
+    outs = [torch.full((r.recv.shape[0], hidden), v, dtype=torch.float32) for r, v in zip(ranks, values)]
     want = world_combine(ids, ws, send_rows, outs, experts)
     got = host.combine_host(ranks, outs, ws, 1)
-    assert torch.equal(got[0], want[0]) and not torch.equal(want[0], torch.zeros_like(want[0]))
+    assert torch.equal(got[0], want[0])
+    y = torch.tensor([values[0], values[0], values[1], values[1]], dtype=torch.float32)
+    reversed_sum, fused_sum = torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.float32)
+    for j in range(k):
+        reversed_sum = reversed_sum + weights[k - 1 - j] * y[k - 1 - j]
+        fused_sum = (weights[j].double() * y[j].double() + fused_sum.double()).float()  # one rounding a step
+    assert len({want[0][0, 0].item(), reversed_sum.item(), fused_sum.item()}) == 3
 
 
 @needs_twin

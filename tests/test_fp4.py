@@ -174,11 +174,14 @@ def test_swizzle_places_scales_by_hand():
 
 
 def test_quantize_swizzle_matches_swizzled_linear():
+    """On the CPU quantize(swizzle=True) is the reference's swizzle_scales of the linear scales
+    (so comparing those two would compare the function with itself): the packed bytes must not
+    change, and the swizzled scales must decode to the linear ones' values. The native swizzle
+    is held to the reference in test_native_host_code_matches_reference_on_random_data."""
     x = _random((200, 96), torch.bfloat16, 3)
     packed, linear = fp4.quantize(x, 3.0)
     packed_sw, sw = fp4.quantize(x, 3.0, swizzle=True)
     assert torch.equal(packed, packed_sw)
-    assert torch.equal(sw.view(torch.uint8), fp4.swizzle_scales(linear).view(torch.uint8))
     back = fp4.dequantize(packed_sw, sw, 3.0, torch.float32, swizzled=True)
     assert torch.equal(back, fp4.dequantize(packed, linear, 3.0, torch.float32))
 

@@ -155,19 +155,19 @@ def test_nan_row_encodes_as_positive_nan_and_leaves_other_rows_alone():
 
 
 @needs_native
-def test_reduction_order_is_the_kernels_not_torchs():
-    """A row built so that summation order matters: the host entry point must equal the
-    reference (the kernel's order) exactly; a different order gives different bits here."""
+def test_reduction_order_is_the_kernels_not_torchs(monkeypatch):
+    """Rows built so that summation order matters: the host entry point must equal the
+    reference (the kernel's order) exactly, and the reference with torch's order of the sum of
+    squares gives other bits for these rows, so the comparison can tell the orders apart."""
     hidden = 4096
-    # Magnitudes over four decades, so that partial sums round differently in any other order.
-    a = (rows(1, hidden, torch.float32, 14) * torch.logspace(-2, 2, hidden)).to(torch.float16)
+    # Magnitudes over four decades, so that partial sums round differently in another order.
+    a = (rows(64, hidden, torch.float32, 14) * torch.logspace(-2, 2, hidden)).to(torch.float16)
     w = torch.ones(hidden, dtype=torch.float16)
-    hf = a.float()
-    sequential = torch.zeros((), dtype=torch.float32)
-    for v in (hf[0] * hf[0]).tolist():
-        sequential = sequential + v
-    assert fn._kernel_order_sumsq(hf)[0].item() != sequential.item()  # the orders do differ here
-    assert_bitwise(fn.rmsnorm_host(a, w).out, fn.reference_add_rmsnorm(a, w).out, "y")
+    want = fn.reference_add_rmsnorm(a, w).out
+    assert_bitwise(fn.rmsnorm_host(a, w).out, want, "y")
+    monkeypatch.setattr(fn, "_kernel_order_sumsq", lambda hf: (hf * hf).sum(1))
+    torch_order = fn.reference_add_rmsnorm(a, w).out
+    assert not torch.equal(torch_order.view(torch.int16), want.view(torch.int16)), "the orders should differ here"
 
 
 # ------------------------------------------------------------------------ argument rules
