@@ -122,7 +122,7 @@ def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -
 
 
 def redop(op: object, dtype: torch.dtype) -> str:
-    if op not in REDOP_SET:
+    if not isinstance(op, str) or op not in REDOP_SET:
         raise ArgumentError(f"op must be one of {', '.join(REDOPS)}, got {op!r}")
     if dtype in UNREDUCIBLE:
         raise DtypeError(f"cannot reduce dtype {dtype}")
@@ -173,6 +173,22 @@ def check_extent(name: str, rows: int, like: torch.Tensor) -> None:
     if rows * row_bytes > MAX_EXTENT:
         raise ArgumentError(f"{name} would need {rows} rows of {row_bytes} bytes: more than any tensor can hold "
                             f"(2**62 bytes); check sizes")
+
+
+def apart(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], what: str) -> None:
+    """The tensors of a call with several: out[i] may share memory with tensors[i] only (the
+    call's own in-place rule, checked pair by pair), never with another output or another
+    tensor, which the call would write while it still reads or writes that one."""
+    for i, o in enumerate(outs):
+        lo, hi = o.data_ptr(), o.data_ptr() + o.nbytes
+        if lo == hi:
+            continue
+        others = [(f"out[{j}]", t) for j, t in enumerate(outs) if j > i] + \
+                 [(f"tensors[{j}]", t) for j, t in enumerate(xs) if j != i]
+        for name, t in others:
+            if t.nbytes and t.data_ptr() < hi and lo < t.data_ptr() + t.nbytes:
+                raise ArgumentError(f"out[{i}] overlaps {name}: each output of {what} needs memory of its own, "
+                                    f"apart from every other tensor of the call but its own input")
 
 
 def in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr: int,

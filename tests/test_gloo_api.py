@@ -90,6 +90,16 @@ BAD_CALLS = [
     (lambda c, r: c.all_reduce(torch.ones(4, dtype=torch.int32), op="avg"), symcomm.DtypeError, "floating"),
     (lambda c, r: c.all_reduce(torch.ones(4, dtype=torch.bool)), symcomm.DtypeError, "cannot reduce"),
     (lambda c, r: c.all_reduce(torch.ones(4).to(torch.float8_e4m3fn)), symcomm.ArgumentError, "no path can serve"),
+    # Types gloo cannot reduce: refused before the collective, which would fail on every rank
+    # and leave the communicator broken.
+    (lambda c, r: c.all_reduce(torch.ones(4, dtype=torch.int16)), symcomm.ArgumentError, "gloo cannot reduce torch.int16"),
+    (lambda c, r: c.all_reduce(torch.ones(4, dtype=torch.uint32), op="max"), symcomm.ArgumentError,
+     "gloo cannot reduce torch.uint32"),
+    (lambda c, r: c.reduce_scatter(torch.ones(4, dtype=torch.uint64)), symcomm.ArgumentError,
+     "gloo cannot reduce torch.uint64"),
+    (lambda c, r: c.all_reduce(torch.ones(4), op=["sum"]), symcomm.ArgumentError, "op must be one of"),
+    (lambda c, r: c.reduce_scatterv(torch.ones(2), [1, 1], op=["sum"]), symcomm.ArgumentError, "op must be one of"),
+    (lambda c, r: c.select("all_reduce", torch.ones(2), op=["sum"]), symcomm.ArgumentError, "op must be one of"),
     (lambda c, r: c.all_reduce(torch.ones(4), algo="fast"), symcomm.ArgumentError, "algo must be"),
     (lambda c, r: c.all_reduce(torch.ones(4), algo="nccl-symm"), symcomm.ArgumentError, "unavailable"),
     (lambda c, r: c.all_gather(torch.tensor(1.0)), symcomm.ArgumentError, "at least one dimension"),
@@ -110,6 +120,13 @@ BAD_CALLS = [
     (lambda c, r: (lambda x: c.reduce_scatter(x, out=x[1:3]))(torch.ones(4)), symcomm.ArgumentError, "overlaps x"),
     (lambda c, r: (lambda o: c.all_gatherv(o[1 - r:2 - r], [1, 1], out=o))(torch.ones(2, 3)),
      symcomm.ArgumentError, "not this rank's slice"),  # each rank passes the other's row
+    # Several tensors: an output may share memory with its own input only.
+    (lambda c, r: (lambda b: c.all_gatherv([torch.ones(1), b[1 - r:2 - r]], [1, 1], out=[b, torch.ones(2)]))(
+        torch.ones(2)), symcomm.ArgumentError, "out[0] overlaps tensors[1]"),
+    (lambda c, r: (lambda o: c.all_gatherv([torch.ones(1), torch.ones(1)], [1, 1], out=[o, o]))(torch.ones(2)),
+     symcomm.ArgumentError, "out[0] overlaps out[1]"),
+    (lambda c, r: (lambda b: c.all_to_allv([torch.ones(2), b[2:4]], [1, 1], [1, 1], out=[b[2:4], torch.ones(2)]))(
+        torch.ones(4)), symcomm.ArgumentError, "out[0] overlaps tensors[1]"),
 ]
 
 

@@ -205,6 +205,7 @@ BAD = [
     (dict(eps=-1.0), ArgumentError, "eps"),
     (dict(eps=float("nan")), ArgumentError, "eps"),
     (dict(eps="1e-6"), ArgumentError, "eps must be a float"),
+    (dict(eps=10**400), ArgumentError, "eps must be finite"),  # an int past float's range
     (dict(quant="fp4"), ArgumentError, "quant must be None, 'fp8' or 'nvfp4'"),
     (dict(quant="fp8"), ArgumentError, "quant='fp8' needs scale="),
     (dict(quant="nvfp4"), ArgumentError, "quant='nvfp4' needs scale="),

@@ -26,6 +26,12 @@ _REDUCE_OPS = {
 }
 # fp8 arithmetic is not implemented for CPU tensors in torch.
 _UNREDUCIBLE = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+# What gloo reduces: int16 and the unsigned types past uint8 raise "Invalid scalar type" inside
+# the collective (torch 2.13, two ranks, sum/max/prod), which peers then see as a lost rank.
+_GLOO_REDUCIBLE = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                             torch.int32, torch.int64})
+# NCCL, behind torch.distributed for CUDA tensors, has no 16-bit integer type.
+_NCCL_UNREDUCIBLE = frozenset({torch.int16, torch.uint16})
 
 
 class TorchPath(Path):
@@ -50,8 +56,15 @@ class TorchPath(Path):
     abort = close
 
     def why_not(self, call: Call) -> str | None:
-        if call.redop is not None and call.dtype in _UNREDUCIBLE:
+        if call.redop is None:
+            return None
+        if call.dtype in _UNREDUCIBLE:
             return f"torch.distributed cannot reduce {call.dtype}"
+        on_cpu = call.inputs[0].device.type == "cpu"
+        if on_cpu and call.dtype not in _GLOO_REDUCIBLE:
+            return f"gloo cannot reduce {call.dtype}"
+        if not on_cpu and call.dtype in _NCCL_UNREDUCIBLE:
+            return f"NCCL cannot reduce {call.dtype}"
         return None
 
     def run(self, call: Call) -> None:

@@ -72,6 +72,8 @@ def all_to_allv_call(tensors: object, send_sizes: object, recv_sizes: object, ou
         if x.nbytes and o.nbytes and o.data_ptr() < x.data_ptr() + x.nbytes and x.data_ptr() < o.data_ptr() + o.nbytes:
             raise ArgumentError(f"{out_name} overlaps {name}: all_to_allv has no in-place form (rows move between "
                                 f"ranks in both directions); pass separate tensors")
+    if len(xs) > 1:
+        validate.apart(xs, outs, "all_to_allv")
     call = make_all_to_allv(xs, outs, send, recv)
     call.single = single
     return call

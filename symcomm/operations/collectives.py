@@ -31,7 +31,8 @@ def all_reduce_call(x: object, out: object, op: object, device: torch.device) ->
     # The hottest eager path: the common case is inlined, the helpers only raise.
     x = validate.tensor("x", x, device)
     dtype = x.dtype
-    if op not in validate.REDOP_SET or dtype in validate.UNREDUCIBLE or (op == "avg" and not dtype.is_floating_point):
+    if (type(op) is not str or op not in validate.REDOP_SET or dtype in validate.UNREDUCIBLE
+            or (op == "avg" and not dtype.is_floating_point)):
         validate.redop(op, dtype)
     x_ptr, nbytes = x.data_ptr(), x.nbytes
     if out is None:
@@ -101,6 +102,8 @@ def all_gatherv_call(tensors: object, sizes: object, out: object, rank: int, wor
         outs[i] = o = validate.output(out_name, outs[i], (total, *x.shape[1:]), x)
         row_bytes = o.nbytes // total if total else 0
         validate.in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)
+    if len(xs) > 1:
+        validate.apart(xs, outs, "all_gatherv")
     in_ptrs, out_ptrs = [x.data_ptr() for x in xs], [o.data_ptr() for o in outs]
     return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs))
 
