@@ -254,9 +254,7 @@ def test_flagfree_collectives_launch_every_ranks_chunk(op):
     call = _collective(op, 1024, world=4)
     name, args = _recorded_launch(call, world=4)
     assert name == FLAGFREE_ENTRY[op]
-    # The input's own address (an aligned input is launched as it is, not copied); the output's
-    # as the call recorded it.
-    assert args[:4] == (7, _native.DTYPE_CODES[torch.bfloat16], call.inputs[0].data_ptr(), 2 << 30) and args[5] == 99
+    assert args[:4] == (7, _native.DTYPE_CODES[torch.bfloat16], 1 << 30, 2 << 30) and args[5] == 99
     assert list(args[4]) == [2048] * 4
 
 
@@ -755,3 +753,21 @@ def test_the_first_vote_carries_whether_captured_inputs_can_be_mapped(monkeypatc
     ex = Exchange([[[1, here, *SIZES, 1]]])  # a peer votes no: the vote is all this test needs
     peer_setup.open_context(0, 2, torch.device("cuda", 0), ex, 30.0, None)
     assert ex.sent[0][5] == mappable
+
+
+def test_launch_inputs_takes_the_stream_then_copies_only_what_is_misaligned():
+    """The stream first (the copy must follow symcomm's previous launch); aligned inputs come
+    back as they are with the call's addresses, a misaligned one as an aligned copy of equal
+    values with the copy's address."""
+    order = []
+    state = FakeState()
+    state.launch_stream = lambda session: order.append("stream") or 5
+    raw = torch.arange(20, dtype=torch.float32)
+    fine, off = raw[:8], raw[1:9]  # off is 4 bytes past a 16-byte boundary
+    assert fine.data_ptr() % 16 == 0 and off.data_ptr() % 16 == 4
+    stream, kept, ptrs = state.launch_inputs(None, [fine], [fine.data_ptr()])
+    assert (stream, kept[0] is fine, list(ptrs)) == (5, True, [fine.data_ptr()])
+    stream, kept, ptrs = state.launch_inputs(None, [fine, off])
+    assert order == ["stream", "stream"] and stream == 5 and kept[0] is fine
+    assert kept[1].data_ptr() % 16 == 0 and kept[1].data_ptr() != off.data_ptr() and torch.equal(kept[1], off)
+    assert list(ptrs) == [fine.data_ptr(), kept[1].data_ptr()]

@@ -240,9 +240,9 @@ class AllReduceKernelPath(PeerPath):
         # The kernels move 16-byte vectors. A misaligned view (rank-local, so it never decided
         # the path) goes through aligned copies; an in-place call then runs out of place.
         out_ptr, out = call.out_ptrs[0], call.outputs[0]
-        stream, (x,) = context.launch_inputs(session, call.inputs[0])
+        stream, keep, (in_ptr,) = context.launch_inputs(session, call.inputs, call.in_ptrs)  # keep: alive to the launch
         target = torch.empty_like(out) if out_ptr % 16 else None
-        code = fn(context.ctx, DTYPE_CODES[call.dtype], x.data_ptr(), out_ptr if target is None else target.data_ptr(),
+        code = fn(context.ctx, DTYPE_CODES[call.dtype], in_ptr, out_ptr if target is None else target.data_ptr(),
                   chunks, stream)
         if code:
             context.check(f"custom-flagfree {op} launch", code)

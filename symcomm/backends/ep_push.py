@@ -76,7 +76,7 @@ class PushDispatchPath(_EpPushPath):
     def run(self, call: DispatchCall) -> None:
         context, h = self._context, call.handle
         session = context.session()
-        stream, (x,) = context.launch_inputs(session, call.x)
+        stream, (x,), _ = context.launch_inputs(session, (call.x,))
         ids = call.topk_ids
         recv = self._where(call.recv, session, self.CODE)
         scales = self._where(call.recv_scales, session, self.CODE) if call.recv_scales is not None else (0, 0)
@@ -111,7 +111,7 @@ class PushCombinePath(_EpPushPath):
     def run(self, call: CombineCall) -> None:
         context, h = self._context, call.handle
         session = context.session()
-        stream, (y,) = context.launch_inputs(session, call.expert_out)
+        stream, (y,), _ = context.launch_inputs(session, (call.expert_out,))
         returned = self._where(h.returned, session, self.CODE)
         out = call.out if call.out.data_ptr() % 16 == 0 else torch.empty_like(call.out)
         a = _native.EpCombineArgs(

@@ -78,7 +78,7 @@ class FlagFreeFp4Path(PeerPath):
         # Recorded with the gathered bytes, which every rank's capture must agree on (x's are its own).
         _, _, _, session = context.input_of(call.x.data_ptr(), call.packed.nbytes + call.scales.nbytes,
                                             CAPTURE_CODE, peers_read=False)
-        stream, (x,) = context.launch_inputs(session, call.x)  # x is rank-local: a misaligned view is copied
+        stream, (x,), _ = context.launch_inputs(session, (call.x,))  # x is rank-local: a misaligned view is copied
         self._rows[:] = call.sizes
         gs_ptr, gs_value = fp4.launch_scale(call.gs)
         args = _native.FlagFreeFp4Args(x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[1], self._rows, gs_ptr,

@@ -76,7 +76,7 @@ class FusedPushFp4Path(PeerPath):
             return  # every rank knows: no rank launches
         context = self._context
         session = context.session()
-        stream, (x, *extra) = context.launch_inputs(session, call.x, *call.extra)
+        stream, (x, *extra), _ = context.launch_inputs(session, (call.x, *call.extra))
         n, h = x.shape
         where = [context.output_slot(t.data_ptr(), t.nbytes, session, CAPTURE_CODE) for _, t in call.named_outputs()]
         k = len(extra)

@@ -60,11 +60,11 @@ class PushPath(PeerPath):
         n = len(call.outputs)
         srcs, slots = (_c.c_uint64 * n)(), (_c.c_int * n)()
         offsets, nbytes = (_c.c_uint64 * n)(), (_c.c_uint64 * n)()
-        stream, keep = context.launch_inputs(session, *call.inputs)
-        for i, (out, x, dst) in enumerate(zip(call.outputs, keep, call.out_ptrs)):
+        stream, keep, src_ptrs = context.launch_inputs(session, call.inputs, call.in_ptrs)
+        for i, (out, src, dst) in enumerate(zip(call.outputs, src_ptrs, call.out_ptrs)):
             slot, offset = context.output_slot(dst, out.nbytes, session, CAPTURE_CODE)
             row_bytes = out.nbytes // total_rows
-            srcs[i], slots[i] = x.data_ptr(), slot
+            srcs[i], slots[i] = src, slot
             offsets[i], nbytes[i] = offset + before * row_bytes, sizes[rank] * row_bytes
         code = context.lib.symcomm_ar_gatherv(context.ctx, n, srcs, slots, offsets, nbytes, call.nbytes, stream)
         if code:

@@ -100,8 +100,7 @@ class TwoShotPushPath(PeerPath):
             own_ptr = keep.data_ptr() if keep is not None else in_ptr
         else:
             # A misaligned input is this rank's own business (why_not): an aligned copy, not a refusal.
-            stream, (keep,) = context.launch_inputs(session, call.inputs[0])
-            in_ptr = keep.data_ptr()
+            stream, keep, (in_ptr,) = context.launch_inputs(session, call.inputs, call.in_ptrs)
             own_ptr = in_ptr + lo
         code = context.lib.symcomm_ar_twoshot_push(context.ctx, DTYPE_CODES[call.dtype], in_ptr, own_ptr, slot,
                                                    out_offset, out_ptr, nbytes, stream)
