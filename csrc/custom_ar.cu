@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) two_shot(Sync s, Peers scratch, cons
   if (!barrier(s, kStart, world, epoch)) return;
   // Reduce-scatter: this rank owns chunk `rank`. Both phases give block b the same offsets
   // within a chunk, so block b's barrier is the only one its data depends on.
-  uint4* mine = reinterpret_cast<uint4*>(scratch.ptr[rank]);
+  uint4* mine = reinterpret_cast<uint4*>(of_rank<W>(scratch.ptr, rank));
   const size_t lo = size_t(rank) * chunk;
   const size_t hi = lo + chunk < nvec ? lo + chunk : nvec;
   for (size_t i = lo + first; i < hi; i += stride) mine[i] = reduce_at<T, W>(src, i);
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) two_shot(Sync s, Peers scratch, cons
 #pragma unroll
   for (int k = 0; k < W; ++k) {
     const int owner = (rank + k) % W;
-    theirs[k] = reinterpret_cast<const uint4*>(scratch.ptr[owner]);
+    theirs[k] = reinterpret_cast<const uint4*>(of_rank<W>(scratch.ptr, owner));
     base[k] = size_t(owner) * chunk;
   }
   for (size_t j = first; j < chunk; j += stride) {
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_push(Sync s, Peers scratch,
     const int owner = (rank + k) % W;
     at[k] = size_t(owner) * chunk;
     dst[k] = k == W - 1 ? reinterpret_cast<uint4*>(outs->ptr[owner] + out_offset) + at[k]
-                        : reinterpret_cast<uint4*>(scratch.ptr[owner]) + size_t(W - 2 - k) * chunk;
+                        : reinterpret_cast<uint4*>(of_rank<W>(scratch.ptr, owner)) + size_t(W - 2 - k) * chunk;
   }
   if (!barrier(s, kStart, W, epoch)) return;
   // kUnroll passes' loads before any store, as in one_shot: the compiler cannot move a load
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_push(Sync s, Peers scratch,
 #pragma unroll
   for (int r = 0; r < W; ++r) {
     const int d = (r - rank + W) % W;
-    term[r] = d == 0 ? own : d == 1 ? out + lo : reinterpret_cast<const uint4*>(scratch.ptr[rank]) + size_t(d - 2) * chunk;
+    term[r] = d == 0 ? own : d == 1 ? out + lo : reinterpret_cast<const uint4*>(of_rank<W>(scratch.ptr, rank)) + size_t(d - 2) * chunk;
     if (r > 0) to[r] = reinterpret_cast<uint4*>(outs->ptr[(rank + r) % W] + out_offset) + lo;  // peers from rank + 1 on
   }
   for (j = first; j + (kUnroll - 1) * stride < mine; j += kUnroll * stride) {

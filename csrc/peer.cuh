@@ -123,9 +123,24 @@ struct Peers {
   char* ptr[kMaxRanks];
 };
 
+// a[rank] by a compile-time index, for arrays in kernel parameters (Peers, custom_ar.cu's
+// Chunks): one indexed at run time is copied to local memory first, and ptxas then gives every
+// thread a stack frame of the whole parameter struct, filled on entry.
+template <int W, typename T>
+__device__ __forceinline__ T of_rank(const T (&a)[kMaxRanks], int rank) {
+  T v = 0;
+#pragma unroll
+  for (int r = 0; r < W; ++r)
+    if (r == rank) v = a[r];
+  return v;
+}
+
 // What every kernel needs to meet its peers, and to give up on them.
 struct Sync {
   Peers signals;    // every rank's Signal block
+  // This rank's own, as a scalar: indexing `signals` by the run-time rank would make ptxas copy
+  // the whole parameter struct to local memory in every kernel (a 152-byte stack frame).
+  Signal* self;
   uint64_t* alarm;  // device address of this context's mapped host word
   uint64_t timeout_ns;
   int rank;
@@ -206,7 +221,8 @@ struct Context {
 
 // What a kernel of this context needs to meet its peers.
 inline Sync make_sync(const Context* c) {
-  return Sync{c->signals, c->alarm_dev, c->timeout_ns, c->rank, dependents_early()};
+  return Sync{c->signals, reinterpret_cast<Signal*>(c->signals.ptr[c->rank]), c->alarm_dev, c->timeout_ns, c->rank,
+              dependents_early()};
 }
 
 // Copies an eager input that peers cannot map into this rank's staging buffer, which they
@@ -264,7 +280,7 @@ __device__ __forceinline__ uint4 load_volatile(const uint4* p) {
 // mistaken for an arrival. A signed difference would again read a flag 2^63 epochs old as new.
 __device__ __forceinline__ bool reached(uint64_t flag, uint64_t epoch) { return flag >= epoch; }
 
-__device__ __forceinline__ Signal* own_signal(const Sync& s) { return reinterpret_cast<Signal*>(s.signals.ptr[s.rank]); }
+__device__ __forceinline__ Signal* own_signal(const Sync& s) { return s.self; }
 
 __device__ __forceinline__ bool has_given_up(const Sync& s) {
   return *reinterpret_cast<volatile uint64_t*>(&own_signal(s)->aborted) != 0;
@@ -312,7 +328,7 @@ __device__ inline bool barrier(const Sync& s, int phase, int world, uint64_t epo
   const int peer = threadIdx.x;
   bool ok = true;
   if (peer < world) {
-    store_release(&phase_flags(reinterpret_cast<Signal*>(s.signals.ptr[peer]), phase, blockIdx.x)[s.rank], epoch);
+    store_release(&phase_flags(reinterpret_cast<Signal*>(of_rank<kMaxRanks>(s.signals.ptr, peer)), phase, blockIdx.x)[s.rank], epoch);
     ok = wait_flag(s, &phase_flags(own_signal(s), phase, blockIdx.x)[peer], epoch, phase, peer);
   }
   return __syncthreads_and(ok);
@@ -353,7 +369,7 @@ __device__ inline bool meet_all_blocks(const Sync& s, int world, uint64_t meetin
   __syncthreads();
   const uint64_t arrival = meeting << kMarkBits | (mark & 0xFFFFu);
   if (int(threadIdx.x) < world)
-    store_release(&reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x])->met[blockIdx.x][s.rank], arrival);
+    store_release(&reinterpret_cast<Signal*>(of_rank<kMaxRanks>(s.signals.ptr, int(threadIdx.x)))->met[blockIdx.x][s.rank], arrival);
   bool ok = true;
   if (threadIdx.x < kWaiters) {
     const int flags = int(gridDim.x) * world;
@@ -525,7 +541,7 @@ __device__ __forceinline__ void flagfree_end(const Sync& s, FlagFreeWords w, siz
 template <int W>
 __device__ __forceinline__ void flagfree_clear(const Sync& s, const Peers& recv, size_t slot_vecs, uint32_t buf,
                                                uint32_t prev) {
-  uint4* stale = reinterpret_cast<uint4*>(recv.ptr[s.rank]) + size_t((buf + 2) % 3) * W * slot_vecs;
+  uint4* stale = reinterpret_cast<uint4*>(of_rank<W>(recv.ptr, s.rank)) + size_t((buf + 2) % 3) * W * slot_vecs;
   const uint4 blank = make_uint4(kSentinel, kSentinel, kSentinel, kSentinel);
   for (int r = 0; r < W; ++r) {
     if (r == s.rank) continue;
@@ -536,27 +552,17 @@ __device__ __forceinline__ void flagfree_clear(const Sync& s, const Peers& recv,
 
 // Where rank `from`'s vectors for rank `to` land in receive buffer `buf`: the layout every
 // flag-free kernel shares ([3 buffers][W sender slots][slot_vecs]), so that flagfree_clear,
-// which knows nothing of the op, resets exactly what any of them wrote.
+// which knows nothing of the op, resets exactly what any of them wrote. `to` is often the
+// run-time rank, hence of_rank.
 template <int W>
 __device__ __forceinline__ uint4* flagfree_slot(const Peers& recv, int to, uint32_t buf, int from, size_t slot_vecs) {
-  return reinterpret_cast<uint4*>(recv.ptr[to]) + (size_t(buf) * W + from) * slot_vecs;
+  return reinterpret_cast<uint4*>(of_rank<W>(recv.ptr, to)) + (size_t(buf) * W + from) * slot_vecs;
 }
 
 // The vectors a chunk of `count` puts on the wire: the chunk, or one placeholder when empty
 // (an empty chunk still sends one vector, which the peer waits for and drops: see
 // custom_ar.cu's flag_free_gather for why the rotation needs it).
 __device__ __forceinline__ size_t sent(size_t count) { return count > 0 ? count : 1; }
-
-// a[rank] by a compile-time index: a kernel parameter indexed at run time is copied to local
-// memory first (ptxas: 128 more bytes of stack frame per thread).
-template <int W, typename T>
-__device__ __forceinline__ T of_rank(const T (&a)[kMaxRanks], int rank) {
-  T v = 0;
-#pragma unroll
-  for (int r = 0; r < W; ++r)
-    if (r == rank) v = a[r];
-  return v;
-}
 
 // The receiving half of every flag-free kernel: vector i of each world slot of receive buffer
 // `buf` into v[0..W-1], in rank order; v[rank] is `own` (this rank's own contribution, as
