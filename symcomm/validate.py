@@ -175,19 +175,19 @@ def check_extent(name: str, rows: int, like: torch.Tensor) -> None:
                             f"(2**62 bytes); check sizes")
 
 
-def apart(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], what: str) -> None:
-    """The tensors of a call with several: out[i] may share memory with tensors[i] only (the
-    call's own in-place rule, checked pair by pair), never with another output or another
-    tensor, which the call would write while it still reads or writes that one."""
-    for i, o in enumerate(outs):
+def apart(ins: Sequence[tuple[str, torch.Tensor]], outs: Sequence[tuple[str, torch.Tensor]], what: str,
+          paired: int) -> None:
+    """The named tensors of a call with several: outs[i] for i < ``paired`` may share memory with
+    ins[i] only (the call's own in-place rule, checked pair by pair), any other output with
+    nothing, since the call would write it while it still reads or writes the other tensor."""
+    for i, (out_name, o) in enumerate(outs):
         lo, hi = o.data_ptr(), o.data_ptr() + o.nbytes
         if lo == hi:
             continue
-        others = [(f"out[{j}]", t) for j, t in enumerate(outs) if j > i] + \
-                 [(f"tensors[{j}]", t) for j, t in enumerate(xs) if j != i]
+        others = [*outs[i + 1:], *(pair for j, pair in enumerate(ins) if j != i or i >= paired)]
         for name, t in others:
             if t.nbytes and t.data_ptr() < hi and lo < t.data_ptr() + t.nbytes:
-                raise ArgumentError(f"out[{i}] overlaps {name}: each output of {what} needs memory of its own, "
+                raise ArgumentError(f"{out_name} overlaps {name}: each output of {what} needs memory of its own, "
                                     f"apart from every other tensor of the call but its own input")
 
 

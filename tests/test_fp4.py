@@ -409,11 +409,40 @@ def _gather_errors(rank, world):
         (lambda: comm.all_gatherv_fp4(x, [2, 2], 1.0, out=(1, 2)), symcomm.ArgumentError, "Fp4Gathered"),
         (lambda: comm.all_gatherv_fp4(x, [2, 2], 1.0, algo="fast"), symcomm.ArgumentError, "algo must be"),
     ]
+    # Outputs given that share memory: with each other, with x, or an extra not at this rank's
+    # slice. raw holds the payload (4 rows of H/2 bytes), then the scales (4 rows of H/16).
+    raw = torch.zeros(16 * H, dtype=torch.uint8)
+    packed = raw[:2 * H].view(4, H // 2)
+    scales = raw[2 * H:2 * H + H // 4].view(4, H // 16).view(torch.float8_e4m3fn)
+    scales_over_packed = raw[2 * H - 8:2 * H - 8 + H // 4].view(4, H // 16).view(torch.float8_e4m3fn)
+    ids = torch.zeros(4, 4, dtype=torch.int32)
+    other_slice = ids[2 * (1 - rank):2 * (1 - rank) + 2]  # the peer's rows, on both ranks
+
+    def given(extra=(), values=None, p=packed, s=scales):
+        return symcomm.Fp4Gathered(p, s, extra, values, None)
+
+    bad += [
+        (lambda: comm.all_gatherv_fp4(x, [2, 2], 1.0, out=given(s=scales_over_packed)),
+         symcomm.ArgumentError, "out.packed overlaps out.scales"),
+        (lambda: comm.all_gatherv_fp4(x, [2, 2], 1.0, dequantize=True, out=given(values=raw.view(torch.float32).view(4, H))),
+         symcomm.ArgumentError, "out.packed overlaps out.values"),
+        (lambda: comm.all_gatherv_fp4(raw[:4 * H].view(torch.bfloat16).view(2, H), [2, 2], 1.0, out=given()),
+         symcomm.ArgumentError, "out.packed overlaps x"),
+        (lambda: comm.all_gatherv_fp4(x, [2, 2], 1.0, extra=[other_slice], out=given((ids,))),
+         symcomm.ArgumentError, "extra[0] overlaps out.extra[0] but is not this rank's slice"),
+        (lambda: comm.all_gatherv_fp4(x, [2, 2], 1.0, extra=[torch.zeros(2, 4, dtype=torch.int32)],
+                                      out=given((raw[2 * H:2 * H + 64].view(torch.int32).view(4, 4),))),
+         symcomm.ArgumentError, "out.extra[0] overlaps out.scales"),
+    ]
     for i, (call, exc_type, fragment) in enumerate(bad):
         with pytest.raises(exc_type) as info:
             call()
         assert fragment in str(info.value), f"case {i}: {info.value!r}"
     assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # nothing was sent
+    # An extra that is this rank's slice of its output is gathered in place.
+    ids[2 * rank:2 * rank + 2] = torch.arange(8, dtype=torch.int32).view(2, 4) + 10 * rank
+    got = comm.all_gatherv_fp4(x, [2, 2], 1.0, extra=[ids[2 * rank:2 * rank + 2]], out=given((ids,)))
+    assert got.extra[0] is ids and ids.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [10, 11, 12, 13], [14, 15, 16, 17]]
     comm.close()
 
     checked = symcomm.Communicator(check=True)

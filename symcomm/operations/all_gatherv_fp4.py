@@ -118,6 +118,19 @@ def _check_out(out: object, total: int, h: int, dtype: torch.dtype, extra: list[
     return out
 
 
+def _check_apart(x: torch.Tensor, extra: list[torch.Tensor], out: Fp4Gathered, dequantize: bool, first: int) -> None:
+    """The outputs given apart from each other and from the inputs: the call quantizes x while it
+    writes the payload and dequantizes the payload into out.values. extra[i] may be this rank's
+    slice of out.extra[i] (gathered in place), nothing else may share memory."""
+    for i, (t, o) in enumerate(zip(extra, out.extra)):
+        row_bytes = o.nbytes // o.shape[0] if o.shape[0] else 0
+        validate.in_place(f"extra[{i}]", t.data_ptr(), t.nbytes, f"out.extra[{i}]", o.data_ptr(), o.nbytes,
+                          o.data_ptr() + first * row_bytes)
+    outs = [*((f"out.extra[{i}]", o) for i, o in enumerate(out.extra)), ("out.packed", out.packed),
+            ("out.scales", out.scales), *((("out.values", out.values),) if dequantize and out.values is not None else ())]
+    validate.apart([*((f"extra[{i}]", t) for i, t in enumerate(extra)), ("x", x)], outs, OP, len(extra))
+
+
 class AllGathervFp4(Operation):
     name = OP
     skips_empty = False
@@ -148,6 +161,7 @@ class AllGathervFp4(Operation):
                 raise ArgumentError(f"{name} must be a bool, got {type(flag).__name__}")
         if out is not None:
             out = _check_out(out, total, h, x.dtype, extra, device, dequantize)
+            _check_apart(x, extra, out, dequantize, sum(sizes[:ctx.rank]))
             return Fp4Call(x, sizes, gs, extra, out.packed, out.scales, list(out.extra), dequantize, swizzle,
                            out.values)
         # Payload, scales, then the extras: the same shapes in the same order on every rank, so

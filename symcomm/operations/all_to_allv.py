@@ -73,7 +73,8 @@ def all_to_allv_call(tensors: object, send_sizes: object, recv_sizes: object, ou
             raise ArgumentError(f"{out_name} overlaps {name}: all_to_allv has no in-place form (rows move between "
                                 f"ranks in both directions); pass separate tensors")
     if len(xs) > 1:
-        validate.apart(xs, outs, "all_to_allv")
+        validate.apart([(f"tensors[{i}]", x) for i, x in enumerate(xs)],
+                       [(f"out[{i}]", o) for i, o in enumerate(outs)], "all_to_allv", len(outs))
     call = make_all_to_allv(xs, outs, send, recv)
     call.single = single
     return call

@@ -103,7 +103,8 @@ def all_gatherv_call(tensors: object, sizes: object, out: object, rank: int, wor
         row_bytes = o.nbytes // total if total else 0
         validate.in_place(name, x.data_ptr(), x.nbytes, out_name, o.data_ptr(), o.nbytes, o.data_ptr() + before * row_bytes)
     if len(xs) > 1:
-        validate.apart(xs, outs, "all_gatherv")
+        validate.apart([(f"tensors[{i}]", x) for i, x in enumerate(xs)],
+                       [(f"out[{i}]", o) for i, o in enumerate(outs)], "all_gatherv", len(outs))
     in_ptrs, out_ptrs = [x.data_ptr() for x in xs], [o.data_ptr() for o in outs]
     return Call("all_gatherv", xs, outs, in_ptrs, out_ptrs, sizes, None, sum(o.nbytes for o in outs))
 
