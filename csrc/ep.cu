@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   char* lane_buf[3];
 #pragma unroll
   for (int k = 0; k < 3; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
-  if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(s.signals.ptr[threadIdx.x]);
+  if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(of_rank<W>(s.signals.ptr, int(threadIdx.x)));
   if (threadIdx.x == 0) {
     meeting = next_meeting(s);
     valid_total = 0;

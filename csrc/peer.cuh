@@ -124,8 +124,9 @@ struct Peers {
 };
 
 // a[rank] by a compile-time index, for arrays in kernel parameters (Peers, custom_ar.cu's
-// Chunks): one indexed at run time is copied to local memory first, and ptxas then gives every
-// thread a stack frame of the whole parameter struct, filled on entry.
+// Chunks, peer_gather.cu's jobs): one indexed at run time is copied to local memory first, and
+// ptxas then gives every thread a stack frame of the whole parameter struct, filled on entry.
+// rank must be below W: any other index yields 0 (nullptr), silently.
 template <int W, typename T>
 __device__ __forceinline__ T of_rank(const T (&a)[kMaxRanks], int rank) {
   T v = 0;
@@ -138,8 +139,8 @@ __device__ __forceinline__ T of_rank(const T (&a)[kMaxRanks], int rank) {
 // What every kernel needs to meet its peers, and to give up on them.
 struct Sync {
   Peers signals;    // every rank's Signal block
-  // This rank's own, as a scalar: indexing `signals` by the run-time rank would make ptxas copy
-  // the whole parameter struct to local memory in every kernel (a 152-byte stack frame).
+  // This rank's own Signal block (signals.ptr[rank], set by make_sync), as a scalar: indexing
+  // `signals` by the run-time rank would put a copy of Sync in every thread's stack frame.
   Signal* self;
   uint64_t* alarm;  // device address of this context's mapped host word
   uint64_t timeout_ns;
