@@ -251,8 +251,10 @@ class Communicator(OperationMethods):
         """Run any operation of this communicator by name (``operations=`` adds one), the way its
         method would: ``comm.run("all_reduce", x)`` is ``comm.all_reduce(x)``."""
         operation = self._operation(op)
-        if _is_compiling() or records(*args, *kwargs.values()):
+        if _is_compiling():
             return operation.compiled(self, *args, algo=algo, **kwargs)
+        if records(*args, *kwargs.values()):
+            return self._recorded(operation, args, algo, kwargs)
         return operation.result(self._run(operation, args, algo, kwargs))
 
     # ------------------------------------------------------------ CUDA graphs

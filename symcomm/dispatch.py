@@ -131,6 +131,16 @@ class DispatchTable:
         return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+def named_path(paths: dict[str, CommPath], off: dict[str, str], algo: str) -> CommPath:
+    """The open path ``algo`` names; ArgumentError if it names one that is off, or none."""
+    path = paths.get(algo)
+    if path is None:
+        if algo in off:
+            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
+        raise ArgumentError(f"algo must be 'auto' or one of {', '.join(paths)}, got {algo!r}")
+    return path
+
+
 def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str], call: Call,
            algo: str = "auto", explain: bool = False, operation: Operation | None = None,
            asked: str | None = None) -> tuple[CommPath | None, Choice | None]:
@@ -168,11 +178,7 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
             raise ArgumentError(f"no path can serve this {call.op}: "
                                 + "; ".join(f"{n}: {r}" for n, r in rejected.items()))
         return chosen, Choice(chosen.name, rejected)
-    path = paths.get(algo)
-    if path is None:
-        if algo in off:
-            raise ArgumentError(f"algo={algo!r} is unavailable: {off[algo]}")
-        raise ArgumentError(f"algo must be 'auto' or one of {', '.join(paths)}, got {algo!r}")
+    path = named_path(paths, off, algo)
     reason = path.why_not(call)
     if reason is not None:
         raise ArgumentError(f"algo={algo!r} cannot serve this {call.op}: {reason}")
@@ -226,6 +232,14 @@ class Router:
             algo = operation.resolve(call, algo, self)
         name = operation.name
         return choose(self.table, self._paths[name], self._off[name], call, algo, explain, operation, asked)
+
+    def check_algo(self, operation: Operation, call: Call, algo: object) -> None:
+        """What ``algo`` names is a path of ``operation`` that is open, without asking whether it
+        can serve ``call``: for a call that runs later in another form (methods.py's _recorded)."""
+        if algo != "auto":
+            algo = operation.resolve(call, algo, self)
+        if algo != "auto":
+            named_path(self._paths[operation.name], self._off[operation.name], algo)
 
     def choose_inner(self, call: Call, algo: str) -> CommPath:
         """The path for ``call``, already validated by the composite operation that makes it: no

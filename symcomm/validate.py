@@ -187,8 +187,9 @@ def apart(ins: Sequence[tuple[str, torch.Tensor]], outs: Sequence[tuple[str, tor
         others = [*outs[i + 1:], *(pair for j, pair in enumerate(ins) if j != i or i >= paired)]
         for name, t in others:
             if t.nbytes and t.data_ptr() < hi and lo < t.data_ptr() + t.nbytes:
+                but = " but its own input" if i < paired else ""
                 raise ArgumentError(f"{out_name} overlaps {name}: each output of {what} needs memory of its own, "
-                                    f"apart from every other tensor of the call but its own input")
+                                    f"apart from every other tensor of the call{but}")
 
 
 def in_place(part: str, part_ptr: int, part_nbytes: int, whole: str, whole_ptr: int,

@@ -166,6 +166,36 @@ def _no_gradient_errors(rank, world):
     comm.close()
 
 
+def _recorded_bad_input(rank, world):
+    """A call autograd records runs as its torch.library op; it must still raise eager's errors,
+    before anything is sent: the op's schema alone gave torch's RuntimeError for a non-string
+    argument, and its functional out= cast any dtype and broadcast any shape into the output."""
+    comm = symcomm.Communicator()
+    x = rand((2 * world, 3), rank).requires_grad_()
+    bad = [
+        (lambda: comm.all_reduce(x, op=5), symcomm.ArgumentError, "op must be one of"),
+        (lambda: comm.all_reduce(x, algo=5), symcomm.ArgumentError, "algo must be a string"),
+        (lambda: comm.all_reduce(x, out=torch.empty(2 * world, 3, dtype=torch.float32)), symcomm.DtypeError,
+         "out must be torch.float64"),
+        (lambda: comm.all_reduce(x, out=torch.empty(1, 3, dtype=F64)), symcomm.ArgumentError, "out has shape (1, 3)"),
+        (lambda: comm.all_gather(x, out=torch.empty(2 * world, 3, dtype=F64)), symcomm.ArgumentError, "out has shape"),
+        (lambda: comm.reduce_scatter(x, out=torch.empty(1, 3, dtype=F64)), symcomm.ArgumentError, "out has shape (1, 3)"),
+        (lambda: comm.reduce_scatterv(x, [2] * world, op=3), symcomm.ArgumentError, "op must be one of"),
+        (lambda: comm.all_gatherv(x, [2 * world]), symcomm.ArgumentError, "one entry per rank"),
+        (lambda: comm.all_gatherv([x, x.detach()], [2 * world] * world, out=[torch.empty(2 * world * world, 3, dtype=F64)] * 2),
+         symcomm.ArgumentError, "out[0] overlaps out[1]"),
+        (lambda: comm.run("all_reduce", x, op="bogus"), symcomm.ArgumentError, "op must be one of"),
+    ]
+    for i, (call, exc_type, fragment) in enumerate(bad):
+        with pytest.raises(exc_type) as info:
+            call()
+        assert fragment in str(info.value), f"case {i}: {info.value!r}"
+    assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # nothing was sent
+    out = torch.empty(2 * world * world, 3, dtype=F64)
+    assert comm.all_gather(x, out=out) is out and out.grad_fn is not None  # a good out= still records
+    comm.close()
+
+
 def _replicated_in(x):
     """x, the same on every rank, whose gradient sums every rank's share (torch.distributed's
     all-reduce, so symcomm is not checked by itself)."""
@@ -275,6 +305,21 @@ def _norm_and_fp4(rank, world):
     g = comm.all_gatherv_fp4(xf, sz, 1.0)
     with pytest.raises(symcomm.ArgumentError, match="payload and block scales.*no gradient"):
         g.scales.float().sum().backward()
+    # out= as eager fills it: the plain scales into out.scales, a swizzled copy returned, and
+    # values made when out.values is None
+    total = sum(sz)
+
+    def given():
+        return symcomm.Fp4Gathered(torch.empty(total, 16, dtype=torch.uint8),
+                                   torch.empty(total, 2, dtype=torch.float8_e4m3fn), (), None, None)
+
+    recorded_out, eager_out = given(), given()
+    got = comm.all_gatherv_fp4(xf, sz, 1.0, dequantize=True, swizzle=True, out=recorded_out)
+    want = comm.all_gatherv_fp4(xf.detach(), sz, 1.0, dequantize=True, swizzle=True, out=eager_out)
+    assert got.values is not None and got.values.grad_fn is not None and torch.equal(got.values, want.values)
+    assert got.scales.shape == want.scales.shape == (128, 4)
+    for a, b in ((got.scales, want.scales), (recorded_out.scales, eager_out.scales), (got.packed, want.packed)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     comm.close()
 
 
@@ -369,6 +414,7 @@ def _all(rank, world):
     _tp_pair(rank, world)
     _several_and_unused(rank, world)
     _no_gradient_errors(rank, world)
+    _recorded_bad_input(rank, world)
     _gradcheck_world(rank, world)
     _norm_and_fp4(rank, world)
     _pool_placement(rank, world)  # last: it patches the pool test into this process

@@ -220,19 +220,22 @@ class AllGathervFp4(Operation):
     def compiled(self, comm: Any, x: torch.Tensor, sizes: Sequence[int], global_scale: Any,
                  extra: Sequence[torch.Tensor] = (), dequantize: bool = False, swizzle: bool = False,
                  out: Fp4Gathered | None = None, algo: str = "auto") -> Fp4Gathered:
-        got = _all_gatherv_fp4(x, list(sizes), *scale_args(global_scale), list(extra), dequantize, swizzle,
-                               comm.key, algo)
+        # With out=, eager gathers the plain scales into out.scales and returns a swizzled copy:
+        # the op then gathers them plain, and the copy is made here.
+        got = _all_gatherv_fp4(x, list(sizes), *scale_args(global_scale), list(extra), dequantize,
+                               swizzle and out is None, comm.key, algo)
         n = len(extra)
-        result = Fp4Gathered(got[0], got[1], tuple(got[2:2 + n]), got[2 + n] if dequantize else None, global_scale)
+        values = got[2 + n] if dequantize else None
         if out is None:
-            return result
-        into(out.packed, result.packed)
-        into(out.scales, result.scales)
-        for o, r in zip(out.extra, result.extra):
-            into(o, r)
-        if out.values is not None and result.values is not None:
-            into(out.values, result.values)
-        return out._replace(global_scale=global_scale)
+            return Fp4Gathered(got[0], got[1], tuple(got[2:2 + n]), values, global_scale)
+        into(out.packed, got[0], "out.packed")
+        into(out.scales, got[1], "out.scales")
+        for i, (o, r) in enumerate(zip(out.extra, got[2:2 + n])):
+            into(o, r, f"out.extra[{i}]")
+        if values is not None and out.values is not None:
+            values = into(out.values, values, "out.values")
+        return out._replace(scales=fp4.swizzle_scales(out.scales) if swizzle else out.scales, values=values,
+                            global_scale=global_scale)
 
     def backward(self, grad: Backward, got: list[torch.Tensor | None]) -> dict[str, Any]:
         """Straight through: the dequantized rows stand for x itself, so x's gradient is the

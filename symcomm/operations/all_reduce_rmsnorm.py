@@ -116,8 +116,8 @@ class AllReduceRmsnorm(Operation):
         y, scales = got[0], got[2] if quant == "nvfp4" else None
         if out is not None:
             y_out, scales_out = out if quant == "nvfp4" else (out, None)
-            y, scales = into(y_out, y), into(scales_out, scales)
-        return NormedResult(y, into(residual_out, got[1]), scales)
+            y, scales = into(y_out, y, "out[0]" if quant == "nvfp4" else "out"), into(scales_out, scales, "out[1]")
+        return NormedResult(y, into(residual_out, got[1], "residual_out"), scales)
 
     def saved_for_backward(self, args: dict[str, Any], output: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return output[1], args["weight"]  # h and the weight: y's gradient is recomputed from them

@@ -132,7 +132,7 @@ class AllToAllv(Operation):
                                algo)
         if single:
             return into(out, results[0])
-        return results if out is None else [into(o, r) for o, r in zip(out, results)]
+        return results if out is None else [into(o, r, f"out[{i}]") for i, (o, r) in enumerate(zip(out, results))]
 
     def backward(self, grad: Backward, gs: list[torch.Tensor | None]) -> dict[str, Any]:
         """The rows went out along send_sizes and arrived along recv_sizes; their gradients travel

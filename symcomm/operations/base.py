@@ -1,8 +1,9 @@
 """Operation: one public operation of a Communicator, described once.
 
 Every operation runs the same way (Communicator._run): ``build`` applies every argument rule
-and returns the validated Call, once, before any communication; dispatch.choose takes the
-first path of the operation's order that can serve it; check mode compares the call's
+and returns the validated Call, before any communication (once; twice for a call autograd
+records, which OperationMethods._recorded checks before it becomes the op); dispatch.choose
+takes the first path of the operation's order that can serve it; check mode compares the call's
 signature across ranks; the path runs it; ``result`` is what the public method returns. A
 descriptor holds what differs between operations, as nccl-tests keeps one struct per
 collective, so adding an operation is one module (its descriptor and its paths) and one row
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from .. import check_mode
+from .. import check_mode, validate
 from ..base import Call
 from ..errors import ArgumentError
 from .autograd import Backward, no_backward
@@ -152,10 +153,12 @@ class Operation:
         raise no_backward(self.name, "the operation defines no backward")
 
 
-def into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
-    """The compiled ops are functional: an ``out=`` argument receives a copy of the result."""
+def into(out: torch.Tensor | None, result: torch.Tensor, name: str = "out") -> torch.Tensor:
+    """The compiled ops are functional: an ``out=`` argument receives a copy of the result. It
+    must be the result's shape and dtype, as eager requires: copy_ would broadcast and cast."""
     if out is None:
         return result
+    validate.given(name, out, tuple(result.shape), result.dtype, result.device)
     out.copy_(result)
     return out
 

@@ -194,7 +194,7 @@ class AllGatherv(Operation):
         results = all_gatherv_op([tensors] if single else list(tensors), list(sizes), comm.key, algo)
         if single:
             return into(out, results[0])
-        return results if out is None else [into(o, r) for o, r in zip(out, results)]
+        return results if out is None else [into(o, r, f"out[{i}]") for i, (o, r) in enumerate(zip(out, results))]
 
     def backward(self, grad: Backward, gs: list[torch.Tensor | None]) -> dict[str, Any]:
         """A reduce-scatterv of each gathered tensor's gradient, with the forward's sizes. One

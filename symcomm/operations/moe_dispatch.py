@@ -229,7 +229,7 @@ class EpOperation(Operation):
 
     def refuse_gradient(self, *tensors: Any) -> None:
         """Neither operation has a backward yet: a call autograd would record is refused where
-        every call enters (build, and compiled for torch.compile and run()), rather than run
+        every call enters (build, and compiled for torch.compile), rather than run
         with its gradient silently dropped. In build, check mode tells the peers why."""
         if records(*tensors):
             raise no_backward(self.name, "expert-parallel dispatch and combine have no backward yet (serve "

@@ -12,7 +12,6 @@ two-shot (through next_epoch), so both entries are covered. Timings here are nev
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 
