@@ -116,7 +116,7 @@ class OperationMethods:
                                                swizzle, algo)
         if records(x, weight, residual):
             return self._recorded(ALL_REDUCE_RMSNORM, (x, weight, residual, eps, out, residual_out, quant, scale,
-                                               swizzle), algo)
+                                                       swizzle), algo)
         return ALL_REDUCE_RMSNORM.result(self._run(ALL_REDUCE_RMSNORM, (x, weight, residual, eps, out, residual_out,
                                                                         quant, scale, swizzle), algo))
 
