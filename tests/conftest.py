@@ -14,10 +14,15 @@ Without it the test skips, saying why the library is missing, as the README's te
 pass on a machine without a CUDA toolkit. SYMCOMM_REQUIRE_NATIVE=1 turns that skip into a
 failure, so a run that built the library (.ci/run) cannot pass by skipping its tests, as
 SYMCOMM_REQUIRE_GPU=1 does for the GPU suites.
+
+``setup_py``: the package's setup.py as a module (its nvcc search, flags and build steps), for
+the tests of the build and of what nvcc makes of csrc/.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +63,12 @@ def native_library():
     from symcomm import _native
 
     return _native.load()
+
+
+@pytest.fixture(scope="session")
+def setup_py():
+    # Imported, not run: setup() is called only when setuptools executes the file as __main__.
+    spec = importlib.util.spec_from_file_location("symcomm_setup", Path(__file__).resolve().parents[1] / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

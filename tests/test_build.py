@@ -3,7 +3,6 @@ cache's key (a header change recompiles its includers only), the slowest-first o
 unit failing the build, and an install without nvcc recording why."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
@@ -13,15 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def setup_py():
-    # Imported, not run: setup() is called only when setuptools executes the file as __main__.
-    spec = importlib.util.spec_from_file_location("symcomm_setup", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 FAKE_NVCC = """#!{python}

@@ -5,7 +5,6 @@ struct in every thread's stack frame, filled on entry; on H200s that cost the pe
 spill stores are register spills (EP dispatch at large world sizes), not that copy."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -18,14 +17,6 @@ UNITS = sorted(p.name for p in (ROOT / "csrc").glob("*.cu"))
 ALLOWED = ("probe_read", "probe_write")
 _PROPERTIES = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores")
-
-
-@pytest.fixture(scope="module")
-def setup_py():
-    spec = importlib.util.spec_from_file_location("symcomm_setup", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def copied_parameters(ptxas_output: str) -> list[str]:
