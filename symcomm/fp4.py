@@ -98,12 +98,10 @@ def check_global_scale(global_scale: object, device: torch.device, name: str = "
         if global_scale.device.type == "cpu":
             _check_value(float(global_scale.item()), name)
         return global_scale
-    if isinstance(global_scale, bool) or not isinstance(global_scale, (int, float)):
+    as_float = validate.real(global_scale)
+    if as_float is None:
         raise ArgumentError(f"{name} must be a float or a 1-element float32 tensor, got {type(global_scale).__name__}")
-    try:
-        value = _fp32(float(global_scale))
-    except OverflowError:
-        value = math.inf
+    value = _fp32(as_float) if math.isfinite(as_float) else as_float
     _check_value(value, name)
     return value
 

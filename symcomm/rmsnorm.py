@@ -98,12 +98,9 @@ def _fp32(value: float) -> float:
 
 
 def _check_eps(eps: object) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+    as_float = validate.real(eps)  # an int past float's range is inf: refused below as not finite
+    if as_float is None:
         raise ArgumentError(f"eps must be a float, got {type(eps).__name__}")
-    try:
-        as_float = float(eps)
-    except OverflowError:  # an int past float's range: refused below as not finite
-        as_float = math.inf
     value = _fp32(as_float) if math.isfinite(as_float) else as_float
     if not math.isfinite(value) or value < 0:
         raise ArgumentError(f"eps must be finite and >= 0 in float32, got {eps!r}")

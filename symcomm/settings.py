@@ -7,6 +7,7 @@ settings table must match (tests/test_structure.py compares them).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from typing import NamedTuple
 
@@ -65,11 +66,15 @@ def checked_timeout(value: object, name: str) -> float:
     """The one rule for every timeout symcomm takes, from an argument or a variable: a finite
     number of seconds, > 0 and at most MAX_TIMEOUT_S. ``name`` is what the error calls it."""
     rule = f"{name} must be a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # a NumPy scalar too
         raise ArgumentError(rule)
-    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past float's range
+        raise ArgumentError(rule) from None
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
         raise ArgumentError(rule)
-    return float(value)
+    return seconds
 
 
 def timeout_s(default: float | None = DEFAULT_TIMEOUT_S) -> float | None:

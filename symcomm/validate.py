@@ -7,6 +7,7 @@ use_symmetric_memory it lands in the symmetric pool like any other tensor.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Sequence
 
@@ -81,16 +82,46 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
+def integral(value: object) -> int | None:
+    """``value`` as an int where it is an integer: a Python int, a NumPy integer, a 0-d integer
+    tensor (whatever operator.index takes). None for anything else, bools included: True would
+    pass as 1 by accident, and a 1-element tensor of any shape is not one number."""
+    if type(value) is int:  # the common case, first: these checks run on every eager call
+        return value
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and (value.ndim or value.dtype is torch.bool)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def real(value: object) -> float | None:
+    """``value`` as a float where it is a real number: a Python int or float, a NumPy scalar
+    (numbers.Real); an int past float's range gives inf, for the caller's finiteness rule to
+    refuse. None for anything else, bools included."""
+    if type(value) is float:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def count(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    n = integral(value)
+    if n is None or not low <= n <= high:
         raise ArgumentError(f"{name} must be an int from {low} to {high}, got {value!r}")
-    return value
+    return n
 
 
 def capacity(name: str, value: object, multiple: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % multiple:
+    n = integral(value)
+    if n is None or n < 0 or n % multiple:
         raise ArgumentError(f"{name} must be a non-negative multiple of {multiple} bytes, got {value!r}")
-    return value
+    return n
 
 
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
@@ -143,7 +174,7 @@ MAX_EXTENT = 1 << 62
 
 
 def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
-    if isinstance(sizes, torch.Tensor):
+    if isinstance(sizes, torch.Tensor) or type(sizes).__module__ == "numpy":  # a tensor or a NumPy array
         sizes = sizes.tolist()
     if not isinstance(sizes, Sequence) or isinstance(sizes, (str, bytes)):
         raise ArgumentError(f"{name} must be a sequence of {world_size} ints, got {type(sizes).__name__}")
@@ -151,12 +182,10 @@ def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
         raise ArgumentError(f"{name} must have one entry per rank ({world_size}), got {len(sizes)}")
     clean = []
     for i, s in enumerate(sizes):
-        try:
-            if isinstance(s, bool):
-                raise TypeError
-            s = operator.index(s)  # any integral: int, a NumPy integer, a 0-d integer tensor
-        except TypeError:
-            raise ArgumentError(f"{name}[{i}] must be an int, got {type(s).__name__}") from None
+        n = integral(s)
+        if n is None:
+            raise ArgumentError(f"{name}[{i}] must be an int, got {type(s).__name__}")
+        s = n
         if s < 0:
             raise ArgumentError(f"{name}[{i}] must be >= 0, got {s}")
         if s > MAX_EXTENT:

@@ -151,6 +151,46 @@ def test_bad_inputs_raise_before_communication():
     run_world(_bad_inputs, 2)
 
 
+def _numpy_scalars(rank, world):
+    np = pytest.importorskip("numpy")
+    comm = symcomm.Communicator(timeout_s=np.float64(60.0), custom_ar_capacity=np.int64(1 << 20))
+    sizes = [1 + r for r in range(world)]
+    rows = _input((sizes[rank], 3), torch.float32, rank, 4)
+    want = comm.all_gatherv(rows, sizes)
+    for numpy_sizes in (np.array(sizes), [np.int64(s) for s in sizes], np.array(sizes, dtype=np.int32)):
+        assert torch.equal(comm.all_gatherv(rows, numpy_sizes), want), type(numpy_sizes)
+    assert torch.equal(comm.reduce_scatterv(want, np.array(sizes)), comm.reduce_scatterv(want, sizes))
+    x, weight = _input((2, 16), torch.bfloat16, rank, 5), (torch.rand(16) + 0.5).bfloat16()
+    norm = comm.all_reduce_rmsnorm(x, weight, eps=1e-5)
+    assert torch.equal(comm.all_reduce_rmsnorm(x, weight, eps=np.float32(1e-5)).out,
+                       comm.all_reduce_rmsnorm(x, weight, eps=float(np.float32(1e-5))).out)
+    assert norm.out.shape == x.shape
+    q = symcomm.fp4.quantize(x, np.float32(3.0))
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for a, b in zip(q, symcomm.fp4.quantize(x, 3.0)))
+    ids = torch.tensor([[0, 1]] * 2)
+    got = comm.moe_dispatch(x, ids, torch.ones(2, 2), np.int64(2 * world), max_tokens=np.int32(2))
+    plain = comm.moe_dispatch(x, ids, torch.ones(2, 2), 2 * world, max_tokens=2)
+    n = int(plain.expert_counts.sum())  # rows past the received ones are padding, unwritten
+    assert torch.equal(got.expert_counts, plain.expert_counts) and torch.equal(got.x[:n], plain.x[:n])
+    assert got.expert_counts.sum().item() == (2 * 2 * world if rank == 0 else 0)  # experts 0 and 1 live on rank 0
+    # A bool is not a number here, NumPy's or Python's; nor is a 1-element array a size.
+    for bad, match in ((lambda: comm.all_gatherv(rows, [True] + sizes[1:]), r"sizes\[0\] must be an int"),
+                       (lambda: comm.all_gatherv(rows, [np.array([s]) for s in sizes]), r"sizes\[0\] must be an int"),
+                       (lambda: comm.all_reduce_rmsnorm(x, weight, eps=np.True_), "eps must be a float"),
+                       (lambda: symcomm.fp4.quantize(x, True), "global_scale"),
+                       (lambda: comm.moe_dispatch(x, ids, torch.ones(2, 2), True, max_tokens=2), "num_experts"),
+                       (lambda: symcomm.Communicator(timeout_s=np.True_), "timeout_s"),
+                       (lambda: symcomm.Communicator(timeout_s=10 ** 400), "timeout_s")):
+        with pytest.raises(symcomm.ArgumentError, match=match):
+            bad()
+    comm.close()
+
+
+def test_numpy_scalars_are_taken_where_python_numbers_are():
+    run_world(_numpy_scalars, 2)
+
+
 def _check_mode(rank, world):
     comm = symcomm.Communicator(check=True)
     with pytest.raises(symcomm.PeerMismatchError, match="message size"):

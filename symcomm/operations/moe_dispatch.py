@@ -174,12 +174,6 @@ def check_quant_dtype(quant: str | None, dtype: torch.dtype, name: str) -> None:
                          f"quant=None")
 
 
-def _int_arg(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ArgumentError(f"{name} must be an int from {low} to {high}, got {value!r}")
-    return value
-
-
 def check_ids_on_host(ids: torch.Tensor, num_experts: int) -> str | None:
     """Why ``ids`` (a CPU tensor) breaks the rules, or None: every id in [-1, E), no expert twice
     in a token."""
@@ -205,7 +199,7 @@ def _max_tokens_arg(max_tokens: object) -> int:
     if max_tokens is None:
         raise ArgumentError("max_tokens is required: the most tokens any rank dispatches in one call, the same "
                             "on every rank (it sizes every receive buffer)")
-    return _int_arg("max_tokens", max_tokens, 1, 1 << 31)
+    return validate.count("max_tokens", max_tokens, 1, 1 << 31)
 
 
 class EpOperation(Operation):
@@ -269,7 +263,7 @@ class MoeDispatch(EpOperation):
             raise DtypeError(f"topk_weights must be float32, bfloat16 or float16, got {weights.dtype}")
         if tuple(weights.shape) != (n, k):
             raise ArgumentError(f"topk_weights must have topk_ids' shape {(n, k)}, got {tuple(weights.shape)}")
-        num_experts = _int_arg("num_experts", num_experts, 1, 1 << 20)
+        num_experts = validate.count("num_experts", num_experts, 1, 1 << 20)
         if num_experts % world:
             raise ArgumentError(f"num_experts ({num_experts}) must be a multiple of the world size ({world}): "
                                 f"each rank holds num_experts / world experts")
@@ -281,7 +275,7 @@ class MoeDispatch(EpOperation):
         if world * max_tokens * k >= 1 << 31:
             raise ArgumentError(f"world ({world}) x max_tokens ({max_tokens}) x k ({k}) must stay below 2**31 "
                                 f"(entries are numbered in int32)")
-        align = _int_arg("align", align, 1, MAX_ALIGN)
+        align = validate.count("align", align, 1, MAX_ALIGN)
         if quant not in QUANTS:
             raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
         check_quant_dtype(quant, x.dtype, "x")
