@@ -198,6 +198,9 @@ struct Context {
   // (csrc/ep.cu's expand_duplicates); -1 for ep.cu's kDedupFromBytes over the row size. Only
   // symcomm_ep_debug_dedup_from changes it, for tests and measurements.
   int64_t ep_dedup_from = -1;
+  // The flag-free NVFP4 gather's grid; 0 for peer_gather.cu's fp4_grid. Only
+  // symcomm_fp4_debug_grid changes it, for measurements.
+  int fp4_debug_blocks = 0;
   char* base = nullptr;  // this rank's allocation
   size_t total_bytes = 0;
   Peers bases{};        // every rank's allocation, mapped here (own = base)

@@ -265,12 +265,14 @@ struct Fp4Send {
   int64_t blocks, pay;  // this rank's blocks and payload vectors
 };
 
-// The sending half, one thread per half-block t (8 values, one 16-byte load), for a chunk the
-// grid covers in one pass: the block's amax comes from the partner lane by one shuffle (the split
-// encoding csrc/rmsnorm.cuh also uses: the same bits as encode_block), and the thread stores its
-// payload word, word t of the chunk, into every peer's slot. A receiver consumes a vector only
-// once none of its words is the sentinel, so its four words may come from four stores. A warp
-// holds 16 blocks, one scale vector, whose four words lanes 0, 8, 16 and 24 assemble by shuffles.
+// The sending half, one thread per half-block t (8 values, one 16-byte load): the block's amax
+// comes from the partner lane by one shuffle (the split encoding csrc/rmsnorm.cuh also uses: the
+// same bits as encode_block), and the thread stores its payload word, word t of the chunk, into
+// every peer's slot. A receiver consumes a vector only once none of its words is the sentinel,
+// so its four words may come from four stores. A warp holds 16 blocks, one scale vector, whose
+// four words lanes 0, 8, 16 and 24 assemble by shuffles. A chunk the grid does not cover in one
+// pass takes several; each loads its successor's half-block before it encodes, so that load's
+// round trip overlaps this pass's encoding rather than following its stores.
 template <typename T, int W>
 __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
                                                  const uint4* x, float gs, const Fp4Send& me, size_t first,
@@ -278,13 +280,16 @@ __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& rec
   const int lane = threadIdx.x % 32;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const int64_t halves = 2 * me.blocks;
+  uint4 in = first_in;  // this pass's half-block (zeros past the chunk)
   // Payload words run to 4 * pay: an odd block count's last vector ends in two padding words,
   // sent like any other so that the receiver's vector completes.
   for (size_t base = first - lane; int64_t(base) < 4 * me.pay; base += stride) {  // the same in every lane
     const int64_t t = int64_t(base) + lane;
     const bool valid = t < halves;
+    const uint4 ahead = t + int64_t(stride) < halves ? __ldg(x + t + stride) : uint4{};
     alignas(16) T v16[8];
-    *reinterpret_cast<uint4*>(v16) = !valid ? uint4{} : base == first - lane ? first_in : __ldg(x + t);
+    *reinterpret_cast<uint4*>(v16) = in;
+    in = ahead;
     float v[8];
     uint32_t amax = 0;
 #pragma unroll
@@ -321,65 +326,13 @@ __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& rec
   }
 }
 
-// The sending half, one thread per payload vector (two blocks, four 16-byte loads), for a chunk
-// that takes the grid more than one pass: a quarter of the lanes' passes, and whole-vector
-// stores (at 4 MiB of bf16 rows, 10.5 us against the half-block lanes' 13.1: bench/NOTES.md,
-// seventeenth session). The 8 lanes of a scale vector (16 blocks) hand their scale bytes to the
-// first of them by shuffle.
+// One lane per half-block. Warps take work spread over the grid's blocks (warp w of block b is
+// the grid's warp w * gridDim.x + b), so that a small chunk's encoding runs on every SM rather
+// than queueing on the first few: at 84 KiB of bf16 rows, block-major lanes of two blocks each
+// put it on 3 SMs and took 6.0 us where the bf16 gather takes 4.1 (bench/NOTES.md, seventeenth
+// session). This rank's own blocks go straight into its outputs. A thread's first values and the
+// global scale are loaded in the round trip of the turn's words.
 template <typename T, int W>
-__device__ __forceinline__ void send_block_pairs(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
-                                                 const uint4* x, float gs, const Fp4Send& me, size_t first,
-                                                 const uint4 (&first_in)[4]) {
-  constexpr int kBlock = symcomm::fp4::kBlock;
-  const int lane = threadIdx.x % 32;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t base = first - lane; int64_t(base) < me.pay; base += stride) {  // the same in every lane
-    const int64_t i = int64_t(base) + lane;
-    uint32_t code[4] = {0u, 0u, 0u, 0u};
-    uint32_t scale_pair = 0;  // block 2i's scale byte in bits 0-7, block 2i+1's in bits 8-15
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t b = 2 * i + h;
-      if (b >= me.blocks) continue;
-      alignas(16) T v[kBlock];
-      reinterpret_cast<uint4*>(v)[0] = base == first - lane ? first_in[2 * h] : __ldg(x + 2 * b);
-      reinterpret_cast<uint4*>(v)[1] = base == first - lane ? first_in[2 * h + 1] : __ldg(x + 2 * b + 1);
-      uint32_t w[2];
-      const uint8_t scale = encode16(v, gs, w);
-      code[2 * h] = w[0], code[2 * h + 1] = w[1];
-      scale_pair |= uint32_t(scale) << (8 * h);
-      me.scales[b] = scale;
-    }
-    if (i < me.pay) {
-      put_bytes(me.payload + 16 * i, make_uint4(code[0], code[1], code[2], code[3]), me.blocks - 2 * i >= 2 ? 16 : 8);
-      const uint4 wire = make_uint4(code[0] ^ Fp4Wire::kPayloadMask, code[1] ^ Fp4Wire::kPayloadMask,
-                                    code[2] ^ Fp4Wire::kPayloadMask, code[3] ^ Fp4Wire::kPayloadMask);
-#pragma unroll
-      for (int p = 0; p < W; ++p)
-        if (p != s.rank) flagfree_slot<W>(recv, p, buf, s.rank, slot_vecs)[i] = wire;
-    }
-    // Scale vector i / 8 from lanes i..i+7: even lanes pair up their halves into one word (four
-    // blocks' bytes), and the first lane of each eight takes the words of lanes +2, +4, +6.
-    const uint32_t word = scale_pair | __shfl_down_sync(kFullMask, scale_pair, 1) << 16;
-    const uint32_t w1 = __shfl_down_sync(kFullMask, word, 2), w2 = __shfl_down_sync(kFullMask, word, 4),
-                   w3 = __shfl_down_sync(kFullMask, word, 6);
-    if (lane % 8 == 0 && i < me.pay) {
-#pragma unroll
-      for (int p = 0; p < W; ++p)
-        if (p != s.rank) flagfree_slot<W>(recv, p, buf, s.rank, slot_vecs)[me.pay + i / 8] = make_uint4(word, w1, w2, w3);
-    }
-  }
-}
-
-// kHalves: one lane per half-block (chunks one pass of the grid covers) or per two blocks. The
-// host picks by the largest chunk, the same on every rank; the wire is the same either way.
-// Warps take work spread over the grid's blocks (warp w of block b is the grid's warp
-// w * gridDim.x + b), so that a small chunk's encoding runs on every SM rather than queueing
-// on the first few: at 84 KiB of bf16 rows, block-major lanes of two blocks each put it on 3
-// SMs and took 6.0 us where the bf16 gather takes 4.1 (bench/NOTES.md, seventeenth session).
-// This rank's own blocks go straight into its outputs. A thread's first values and the global
-// scale are loaded in the round trip of the turn's words.
-template <typename T, int W, bool kHalves>
 __global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers recv, Fp4FlagFree job,
                                                                  size_t slot_vecs) {
   static_assert(sizeof(T) == 2, "a half-block of 16-bit values is one 16-byte load");
@@ -399,11 +352,7 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers r
   const uint4* x = static_cast<const uint4*>(job.x);
   const FlagFreeWords words = flagfree_begin(s);
   const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
-  uint4 first_in[4];  // this lane's first half-block, or first two blocks
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    first_in[k] = (kHalves ? k == 0 && int64_t(first) < 2 * mine : int64_t(4 * first) + k < 2 * mine)
-                      ? __ldg(x + (kHalves ? first : 4 * first + k)) : uint4{};
+  const uint4 first_in = int64_t(first) < 2 * mine ? __ldg(x + first) : uint4{};  // this lane's first half-block
   flagfree_end(s, words, received, &buf, &prev, &stopped);
   if (stopped) return;
   if (mine == 0 && blockIdx.x == 0 && threadIdx.x == 0) {  // the placeholder of an empty chunk
@@ -411,10 +360,7 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers r
     for (int p = 0; p < W; ++p)
       if (p != rank) flagfree_slot<W>(recv, p, buf, rank, slot_vecs)[0] = uint4{};
   }
-  if constexpr (kHalves)
-    send_half_blocks<T, W>(s, recv, buf, slot_vecs, x, gs, me, first, first_in[0]);
-  else
-    send_block_pairs<T, W>(s, recv, buf, slot_vecs, x, gs, me, first, first_in);
+  send_half_blocks<T, W>(s, recv, buf, slot_vecs, x, gs, me, first, first_in);
   flagfree_clear<W>(s, recv, slot_vecs, buf, prev);
   for (size_t i = first; i < received; i += stride) {
     unsigned senders = 0;
@@ -478,6 +424,22 @@ void flagfree_fp4_on_host(const T* x, const Fp4FlagFree& job, int rank, float gs
     std::memcpy(&v, wire + i * 16, 16);
     unpack_fp4_wire(v, i, blocks, job.first_block[rank], payload, scales);
   }
+}
+
+// The flag-free NVFP4 gather's grid for a call whose largest chunk holds `most` blocks (every
+// rank's blocks decide, so alike on every rank): the narrowest of N, 2N and 4N blocks that covers
+// the chunk's half-blocks in one pass, else the widest. A lane encodes before it stores, so a
+// pass costs an encoding's latency, more than the few blocks a wider grid adds to the turn: at
+// world 2 on H200 (bench/results/2026-12-01_nvidia-h200-x2_w2_fp4_lanes) the widest grid took
+// 1 MiB of bf16 rows in 4.71 us against 5.75 on N, and 16 MiB in 13.26 against 42.22; two blocks
+// a lane (a quarter of the passes, four loads each) lost to it at every size from 8 KiB.
+int fp4_grid(const Context* c, int64_t most) {
+  const int widest = 4 * c->flagfree_blocks < c->flagfree_max_blocks ? 4 * c->flagfree_blocks : c->flagfree_max_blocks;
+  if (c->fp4_debug_blocks > 0) return c->fp4_debug_blocks < widest ? c->fp4_debug_blocks : widest;
+  for (int k = 1; k < 4; k *= 2)
+    if (2 * most <= int64_t(k) * c->flagfree_blocks * kThreads && k * c->flagfree_blocks < widest)
+      return k * c->flagfree_blocks;
+  return widest;
 }
 
 }  // namespace
@@ -584,27 +546,24 @@ int symcomm_ar_flagfree_gatherv_fp4(symcomm_ar_t ctx, const symcomm_flagfree_fp4
   job.gs_value = args->gs_value;
   job.payload = static_cast<uint8_t*>(args->payload);
   job.scales = static_cast<uint8_t*>(args->scales);
-  // The grid follows the longest wire chunk; one lane per half-block while that grid covers
-  // every chunk in one pass, else one per two blocks. Both are decided from every rank's blocks,
-  // so alike on every rank.
   int64_t most = 0;
   for (int r = 0; r < c->world; ++r) most = job.blocks[r] > most ? job.blocks[r] : most;
-  const int grid = flagfree_grid(c, size_t(Fp4Wire::vecs(most)));
-  const bool halves = 2 * most <= int64_t(grid) * kThreads;
+  const int grid = fp4_grid(c, most);
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     const size_t slot_vecs = c->flagfree_bytes / 16;
     if (args->dtype == SYMCOMM_BFLOAT16)
-      return halves ? launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W, true>, grid, kThreads, stream, s,
-                             c->flagfree, job, slot_vecs)
-                    : launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W, false>, grid, kThreads, stream, s,
-                             c->flagfree, job, slot_vecs);
-    return halves ? launch(c->overlap, flag_free_gather_fp4<__half, W, true>, grid, kThreads, stream, s, c->flagfree,
-                           job, slot_vecs)
-                  : launch(c->overlap, flag_free_gather_fp4<__half, W, false>, grid, kThreads, stream, s, c->flagfree,
-                           job, slot_vecs);
+      return launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W>, grid, kThreads, stream, s, c->flagfree, job,
+                    slot_vecs);
+    return launch(c->overlap, flag_free_gather_fp4<__half, W>, grid, kThreads, stream, s, c->flagfree, job, slot_vecs);
   });
+}
+
+int symcomm_fp4_debug_grid(symcomm_ar_t ctx, int blocks) {
+  if (blocks < 0) return cudaErrorInvalidValue;
+  ctx->impl.fp4_debug_blocks = blocks;
+  return cudaSuccess;
 }
 
 int symcomm_flagfree_fp4_wire_host(const symcomm_flagfree_fp4_args_t* args, int world, int rank, void* wire,
