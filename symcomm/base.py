@@ -93,6 +93,12 @@ class Call:
         self.single = True  # all_gatherv: given one tensor (not a list), so it returns one
         self.symmetric: bool | None = None  # memo of the symmetric path's window test (backends/nccl.py)
 
+    def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
+        """The tensors the call writes, named as the caller's arguments are."""
+        if len(self.outputs) == 1:
+            return [("out", self.outputs[0])]
+        return [(f"out[{i}]", t) for i, t in enumerate(self.outputs)]
+
     @property
     def even(self) -> bool:
         """True unless a v-variant has unequal per-rank sizes."""

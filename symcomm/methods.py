@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import validate
 from .operations import (ALL_GATHER, ALL_GATHERV, ALL_GATHERV_FP4, ALL_REDUCE, ALL_REDUCE_RMSNORM, ALL_TO_ALLV,
                          MOE_COMBINE, MOE_DISPATCH, REDUCE_SCATTER, REDUCE_SCATTERV, Operation)
 from .errors import CommClosedError
@@ -28,9 +29,10 @@ class OperationMethods:
 
     def _recorded(self, operation: Operation, args: tuple, algo: str, kwargs: dict[str, Any] | None = None) -> Any:
         """A call autograd records runs as its torch.library op, whose schema would refuse a
-        non-string argument with torch's own error and whose functional ``out=`` would take any
-        broadcastable shape or dtype: _run's argument checks come first, so the call gets eager's
-        errors (and check mode's refusal) before any communication. The Call built here is
+        non-string argument with torch's own error, whose functional ``out=`` would take any
+        broadcastable shape or dtype, and whose copy into an ``out=`` that is a leaf requiring
+        grad fails after the collective: _run's argument checks and that rule come first, so the
+        call gets eager's errors (and check mode's refusal) before any communication. The Call built here is
         dropped (the op builds its own, without ``out=``), so ``algo`` is checked by name only:
         whether that path can serve depends on where the op's output lands, and the op's own
         eager run asks it. A recorded call is thus validated twice."""
@@ -38,7 +40,9 @@ class OperationMethods:
         try:
             if self.closed:
                 raise CommClosedError("this Communicator is closed")
-            self.router.check_algo(operation, operation.build(self, *args, **kwargs), algo)
+            call = operation.build(self, *args, **kwargs)
+            validate.recordable(call.named_outputs())
+            self.router.check_algo(operation, call, algo)
         except Exception as exc:
             self.refused(exc)
             raise

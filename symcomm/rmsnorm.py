@@ -73,6 +73,10 @@ class NormCall(Call):
         self.h: torch.Tensor | None = None
         self.inner_algo = "auto"  # the all-reduce path algo= forced
 
+    def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
+        given = (("out", self.out), ("scales_out", self.scales_out), ("residual_out", self.residual_out))
+        return [(name, t) for name, t in given if t is not None]
+
     def all_reduce_out(self) -> torch.Tensor:
         """Where the all-reduce of x lands: a new buffer of x's shape on every rank, never the
         caller's residual_out, even where it could be. Whether a rank passes residual_out, and

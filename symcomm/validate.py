@@ -152,6 +152,20 @@ def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -
     return given(name, out, shape, like.dtype, like.device)
 
 
+def recordable(outputs: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """The outputs of a call autograd records are written in place, and torch refuses that for a
+    leaf that requires grad (or a view of one), but only once the collective has run: refused
+    here first, by name."""
+    for name, t in outputs:
+        if t.requires_grad:
+            base = t._base if t._base is not None else t
+            if base.is_leaf:
+                view = "a view of " if base is not t else ""
+                raise ArgumentError(f"{name} is {view}a leaf tensor that requires grad, which autograd lets nothing "
+                                    f"write into in place: pass {name}=None for a new tensor, or one that does not "
+                                    f"require grad")
+
+
 def redop(op: object, dtype: torch.dtype) -> str:
     if not isinstance(op, str) or op not in REDOP_SET:
         raise ArgumentError(f"op must be one of {', '.join(REDOPS)}, got {op!r}")

@@ -172,6 +172,8 @@ def _recorded_bad_input(rank, world):
     argument, and its functional out= cast any dtype and broadcast any shape into the output."""
     comm = symcomm.Communicator()
     x = rand((2 * world, 3), rank).requires_grad_()
+    xb = rand((2, 16), rank).bfloat16().requires_grad_()
+    wb = torch.ones(16, dtype=torch.bfloat16)
     bad = [
         (lambda: comm.all_reduce(x, op=5), symcomm.ArgumentError, "op must be one of"),
         (lambda: comm.all_reduce(x, algo=5), symcomm.ArgumentError, "algo must be a string"),
@@ -185,6 +187,16 @@ def _recorded_bad_input(rank, world):
         (lambda: comm.all_gatherv([x, x.detach()], [2 * world] * world, out=[torch.empty(2 * world * world, 3, dtype=F64)] * 2),
          symcomm.ArgumentError, "out[0] overlaps out[1]"),
         (lambda: comm.run("all_reduce", x, op="bogus"), symcomm.ArgumentError, "op must be one of"),
+        # torch refuses writing into a leaf that requires grad, but only after the collective ran.
+        (lambda: comm.all_reduce(x, out=x), symcomm.ArgumentError, "out is a leaf tensor that requires grad"),
+        (lambda: comm.all_gather(x, out=torch.zeros(2 * world * world + 1, 3, dtype=F64, requires_grad=True)[1:]),
+         symcomm.ArgumentError, "out is a view of a leaf tensor that requires grad"),
+        (lambda: comm.all_gatherv([x, x * 1], [2 * world] * world,
+                                  out=[torch.empty(2 * world * world, 3, dtype=F64),
+                                       torch.empty(2 * world * world, 3, dtype=F64, requires_grad=True)]),
+         symcomm.ArgumentError, "out[1] is a leaf tensor"),
+        (lambda: comm.all_reduce_rmsnorm(xb, wb, residual_out=torch.zeros_like(xb, requires_grad=True)),
+         symcomm.ArgumentError, "residual_out is a leaf tensor"),
     ]
     for i, (call, exc_type, fragment) in enumerate(bad):
         with pytest.raises(exc_type) as info:
