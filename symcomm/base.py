@@ -95,7 +95,7 @@ class Call:
 
     def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
         """The tensors the call writes, named as the caller's arguments are."""
-        if len(self.outputs) == 1:
+        if self.single and len(self.outputs) == 1:
             return [("out", self.outputs[0])]
         return [(f"out[{i}]", t) for i, t in enumerate(self.outputs)]
 

@@ -32,10 +32,10 @@ class OperationMethods:
         non-string argument with torch's own error, whose functional ``out=`` would take any
         broadcastable shape or dtype, and whose copy into an ``out=`` that is a leaf requiring
         grad fails after the collective: _run's argument checks and that rule come first, so the
-        call gets eager's errors (and check mode's refusal) before any communication. The Call built here is
-        dropped (the op builds its own, without ``out=``), so ``algo`` is checked by name only:
-        whether that path can serve depends on where the op's output lands, and the op's own
-        eager run asks it. A recorded call is thus validated twice."""
+        call gets eager's errors (and check mode's refusal) before any communication. The Call
+        built here is dropped (the op builds its own, without ``out=``), so ``algo`` is checked by
+        name only: whether that path can serve depends on where the op's output lands, and the
+        op's own eager run asks it. A recorded call is thus validated twice."""
         kwargs = kwargs or {}
         try:
             if self.closed:

@@ -74,7 +74,9 @@ class NormCall(Call):
         self.inner_algo = "auto"  # the all-reduce path algo= forced
 
     def named_outputs(self) -> list[tuple[str, torch.Tensor]]:
-        given = (("out", self.out), ("scales_out", self.scales_out), ("residual_out", self.residual_out))
+        """The caller's outputs, named as the arguments are: out (a pair for NVFP4), residual_out."""
+        given = (("out[0]" if self.quant == "nvfp4" else "out", self.out), ("out[1]", self.scales_out),
+                 ("residual_out", self.residual_out))
         return [(name, t) for name, t in given if t is not None]
 
     def all_reduce_out(self) -> torch.Tensor:
@@ -107,7 +109,7 @@ def _check_eps(eps: object) -> float:
         raise ArgumentError(f"eps must be a float, got {type(eps).__name__}")
     value = _fp32(as_float) if math.isfinite(as_float) else as_float
     if not math.isfinite(value) or value < 0:
-        raise ArgumentError(f"eps must be finite and >= 0 in float32, got {eps!r}")
+        raise ArgumentError(f"eps must be finite and >= 0 in float32, got {validate.shown(eps)}")
     return value
 
 
@@ -193,13 +195,11 @@ def _check_memory(call: NormCall) -> None:
     _check_aligned("weight", call.weight, 16)
     _check_aligned("residual", call.residual, 16)
     _check_aligned("residual_out", call.residual_out, 16)
-    out_name = "out[0]" if call.quant == "nvfp4" else "out"
     scale = call.scale if isinstance(call.scale, torch.Tensor) else None  # every block reads it
     inputs = [(n, t) for n, t in (("x", call.x), ("weight", call.weight), ("residual", call.residual),
                                   ("scale", scale)) if t is not None]
-    outs = [(n, t) for n, t in ((out_name, call.out), ("out[1]", call.scales_out), ("residual_out", call.residual_out))
-            if t is not None]
-    _check_aligned(out_name, call.out, _OUT_ALIGN[call.quant])
+    outs = call.named_outputs()
+    _check_aligned("out[0]" if call.quant == "nvfp4" else "out", call.out, _OUT_ALIGN[call.quant])
     for i, (name, t) in enumerate(outs):
         for other, u in inputs + outs[i + 1:]:
             if name == "residual_out" and other == "residual" and t.data_ptr() == u.data_ptr():

@@ -82,13 +82,23 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
+def shown(value: object) -> str:
+    """``value`` for an error message: its repr, but an int too long to print (Python refuses
+    past 4,300 digits, and thousands of digits help nobody) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
 def integral(value: object) -> int | None:
     """``value`` as an int where it is an integer: a Python int, a NumPy integer, a 0-d integer
-    tensor (whatever operator.index takes). None for anything else, bools included: True would
-    pass as 1 by accident, and a 1-element tensor of any shape is not one number."""
+    tensor (whatever operator.index takes). None for anything else, bools included (Python's,
+    NumPy's, torch's): True would pass as 1 by accident, as NumPy 1.x's operator.index lets it;
+    and a 1-element tensor of any shape is not one number."""
     if type(value) is int:  # the common case, first: these checks run on every eager call
         return value
-    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and (value.ndim or value.dtype is torch.bool)):
+    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b" or (
+            isinstance(value, torch.Tensor) and (value.ndim or value.dtype is torch.bool)):
         return None
     try:
         return operator.index(value)
@@ -113,14 +123,14 @@ def real(value: object) -> float | None:
 def count(name: str, value: object, low: int, high: int) -> int:
     n = integral(value)
     if n is None or not low <= n <= high:
-        raise ArgumentError(f"{name} must be an int from {low} to {high}, got {value!r}")
+        raise ArgumentError(f"{name} must be an int from {low} to {high}, got {shown(value)}")
     return n
 
 
 def capacity(name: str, value: object, multiple: int) -> int:
     n = integral(value)
     if n is None or n < 0 or n % multiple:
-        raise ArgumentError(f"{name} must be a non-negative multiple of {multiple} bytes, got {value!r}")
+        raise ArgumentError(f"{name} must be a non-negative multiple of {multiple} bytes, got {shown(value)}")
     return n
 
 
@@ -154,16 +164,22 @@ def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -
 
 def recordable(outputs: Sequence[tuple[str, torch.Tensor]]) -> None:
     """The outputs of a call autograd records are written in place, and torch refuses that for a
-    leaf that requires grad (or a view of one), but only once the collective has run: refused
-    here first, by name."""
+    leaf that requires grad (or a view of one) and for an inference tensor, but only once the
+    collective has run: refused here first, by name. (One refusal still comes late: writing into
+    a view that a multi-output op such as unbind made of a non-leaf; torch has no public way to
+    tell such a view apart, nor a public view base: ``_base`` is what torch's own checks read.)"""
     for name, t in outputs:
+        argument = name.split("[")[0].split(".")[0]
+        if t.is_inference():
+            raise ArgumentError(f"{name} was made under torch.inference_mode(), and autograd lets nothing write "
+                                f"into such a tensor outside it: pass {argument}=None for a new tensor")
         if t.requires_grad:
             base = t._base if t._base is not None else t
             if base.is_leaf:
                 view = "a view of " if base is not t else ""
                 raise ArgumentError(f"{name} is {view}a leaf tensor that requires grad, which autograd lets nothing "
-                                    f"write into in place: pass {name}=None for a new tensor, or one that does not "
-                                    f"require grad")
+                                    f"write into in place: pass {argument}=None for a new tensor, or one that does "
+                                    f"not require grad")
 
 
 def redop(op: object, dtype: torch.dtype) -> str:
@@ -188,7 +204,7 @@ MAX_EXTENT = 1 << 62
 
 
 def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
-    if isinstance(sizes, torch.Tensor) or type(sizes).__module__ == "numpy":  # a tensor or a NumPy array
+    if not isinstance(sizes, Sequence) and hasattr(sizes, "tolist"):  # a tensor, a NumPy array
         sizes = sizes.tolist()
     if not isinstance(sizes, Sequence) or isinstance(sizes, (str, bytes)):
         raise ArgumentError(f"{name} must be a sequence of {world_size} ints, got {type(sizes).__name__}")
@@ -201,12 +217,12 @@ def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
             raise ArgumentError(f"{name}[{i}] must be an int, got {type(s).__name__}")
         s = n
         if s < 0:
-            raise ArgumentError(f"{name}[{i}] must be >= 0, got {s}")
+            raise ArgumentError(f"{name}[{i}] must be >= 0, got {shown(s)}")
         if s > MAX_EXTENT:
-            raise ArgumentError(f"{name}[{i}] = {s} rows is more than any tensor can hold (at most 2**62)")
+            raise ArgumentError(f"{name}[{i}] = {shown(s)} rows is more than any tensor can hold (at most 2**62)")
         clean.append(s)
     if sum(clean) > MAX_EXTENT:
-        raise ArgumentError(f"{name} add up to {sum(clean)} rows, more than any tensor can hold (at most 2**62)")
+        raise ArgumentError(f"{name} add up to {shown(sum(clean))} rows, more than any tensor can hold (at most 2**62)")
     return clean
 
 

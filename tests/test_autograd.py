@@ -9,6 +9,8 @@ same backward under torch.compile(fullgraph=True).
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -166,6 +168,29 @@ def _no_gradient_errors(rank, world):
     comm.close()
 
 
+@contextlib.contextmanager
+def counting_collectives(calls):
+    """Appends to ``calls`` every collective symcomm's torch path starts inside (both of
+    symcomm.peers' collective layers: the bounded one on CPU tensors, torch.distributed's on CUDA)."""
+    from symcomm.peers import GroupCollectives, HostCollectives
+    saved = {(cls, n): getattr(cls, n) for cls in (GroupCollectives, HostCollectives)
+             for n in ("all_reduce", "all_gather", "all_to_all_single")}
+
+    def counted(key):
+        def wrapper(*args, **kwargs):
+            calls.append(key[1])
+            return saved[key](*args, **kwargs)
+        return wrapper
+
+    for key in saved:
+        setattr(*key, counted(key))
+    try:
+        yield
+    finally:
+        for key, f in saved.items():
+            setattr(*key, f)
+
+
 def _recorded_bad_input(rank, world):
     """A call autograd records runs as its torch.library op; it must still raise eager's errors,
     before anything is sent: the op's schema alone gave torch's RuntimeError for a non-string
@@ -198,11 +223,18 @@ def _recorded_bad_input(rank, world):
         (lambda: comm.all_reduce_rmsnorm(xb, wb, residual_out=torch.zeros_like(xb, requires_grad=True)),
          symcomm.ArgumentError, "residual_out is a leaf tensor"),
     ]
+    with torch.inference_mode():
+        made_in_inference = torch.empty(2 * world, 3, dtype=F64)
+    bad.append((lambda: comm.all_reduce(x, out=made_in_inference), symcomm.ArgumentError, "inference_mode"))
+    sent = []
     for i, (call, exc_type, fragment) in enumerate(bad):
-        with pytest.raises(exc_type) as info:
+        with pytest.raises(exc_type) as info, counting_collectives(sent):
             call()
         assert fragment in str(info.value), f"case {i}: {info.value!r}"
-    assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # nothing was sent
+        assert not sent, f"case {i} reached torch.distributed ({sent}) before it raised"
+    with counting_collectives(sent):
+        assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]
+    assert sent, "the counter saw no collective, so it could not have seen one above"
     out = torch.empty(2 * world * world, 3, dtype=F64)
     assert comm.all_gather(x, out=out) is out and out.grad_fn is not None  # a good out= still records
     comm.close()

@@ -181,7 +181,12 @@ def _numpy_scalars(rank, world):
                        (lambda: symcomm.fp4.quantize(x, True), "global_scale"),
                        (lambda: comm.moe_dispatch(x, ids, torch.ones(2, 2), True, max_tokens=2), "num_experts"),
                        (lambda: symcomm.Communicator(timeout_s=np.True_), "timeout_s"),
-                       (lambda: symcomm.Communicator(timeout_s=10 ** 400), "timeout_s")):
+                       (lambda: symcomm.Communicator(timeout_s=10 ** 5000), "an int of 16610 bits"),
+                       (lambda: comm.all_gatherv(rows, [np.True_] + sizes[1:]), r"sizes\[0\] must be an int"),
+                       (lambda: comm.all_gatherv(rows, [10 ** 5000] + sizes[1:]), "an int of 16610 bits"),
+                       (lambda: comm.moe_dispatch(x, ids, torch.ones(2, 2), np.float64(2.0), max_tokens=2),
+                        "num_experts must be an int"),
+                       (lambda: comm.all_reduce_rmsnorm(x, weight, eps=10 ** 5000), "an int of 16610 bits")):
         with pytest.raises(symcomm.ArgumentError, match=match):
             bad()
     comm.close()
