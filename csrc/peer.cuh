@@ -39,7 +39,8 @@ constexpr int kThreads = 512;
 // one-shot reduce-scatter from 154 to 112 us at 64 MiB
 // (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll). kMaxBlocks bounds it.
 constexpr int kGridBlocks = 64;
-// The flag-free kernels' grids: N, 2N or 4N blocks, which flagfree_grid picks per call. Their
+// The flag-free kernels' grids: N, 2N or 4N blocks, which flagfree_grid picks per call (the NVFP4
+// gather's fp4_launch by its own rule, csrc/peer_gather.cu). Their
 // data streams through the SMs that store it, so the narrow grid saves a little at small sizes
 // and wider ones gain much past them: at world 2 on H200, all_gather at 4 MiB 15.14 -> 10.95 us
 // and all_reduce at 2 MiB 13.79 -> 10.55 going from 32 to 64 blocks, while 1-64 KiB calls took
@@ -198,9 +199,11 @@ struct Context {
   // (csrc/ep.cu's expand_duplicates); -1 for ep.cu's kDedupFromBytes over the row size. Only
   // symcomm_ep_debug_dedup_from changes it, for tests and measurements.
   int64_t ep_dedup_from = -1;
-  // The flag-free NVFP4 gather's grid; 0 for peer_gather.cu's fp4_grid. Only
-  // symcomm_fp4_debug_grid changes it, for measurements.
+  // The flag-free NVFP4 gather's grid and block size; 0 blocks for peer_gather.cu's fp4_launch.
+  // Only symcomm_fp4_debug_grid changes them, for measurements.
   int fp4_debug_blocks = 0;
+  int fp4_debug_threads = 0;
+  bool fp4_debug_block_major = false;
   char* base = nullptr;  // this rank's allocation
   size_t total_bytes = 0;
   Peers bases{};        // every rank's allocation, mapped here (own = base)
@@ -490,9 +493,10 @@ __device__ __forceinline__ bool slot_ready(const Sync& s, const Peers* in, int w
 // Every block of every flag-free launch takes a turn, whatever its thread mapping: the clear
 // below covers [0, prev) with the launch's own stride, and prev is the same in every block.
 //
-// Launches differ in grid (flagfree_grid), so every launch advances every record: block b of a
-// launch of G blocks advances records b, b + G, b + 2G, ... below kFlagFreeRecords, each record
-// exactly once per call. A launch's block b then finds its record as current as block 0's
+// Launches differ in grid (flagfree_grid, fp4_launch) and block size, so every launch advances
+// every record: block b of a launch of G blocks advances records b, b + G, b + 2G, ... below
+// kFlagFreeRecords, each record exactly once per call (blocks of at least kFlagFreeRecords threads
+// reach them all). A launch's block b then finds its record as current as block 0's
 // whichever grids the calls before it had. Each record has one writer per launch, and every
 // launch starts after the one before it ended.
 //
@@ -509,6 +513,7 @@ struct FlagFreeWords {
 // so the stores of every record the block owns issue together from warp 0's lanes (G >= 4): 0.04
 // to 0.14 us less a call at 1-64 KiB than a loop in thread 0 (four store pairs on the 32-block
 // grid), bench/results/2026-11-30_nvidia-h200-x2_w2_verify_480065e/lanes_ab/.
+static_assert(kThreads >= kFlagFreeRecords, "one block of any flag-free grid holds a thread for every record");
 __device__ __forceinline__ bool advances_a_record() {
   return blockIdx.x + size_t(threadIdx.x) * gridDim.x < size_t(kFlagFreeRecords);
 }

@@ -256,6 +256,7 @@ struct Fp4FlagFree {
   uint8_t* scales;
   int64_t blocks[kMaxRanks];       // every rank's 16-value blocks
   int64_t first_block[kMaxRanks];  // where each rank's blocks start in the gathered outputs
+  bool block_major;                // lanes numbered block by block rather than spread (measurements only)
 };
 
 // Where the sending lanes put what they encode: this rank's own outputs, every peer's slot.
@@ -270,9 +271,7 @@ struct Fp4Send {
 // same bits as encode_block), and the thread stores its payload word, word t of the chunk, into
 // every peer's slot. A receiver consumes a vector only once none of its words is the sentinel,
 // so its four words may come from four stores. A warp holds 16 blocks, one scale vector, whose
-// four words lanes 0, 8, 16 and 24 assemble by shuffles. A chunk the grid does not cover in one
-// pass takes several; each loads its successor's half-block before it encodes, so that load's
-// round trip overlaps this pass's encoding rather than following its stores.
+// four words lanes 0, 8, 16 and 24 assemble by shuffles.
 template <typename T, int W>
 __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& recv, uint32_t buf, size_t slot_vecs,
                                                  const uint4* x, float gs, const Fp4Send& me, size_t first,
@@ -280,16 +279,13 @@ __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& rec
   const int lane = threadIdx.x % 32;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const int64_t halves = 2 * me.blocks;
-  uint4 in = first_in;  // this pass's half-block (zeros past the chunk)
   // Payload words run to 4 * pay: an odd block count's last vector ends in two padding words,
   // sent like any other so that the receiver's vector completes.
   for (size_t base = first - lane; int64_t(base) < 4 * me.pay; base += stride) {  // the same in every lane
     const int64_t t = int64_t(base) + lane;
     const bool valid = t < halves;
-    const uint4 ahead = t + int64_t(stride) < halves ? __ldg(x + t + stride) : uint4{};
     alignas(16) T v16[8];
-    *reinterpret_cast<uint4*>(v16) = in;
-    in = ahead;
+    *reinterpret_cast<uint4*>(v16) = !valid ? uint4{} : base == first - lane ? first_in : __ldg(x + t);
     float v[8];
     uint32_t amax = 0;
 #pragma unroll
@@ -326,6 +322,10 @@ __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& rec
   }
 }
 
+// The flag-free NVFP4 gather's largest block. fp4_launch takes kThreads; symcomm_fp4_debug_grid
+// may force up to this many, to measure what larger blocks do.
+constexpr int kFp4MaxThreads = 1024;
+
 // One lane per half-block. Warps take work spread over the grid's blocks (warp w of block b is
 // the grid's warp w * gridDim.x + b), so that a small chunk's encoding runs on every SM rather
 // than queueing on the first few: at 84 KiB of bf16 rows, block-major lanes of two blocks each
@@ -333,8 +333,8 @@ __device__ __forceinline__ void send_half_blocks(const Sync& s, const Peers& rec
 // session). This rank's own blocks go straight into its outputs. A thread's first values and the
 // global scale are loaded in the round trip of the turn's words.
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers recv, Fp4FlagFree job,
-                                                                 size_t slot_vecs) {
+__global__ void __launch_bounds__(kFp4MaxThreads) flag_free_gather_fp4(Sync s, Peers recv, Fp4FlagFree job,
+                                                                       size_t slot_vecs) {
   static_assert(sizeof(T) == 2, "a half-block of 16-bit values is one 16-byte load");
   const int rank = s.rank, lane = threadIdx.x % 32;
   const int64_t mine = of_rank<W>(job.blocks, rank), my_first = of_rank<W>(job.first_block, rank);
@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(kThreads) flag_free_gather_fp4(Sync s, Peers r
   __shared__ uint32_t buf, prev;
   __shared__ bool stopped;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
-  const size_t first = (size_t(threadIdx.x / 32) * gridDim.x + blockIdx.x) * 32 + lane;  // spread over blocks
+  const size_t first = job.block_major ? size_t(blockIdx.x) * blockDim.x + threadIdx.x
+                                       : (size_t(threadIdx.x / 32) * gridDim.x + blockIdx.x) * 32 + lane;  // spread
   const uint4* x = static_cast<const uint4*>(job.x);
   const FlagFreeWords words = flagfree_begin(s);
   const float gs = job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value;
@@ -426,20 +427,26 @@ void flagfree_fp4_on_host(const T* x, const Fp4FlagFree& job, int rank, float gs
   }
 }
 
-// The flag-free NVFP4 gather's grid for a call whose largest chunk holds `most` blocks (every
-// rank's blocks decide, so alike on every rank): the narrowest of N, 2N and 4N blocks that covers
-// the chunk's half-blocks in one pass, else the widest. A lane encodes before it stores, so a
-// pass costs an encoding's latency, more than the few blocks a wider grid adds to the turn: at
-// world 2 on H200 (bench/results/2026-12-01_nvidia-h200-x2_w2_fp4_lanes) the widest grid took
-// 1 MiB of bf16 rows in 4.71 us against 5.75 on N, and 16 MiB in 13.26 against 42.22; two blocks
-// a lane (a quarter of the passes, four loads each) lost to it at every size from 8 KiB.
-int fp4_grid(const Context* c, int64_t most) {
+// The flag-free NVFP4 gather's launch for a call whose largest chunk holds `most` blocks (every
+// rank's blocks decide, so alike on every rank): the narrowest of N, 2N and 4N blocks of kThreads
+// that covers the chunk's half-blocks in one pass, else the widest. A lane encodes before it
+// stores, so a pass costs an encoding's latency, more than the blocks a wider grid adds to the
+// turn: at world 2 on H200 (bench/results/2026-12-01_nvidia-h200-x2_w2_fp4_lanes)
+// the widest grid took 1 MiB of bf16 rows in 4.71 us against 5.75 on N, and 16 MiB in 13.26
+// against 42.22; two blocks a lane (a quarter of the passes, four loads each) lost to it at every
+// size from 8 KiB.
+struct Fp4Launch {
+  int blocks, threads;
+};
+
+Fp4Launch fp4_launch(const Context* c, int64_t most) {
   const int widest = 4 * c->flagfree_blocks < c->flagfree_max_blocks ? 4 * c->flagfree_blocks : c->flagfree_max_blocks;
-  if (c->fp4_debug_blocks > 0) return c->fp4_debug_blocks < widest ? c->fp4_debug_blocks : widest;
+  if (c->fp4_debug_blocks > 0)
+    return {c->fp4_debug_blocks < widest ? c->fp4_debug_blocks : widest, c->fp4_debug_threads};
   for (int k = 1; k < 4; k *= 2)
     if (2 * most <= int64_t(k) * c->flagfree_blocks * kThreads && k * c->flagfree_blocks < widest)
-      return k * c->flagfree_blocks;
-  return widest;
+      return {k * c->flagfree_blocks, kThreads};
+  return {widest, kThreads};
 }
 
 }  // namespace
@@ -546,23 +553,29 @@ int symcomm_ar_flagfree_gatherv_fp4(symcomm_ar_t ctx, const symcomm_flagfree_fp4
   job.gs_value = args->gs_value;
   job.payload = static_cast<uint8_t*>(args->payload);
   job.scales = static_cast<uint8_t*>(args->scales);
+  job.block_major = c->fp4_debug_block_major;
   int64_t most = 0;
   for (int r = 0; r < c->world; ++r) most = job.blocks[r] > most ? job.blocks[r] : most;
-  const int grid = fp4_grid(c, most);
+  const Fp4Launch grid = fp4_launch(c, most);
   const Sync s = make_sync(c);
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     const size_t slot_vecs = c->flagfree_bytes / 16;
     if (args->dtype == SYMCOMM_BFLOAT16)
-      return launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W>, grid, kThreads, stream, s, c->flagfree, job,
-                    slot_vecs);
-    return launch(c->overlap, flag_free_gather_fp4<__half, W>, grid, kThreads, stream, s, c->flagfree, job, slot_vecs);
+      return launch(c->overlap, flag_free_gather_fp4<__nv_bfloat16, W>, grid.blocks, grid.threads, stream, s,
+                    c->flagfree, job, slot_vecs);
+    return launch(c->overlap, flag_free_gather_fp4<__half, W>, grid.blocks, grid.threads, stream, s, c->flagfree, job,
+                  slot_vecs);
   });
 }
 
-int symcomm_fp4_debug_grid(symcomm_ar_t ctx, int blocks) {
-  if (blocks < 0) return cudaErrorInvalidValue;
+int symcomm_fp4_debug_grid(symcomm_ar_t ctx, int blocks, int threads, int block_major) {
+  // At least kFlagFreeRecords threads a block, so that any grid advances every record (flagfree_end).
+  if (blocks < 0 || (blocks > 0 && (threads < kFlagFreeRecords || threads > kFp4MaxThreads || threads % 32)))
+    return cudaErrorInvalidValue;
   ctx->impl.fp4_debug_blocks = blocks;
+  ctx->impl.fp4_debug_threads = threads;
+  ctx->impl.fp4_debug_block_major = block_major != 0;
   return cudaSuccess;
 }
 

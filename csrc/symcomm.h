@@ -35,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 13
+#define SYMCOMM_ABI_VERSION 14
 int symcomm_abi_version(void);
 
 /*

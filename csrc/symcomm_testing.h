@@ -51,11 +51,13 @@ symcomm_status_t symcomm_ar_set_overlap(symcomm_ar_t ctx, int enabled);
  * fingerprint, so ranks that disagree stop with the layout mismatch before any row moves. */
 symcomm_status_t symcomm_ep_debug_dedup_from(symcomm_ar_t ctx, int64_t entries);
 
-/* Testing and measurement only. The grid of this context's later flag-free NVFP4 gathers
- * (csrc/peer_gather.cu): `blocks` > 0 launches that many (at most the widest flag-free grid), 0
- * the built-in choice. The bytes written are the same either way. Every rank of a world must pass
- * the same value (block b meets block b). */
-symcomm_status_t symcomm_fp4_debug_grid(symcomm_ar_t ctx, int blocks);
+/* Testing and measurement only. The launch of this context's later flag-free NVFP4 gathers
+ * (csrc/peer_gather.cu): `blocks` > 0 launches that many blocks (at most the widest flag-free
+ * grid) of `threads` (a multiple of 32 from 128 to 1024), 0 the built-in choice; `block_major`
+ * nonzero numbers the lanes block by block instead of spreading warps over the blocks. The bytes
+ * written are the same either way. Every rank of a world must pass the same values (block b
+ * meets block b). */
+symcomm_status_t symcomm_fp4_debug_grid(symcomm_ar_t ctx, int blocks, int threads, int block_major);
 
 /* Testing only: copies nbytes from src to dst on stream, but only after delay_ns, in a kernel
  * that lets a programmatic dependent launch behind it be scheduled at once. A peer kernel

@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 13  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 14  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -139,7 +139,7 @@ TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_ar_debug_meetings": ([_ar, _c.POINTER(_u64)], _status),
     "symcomm_ar_set_overlap": ([_ar, _int], _status),
     "symcomm_ep_debug_dedup_from": ([_ar, _i64], _status),
-    "symcomm_fp4_debug_grid": ([_ar, _int], _status),
+    "symcomm_fp4_debug_grid": ([_ar, _int, _int, _int], _status),
     "symcomm_debug_late_copy": ([_ptr, _ptr, _u64, _u64, _stream], _status),
     "symcomm_debug_unwaiting_copy": ([_ptr, _ptr, _u64, _stream], _status),
     "symcomm_ar_gatherv_fp4_host": ([_c.POINTER(GathervFp4Args), _ptr, _ptr], _status),
