@@ -163,6 +163,61 @@ def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
+# symcomm_fp4_debug_grid's launches (blocks, threads, block-major lanes), under the simulated
+# ranks' cap of 8 blocks: one block, odd grids, 1024-thread blocks, both lane orders.
+FORCED_LAUNCHES = [(1, 128, 0), (1, 128, 1), (3, 256, 1), (8, 1024, 0), (8, 1024, 1), (5, 512, 0)]
+
+
+@pytest.mark.parametrize("world", (2, 8))
+def test_every_forced_launch_writes_the_codec_bytes_and_keeps_the_turn(world):
+    """Each launch the measurement hook may force writes the codec's bytes, in one pass or many
+    (a full receive slot takes several on any grid here), and advances every flag-free record:
+    the flag-free all-gather that follows each, on its own grid, must find its receive buffer
+    and clear where its peers do. Calls back to back, synchronised once at the end."""
+    gen = torch.Generator().manual_seed(world + 900)
+    calls = []
+    with SimWorld(world) as sim:
+        try:
+            for i, forced in enumerate(FORCED_LAUNCHES * 2):
+                for r in range(world):
+                    _native.check(sim.lib, "symcomm_fp4_debug_grid", sim.lib.symcomm_fp4_debug_grid(sim.ctxs[r], *forced))
+                h = 7168 if i % 2 else 272
+                sizes = list(SPLITS[world][-1] if h == 7168 else SPLITS[world][0])
+                xs = [rows_of(n, h, torch.bfloat16, gen) for n in sizes]
+                outs = [outputs_at(sum(sizes), h, skew=i % 16) for _ in range(world)]
+                launch(sim, xs, sizes, 1.0, outs)
+                calls.append((f"fp4 {forced} hidden {h} sizes {sizes}", xs, outs))
+                chunk = (16, 65_552)[i % 2]
+                x = make_inputs(world, chunk, torch.bfloat16, gen)
+                y = [torch.full((world * t.numel(),), 7.0, dtype=torch.bfloat16, device="cuda") for t in x]
+                counts = (ctypes.c_uint64 * world)(*([chunk] * world))
+                sim.each_rank(lambda r, stream, x=x, y=y, counts=counts: _native.check(
+                    sim.lib, "gather", sim.lib.symcomm_ar_flagfree_all_gatherv(
+                        sim.ctxs[r], _native.DTYPE_CODES[torch.bfloat16], x[r].data_ptr(), y[r].data_ptr(),
+                        counts, stream.cuda_stream)))
+                calls.append((f"all-gather after {forced}", x, y))
+            torch.cuda.synchronize()
+        finally:
+            for r in range(world):
+                sim.lib.symcomm_fp4_debug_grid(sim.ctxs[r], 0, 0, 0)
+        for what, x, y in calls:
+            if what.startswith("fp4"):
+                check(y, expected(x, 1.0), what)
+            else:
+                want = torch.cat(x).view(torch.int32)
+                want = torch.where(want == -1, torch.full_like(want, 0x7FFF7FFF), want)  # the sentinel swap
+                for r in range(world):
+                    assert torch.equal(y[r].view(torch.int32), want), f"world {world} {what}: rank {r}"
+        assert all(sim.alarm(r) == 0 for r in range(world))
+
+
+def test_the_hook_refuses_blocks_too_small_to_keep_the_turn():
+    with SimWorld(2) as sim:
+        for bad in ((1, 64, 0), (1, 1100, 0), (1, 200, 0), (-1, 512, 0)):
+            assert sim.lib.symcomm_fp4_debug_grid(sim.ctxs[0], *bad) != 0, bad
+        assert sim.lib.symcomm_fp4_debug_grid(sim.ctxs[0], 0, 0, 0) == 0
+
+
 def test_a_rank_with_no_rows_does_not_run_ahead():
     """Rows (0, n): rank 0 has no rows and sends only a placeholder, and it starts late. Three
     calls per rank go in with no wait between ranks; every output must be right and no rank may
