@@ -196,6 +196,31 @@ def test_numpy_scalars_are_taken_where_python_numbers_are():
     run_world(_numpy_scalars, 2)
 
 
+def _disagreeing(rank, world):
+    """Without check mode: ranks told different things about an uneven call all raise the same
+    PeerMismatchError (gloo would terminate one rank's process and hand the others wrong rows),
+    and the next call still meets its partners."""
+    comm = symcomm.Communicator(check=False)
+    other = [1, 2 + rank]  # rank 1 thinks it holds 3 rows, rank 0 that it holds 2
+    cases = [
+        (lambda: comm.all_gatherv(torch.ones(other[rank], 3), other), r"sizes\[1\] \(rank 0: 2, rank 1: 3\)"),
+        (lambda: comm.reduce_scatterv(torch.ones(sum(other), 3), other), r"sizes\[1\]"),
+        (lambda: comm.all_gatherv(torch.ones(2, 3 + rank), [2, 2]), "bytes of a row of tensor 0"),
+        (lambda: comm.all_gatherv([torch.ones(2, 3)] * (1 + rank), [2, 2]), "number of tensors"),
+        (lambda: comm.all_to_allv(torch.ones(2, 3), [1, 1], [1, 1] if rank == 0 else [2, 1]),
+         r"rank 0's send_sizes\[1\] is 1, but rank 1's recv_sizes\[0\] is 2"),
+    ]
+    for i, (call, match) in enumerate(cases):
+        with pytest.raises(symcomm.PeerMismatchError, match=match):
+            call()
+        assert comm.all_reduce(torch.ones(2)).tolist() == [world, world], f"case {i}: out of step after"
+    comm.close()
+
+
+def test_ranks_that_disagree_about_an_uneven_call_all_raise_without_check_mode():
+    run_world(_disagreeing, 2)
+
+
 def _check_mode(rank, world):
     comm = symcomm.Communicator(check=True)
     with pytest.raises(symcomm.PeerMismatchError, match="message size"):

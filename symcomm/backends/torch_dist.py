@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..base import TORCH, Call, Path, Setup, runner_table
+from ..errors import PeerMismatchError
 from ..peers import GroupCollectives, HostCollectives, Peers
 
 _REDUCE_OPS = {
@@ -94,7 +95,45 @@ class TorchPath(Path):
         chunks = list(_bytes(out).chunk(self._world))
         self._wait(self._collectives.all_gather(chunks, _bytes(x).clone()), x, "all_gather")
 
+    def _agree(self, call: Call) -> None:
+        """Ranks that disagree about an uneven call all raise PeerMismatchError. gloo, given
+        buffers of different lengths, terminates the process of the rank that notices and leaves
+        the others with rows that are not theirs. So on CPU tensors every rank first gathers what
+        each was told: the sizes, all_to_allv's receive sizes, the tensors' count and row bytes.
+        One more small collective a call, on the path whose job is to be right on a laptop and in
+        CI. CUDA tensors skip it (comparing would wait for the device); check mode covers them."""
+        if call.inputs[0].device.type != "cpu" or self._world == 1:
+            return
+        recv = getattr(call, "recv_sizes", None) or [0] * self._world
+        row_bytes = [_row_bytes(t) for t in call.outputs]
+        mine = torch.tensor([*call.sizes, *recv, len(row_bytes), *row_bytes[:8], *[0] * (8 - len(row_bytes[:8]))],
+                            dtype=torch.int64)
+        rows = [torch.empty_like(mine) for _ in range(self._world)]
+        self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's sizes")
+        told = [r.tolist() for r in rows]
+        w = self._world
+        what = call.op
+        for i in range(len(row_bytes[:8]) + 1):
+            at = 2 * w + i
+            if any(t[at] != told[0][at] for t in told):
+                name = "the number of tensors" if i == 0 else f"the bytes of a row of tensor {i - 1}"
+                raise PeerMismatchError(f"{what}: ranks disagree on {name} (" + ", ".join(
+                    f"rank {r}: {t[at]}" for r, t in enumerate(told)) + "): every rank must pass the same dtypes "
+                    "and row shapes")
+        if what == "all_to_allv":
+            for r in range(w):
+                for q in range(w):
+                    if told[r][q] != told[q][w + r]:
+                        raise PeerMismatchError(f"all_to_allv: rank {r}'s send_sizes[{q}] is {told[r][q]}, but rank "
+                                                f"{q}'s recv_sizes[{r}] is {told[q][w + r]}: they must be equal")
+            return
+        for i in range(w):
+            if any(t[i] != told[0][i] for t in told):
+                raise PeerMismatchError(f"{what}: ranks disagree on sizes[{i}] (" + ", ".join(
+                    f"rank {r}: {t[i]}" for r, t in enumerate(told)) + "): every rank must pass the same sizes")
+
     def _all_gatherv(self, call: Call) -> None:
+        self._agree(call)
         longest = max(call.sizes)
         for x, out in zip(call.inputs, call.outputs):
             row = _bytes(out).numel() // max(out.shape[0], 1)
@@ -112,6 +151,7 @@ class TorchPath(Path):
         self._reduce_rows(call, self._rank * rows, rows)
 
     def _reduce_scatterv(self, call: Call) -> None:
+        self._agree(call)
         self._reduce_rows(call, sum(call.sizes[: self._rank]), call.sizes[self._rank])
 
     def _reduce_rows(self, call: Call, first: int, rows: int) -> None:
@@ -121,6 +161,7 @@ class TorchPath(Path):
         out.copy_(reduced[first: first + rows])
 
     def _all_to_allv(self, call: Call) -> None:
+        self._agree(call)
         for x, out in zip(call.inputs, call.outputs):
             row = _row_bytes(x)
             self._wait(self._collectives.all_to_all_single(_bytes(out), _bytes(x), [n * row for n in call.recv_sizes],
