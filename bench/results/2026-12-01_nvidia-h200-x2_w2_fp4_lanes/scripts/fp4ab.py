@@ -21,11 +21,13 @@ H, N, ROUNDS = 512, 20, int(os.environ.get("ROUNDS", "7"))
 dev = comm.device
 SIZES = [int(a) for a in sys.argv[1:]] or [8 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20,
                                             8 << 20, 16 << 20, 32 << 20]
-FORCED = [int(b) for b in os.environ.get("FORCED", "32,64,128").split(",") if b]
+# blocks x threads, and "b" for block-major lanes
+FORCED = [tuple(int(v) for v in b.rstrip("b").split("x")) + (int(b.endswith("b")),)
+          for b in os.environ.get("FORCED", "32x512,32x512b,64x512,128x512,128x1024,64x1024").split(",") if b]
 
 
-def grid(blocks):
-    assert ctx.lib.symcomm_fp4_debug_grid(ctx.ctx, blocks) == 0
+def grid(launch):
+    assert ctx.lib.symcomm_fp4_debug_grid(ctx.ctx, *launch) == 0
 
 
 def split(rows):
@@ -52,11 +54,11 @@ for nbytes in SIZES:
         gathered = torch.empty(total, H, dtype=torch.bfloat16, device=dev)
     out = symcomm.Fp4Gathered(packed, scales, (), None, gs)
     variants = {"bf16 auto": (None, lambda: comm.all_gatherv(x, rows, out=gathered))}
-    variants["fp4 auto"] = (0, lambda: comm.all_gatherv_fp4(x, rows, gs, out=out))
+    variants["fp4 auto"] = ((0, 0, 0), lambda: comm.all_gatherv_fp4(x, rows, gs, out=out))
     for b in FORCED:
-        variants[f"fp4 {b}"] = (b, lambda: comm.all_gatherv_fp4(x, rows, gs, out=out, algo="fused-flagfree"))
+        variants[f"fp4 {b[0]}x{b[1]}{'b' * b[2]}"] = (b, lambda: comm.all_gatherv_fp4(x, rows, gs, out=out, algo="fused-flagfree"))
     if FORCED:
-        variants["fp4 push"] = (0, lambda: comm.all_gatherv_fp4(x, rows, gs, out=out, algo="fused-push"))
+        variants["fp4 push"] = ((0, 0, 0), lambda: comm.all_gatherv_fp4(x, rows, gs, out=out, algo="fused-push"))
     graphs, wrong = {}, {}
     for name, (mode, f) in variants.items():
         if mode is not None:
@@ -75,7 +77,7 @@ for nbytes in SIZES:
             for _ in range(N):
                 f()
         graphs[name] = gr
-    grid(0)
+    grid((0, 0, 0))
     times = {k: [] for k in graphs}
     for _ in range(ROUNDS):
         for name, gr in graphs.items():
@@ -94,9 +96,9 @@ for nbytes in SIZES:
     torch.cuda.synchronize(); dist.barrier()
 
 if R == 0:
-    names = ["bf16 auto", "fp4 auto", *[f"fp4 {b}" for b in FORCED], *(["fp4 push"] if FORCED else [])]
+    names = ["bf16 auto", "fp4 auto", *[f"fp4 {b[0]}x{b[1]}{'b' * b[2]}" for b in FORCED], *(["fp4 push"] if FORCED else [])]
     print("# us per call (median of rounds, mean of ranks); ratio = bf16 auto / fp4 auto")
-    print(f"{'bytes':>9} " + " ".join(f"{n:>10}" for n in names) + "    ratio  #wrong")
+    print(f"{'bytes':>9} " + " ".join(f"{n[4:] if n.startswith('fp4 ') else n:>10}" for n in names) + "    ratio  #wrong")
     for nbytes, (m, wrong, rows, raw) in results.items():
         cells = " ".join(f"{m[n]:10.2f}" if n in m else f"{'-':>10}" for n in names)
         ratio = m["bf16 auto"] / m["fp4 auto"] if "fp4 auto" in m else float("nan")
