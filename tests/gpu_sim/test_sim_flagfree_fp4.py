@@ -85,6 +85,24 @@ def check(outs, want, what: str) -> None:
         assert torch.equal(s, scales), f"{what}: scales on rank {r}"
 
 
+def gather_flagfree(sim: SimWorld, x, chunk: int):
+    """The flag-free all-gather of bf16 chunks `x` on every rank; returns the outputs (7.0 first)."""
+    world = sim.world
+    y = [torch.full((world * t.numel(),), 7.0, dtype=torch.bfloat16, device="cuda") for t in x]
+    counts = (ctypes.c_uint64 * world)(*([chunk] * world))
+    sim.each_rank(lambda r, stream: _native.check(sim.lib, "gather", sim.lib.symcomm_ar_flagfree_all_gatherv(
+        sim.ctxs[r], _native.DTYPE_CODES[torch.bfloat16], x[r].data_ptr(), y[r].data_ptr(), counts,
+        stream.cuda_stream)))
+    return y
+
+
+def check_gathered(x, y, what: str) -> None:
+    want = torch.cat(x).view(torch.int32)
+    want = torch.where(want == -1, torch.full_like(want, 0x7FFF7FFF), want)  # the sentinel swap
+    for r, out in enumerate(y):
+        assert torch.equal(out.view(torch.int32), want), f"{what}: rank {r}"
+
+
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_rank_gets_the_codec_bytes_in_rank_order(world, dtype):
@@ -141,12 +159,7 @@ def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
                     y = [torch.full_like(t, 7.0) for t in x]
                     sim.launch(FLAGFREE, torch.bfloat16, x, y)
                 else:
-                    y = [torch.full((world * t.numel(),), 7.0, dtype=torch.bfloat16, device="cuda") for t in x]
-                    sizes = (ctypes.c_uint64 * world)(*([chunk] * world))
-                    sim.each_rank(lambda r, stream, x=x, y=y, sizes=sizes: _native.check(
-                        sim.lib, "gather", sim.lib.symcomm_ar_flagfree_all_gatherv(
-                            sim.ctxs[r], _native.DTYPE_CODES[torch.bfloat16], x[r].data_ptr(), y[r].data_ptr(),
-                            sizes, stream.cuda_stream)))
+                    y = gather_flagfree(sim, x, chunk)
                 calls.append((kind, x, y, None))
         torch.cuda.synchronize()
         for i, (kind, x, y, sizes) in enumerate(calls):
@@ -156,10 +169,7 @@ def test_calls_in_a_row_with_the_other_flagfree_kernels(world):
             elif kind == "ar":
                 check_outputs(y, x, what)
             else:
-                want = torch.cat(x).view(torch.int32)
-                want = torch.where(want == -1, torch.full_like(want, 0x7FFF7FFF), want)  # the sentinel swap
-                for r in range(world):
-                    assert torch.equal(y[r].view(torch.int32), want), f"{what}: rank {r}"
+                check_gathered(x, y, what)
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
@@ -189,25 +199,16 @@ def test_every_forced_launch_writes_the_codec_bytes_and_keeps_the_turn(world):
                 calls.append((f"fp4 {forced} hidden {h} sizes {sizes}", xs, outs))
                 chunk = (16, 65_552)[i % 2]
                 x = make_inputs(world, chunk, torch.bfloat16, gen)
-                y = [torch.full((world * t.numel(),), 7.0, dtype=torch.bfloat16, device="cuda") for t in x]
-                counts = (ctypes.c_uint64 * world)(*([chunk] * world))
-                sim.each_rank(lambda r, stream, x=x, y=y, counts=counts: _native.check(
-                    sim.lib, "gather", sim.lib.symcomm_ar_flagfree_all_gatherv(
-                        sim.ctxs[r], _native.DTYPE_CODES[torch.bfloat16], x[r].data_ptr(), y[r].data_ptr(),
-                        counts, stream.cuda_stream)))
-                calls.append((f"all-gather after {forced}", x, y))
+                calls.append((f"all-gather after {forced}", x, gather_flagfree(sim, x, chunk)))
             torch.cuda.synchronize()
         finally:
             for r in range(world):
                 sim.lib.symcomm_fp4_debug_grid(sim.ctxs[r], 0, 0, 0)
         for what, x, y in calls:
             if what.startswith("fp4"):
-                check(y, expected(x, 1.0), what)
+                check(y, expected(x, 1.0), f"world {world} {what}")
             else:
-                want = torch.cat(x).view(torch.int32)
-                want = torch.where(want == -1, torch.full_like(want, 0x7FFF7FFF), want)  # the sentinel swap
-                for r in range(world):
-                    assert torch.equal(y[r].view(torch.int32), want), f"world {world} {what}: rank {r}"
+                check_gathered(x, y, f"world {world} {what}")
         assert all(sim.alarm(r) == 0 for r in range(world))
 
 
