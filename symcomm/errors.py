@@ -6,6 +6,14 @@ that already catch those keep working.
 from __future__ import annotations
 
 
+def shown(value: object) -> str:
+    """``value`` for an error message: its repr, but an int too long to print (Python refuses
+    past 4,300 digits, and thousands of digits help nobody) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
 class SymcommError(Exception):
     """Base of every error symcomm raises on purpose."""
 

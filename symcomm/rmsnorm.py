@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import _native, fp4, validate
 from .base import Call
-from .errors import ArgumentError, DtypeError
+from .errors import ArgumentError, DtypeError, shown
 
 OP = "all_reduce_rmsnorm"  # the operation whose arguments these are (and its dispatch table row)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -109,7 +109,7 @@ def _check_eps(eps: object) -> float:
         raise ArgumentError(f"eps must be a float, got {type(eps).__name__}")
     value = _fp32(as_float) if math.isfinite(as_float) else as_float
     if not math.isfinite(value) or value < 0:
-        raise ArgumentError(f"eps must be finite and >= 0 in float32, got {validate.shown(eps)}")
+        raise ArgumentError(f"eps must be finite and >= 0 in float32, got {shown(eps)}")
     return value
 
 

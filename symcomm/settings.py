@@ -11,7 +11,7 @@ import numbers
 import os
 from typing import NamedTuple
 
-from .errors import ArgumentError
+from .errors import ArgumentError, shown
 
 # The bound on waits on peers where no process group says otherwise (the benchmarks' own NCCL
 # communicators): generous against a healthy peer (NCCL init takes seconds), short enough that
@@ -65,8 +65,7 @@ def check_mode() -> bool:
 def checked_timeout(value: object, name: str) -> float:
     """The one rule for every timeout symcomm takes, from an argument or a variable: a finite
     number of seconds, > 0 and at most MAX_TIMEOUT_S. ``name`` is what the error calls it."""
-    shown = f"an int of {value.bit_length()} bits" if type(value) is int and value.bit_length() > 64 else repr(value)
-    rule = f"{name} must be a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {shown}"
+    rule = f"{name} must be a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {shown(value)}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # a NumPy scalar too
         raise ArgumentError(rule)
     try:

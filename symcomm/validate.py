@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import settings
-from .errors import ArgumentError, DtypeError
+from .errors import ArgumentError, DtypeError, shown
 
 REDOPS = ("sum", "prod", "max", "min", "avg")
 REDOP_SET = frozenset(REDOPS)
@@ -80,14 +80,6 @@ def flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ArgumentError(f"{name} must be a bool, got {value!r}")
     return value
-
-
-def shown(value: object) -> str:
-    """``value`` for an error message: its repr, but an int too long to print (Python refuses
-    past 4,300 digits, and thousands of digits help nobody) by its size."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an int of {value.bit_length()} bits"
-    return repr(value)
 
 
 def integral(value: object) -> int | None:
