@@ -158,17 +158,17 @@ def compare(peers: Peers, op: str, values: list[int], names: list[str], path_nam
     try:
         table = peers.exchange(values, kind=KIND)
     except PeerRefusal as exc:
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {op}: rank(s) {', '.join(map(str, exc.reasons))} rejected the "
+        raise PeerMismatchError(f"check mode: {op}: rank(s) {', '.join(map(str, exc.reasons))} rejected the "
                                 f"call before communicating (" + "; ".join(f"rank {r}: {why}" for r, why in
                                                                          exc.reasons.items()) + ")") from None
     except PeerMismatchError as exc:
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {op}: {exc}") from None
+        raise PeerMismatchError(f"check mode: {op}: {exc}") from None
     problem = first_mismatch(table, names, path_names, decode)
     if problem is not None:
         advice = (rule if rule is not None and "window" in problem else
                   "Every rank must make the same call, and symmetric tensors must be allocated in the same order and "
                   "sizes on every rank")
-        raise PeerMismatchError(f"SYMCOMM_CHECK: {op}: {problem}. {advice}")
+        raise PeerMismatchError(f"check mode: {op}: {problem}. {advice}")
 
 
 def refuse(peers: Peers, reason: str) -> None:

@@ -197,18 +197,27 @@ def test_numpy_scalars_are_taken_where_python_numbers_are():
 
 
 def _disagreeing(rank, world):
-    """Without check mode: ranks told different things about an uneven call all raise the same
-    PeerMismatchError (gloo would terminate one rank's process and hand the others wrong rows),
-    and the next call still meets its partners."""
+    """Without check mode: ranks told different things about a call on CPU tensors all raise
+    the same PeerMismatchError (gloo, given buffers of different lengths, would terminate one
+    rank's process and hand the others wrong rows), and the next call still meets its partners."""
     comm = symcomm.Communicator(check=False)
     other = [1, 2 + rank]  # rank 1 thinks it holds 3 rows, rank 0 that it holds 2
     cases = [
+        (lambda: comm.all_reduce(torch.ones(4 + rank)), r"message size in bytes \(rank 0: 16, rank 1: 20\)"),
+        (lambda: comm.all_reduce(torch.ones(4, dtype=(torch.float32, torch.int32)[rank])),
+         r"dtype \(rank 0: torch.float32, rank 1: torch.int32\)"),
+        (lambda: comm.all_reduce(torch.ones(4), op=("sum", "max")[rank]), r"reduction op \(rank 0: sum, rank 1: max\)"),
+        (lambda: comm.all_gather(torch.ones(3 + rank)), "message size in bytes"),
+        (lambda: comm.reduce_scatter(torch.ones(2 * world * (1 + rank))), "message size in bytes"),
+        (lambda: comm.all_reduce(torch.ones(4)) if rank == 0 else comm.all_gather(torch.ones(2)),
+         r"the op \(rank 0: all_reduce, rank 1: all_gather\)"),
         (lambda: comm.all_gatherv(torch.ones(other[rank], 3), other), r"sizes\[1\] \(rank 0: 2, rank 1: 3\)"),
         (lambda: comm.reduce_scatterv(torch.ones(sum(other), 3), other), r"sizes\[1\]"),
-        (lambda: comm.all_gatherv(torch.ones(2, 3 + rank), [2, 2]), "bytes of a row of tensor 0"),
+        (lambda: comm.all_gatherv(torch.ones(2, 3 + rank), [2, 2]), "message size in bytes"),
         (lambda: comm.all_gatherv([torch.ones(2, 3)] * (1 + rank), [2, 2]), "number of tensors"),
         (lambda: comm.all_to_allv(torch.ones(2, 3), [1, 1], [1, 1] if rank == 0 else [2, 1]),
          r"rank 0's send_sizes\[1\] is 1, but rank 1's recv_sizes\[0\] is 2"),
+        (lambda: comm.all_to_allv(torch.ones(2, 3 + rank), [1, 1], [1, 1]), "message size in bytes"),
     ]
     for i, (call, match) in enumerate(cases):
         with pytest.raises(symcomm.PeerMismatchError, match=match):
@@ -217,7 +226,7 @@ def _disagreeing(rank, world):
     comm.close()
 
 
-def test_ranks_that_disagree_about_an_uneven_call_all_raise_without_check_mode():
+def test_ranks_that_disagree_about_a_call_on_cpu_all_raise_without_check_mode():
     run_world(_disagreeing, 2)
 
 

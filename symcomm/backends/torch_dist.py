@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import check_mode
 from ..base import TORCH, Call, Path, Setup, runner_table
 from ..errors import PeerMismatchError
 from ..peers import GroupCollectives, HostCollectives, Peers
@@ -85,52 +86,51 @@ class TorchPath(Path):
             t.div_(self._world)
 
     def _all_reduce(self, call: Call) -> None:
+        self._agree(call)
         x, out = call.inputs[0], call.outputs[0]
         if out.data_ptr() != x.data_ptr():
             out.copy_(x)
         self._reduce_in_place(out, call.redop)
 
     def _all_gather(self, call: Call) -> None:
+        self._agree(call)
         x, out = call.inputs[0], call.outputs[0]
         chunks = list(_bytes(out).chunk(self._world))
         self._wait(self._collectives.all_gather(chunks, _bytes(x).clone()), x, "all_gather")
 
     def _agree(self, call: Call) -> None:
-        """Ranks that disagree about an uneven call all raise PeerMismatchError. gloo, given
-        buffers of different lengths, terminates the process of the rank that notices and leaves
-        the others with rows that are not theirs. So on CPU tensors every rank first gathers what
-        each was told: the sizes, all_to_allv's receive sizes, the tensors' count and row bytes.
-        One more small collective a call, on the path whose job is to be right on a laptop and in
-        CI. CUDA tensors skip it (comparing would wait for the device); check mode covers them."""
+        """Ranks that disagree about a call on CPU tensors all raise PeerMismatchError. gloo,
+        given buffers of different lengths or dtypes, terminates the process of the rank that
+        notices and can hand the others rows that are not theirs. So every rank first gathers
+        check mode's signature of its call (op, dtype, tensor count, reduction, sizes, bytes)
+        and, for all_to_allv, its counts: one small collective a call, on the path whose job is
+        to be right on a laptop and in CI. It goes over gloo, not check mode's store exchange,
+        because gloo sees a dead peer's closed socket at once. CUDA tensors skip it (comparing
+        would wait for the device); check mode covers them."""
         if call.inputs[0].device.type != "cpu" or self._world == 1:
             return
-        recv = getattr(call, "recv_sizes", None) or [0] * self._world
-        row_bytes = [_row_bytes(t) for t in call.outputs]
-        mine = torch.tensor([*call.sizes, *recv, len(row_bytes), *row_bytes[:8], *[0] * (8 - len(row_bytes[:8]))],
-                            dtype=torch.int64)
-        rows = [torch.empty_like(mine) for _ in range(self._world)]
-        self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's sizes")
+        w, recv = self._world, getattr(call, "recv_sizes", None)
+        if recv is not None:  # each rank's counts differ by design: compared as a matrix below
+            view = Call(call.op, call.inputs, call.outputs, call.in_ptrs, call.out_ptrs, None, None,
+                        sum(_row_bytes(t) for t in call.inputs))
+        else:
+            view = call
+        values, names = check_mode.signature(view, 0, w, None)
+        mine = torch.tensor([*values, *(call.sizes + recv if recv is not None else [0] * 2 * w)], dtype=torch.int64)
+        rows = [torch.empty_like(mine) for _ in range(w)]
+        self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's signature")
         told = [r.tolist() for r in rows]
-        w = self._world
-        what = call.op
-        for i in range(len(row_bytes[:8]) + 1):
-            at = 2 * w + i
-            if any(t[at] != told[0][at] for t in told):
-                name = "the number of tensors" if i == 0 else f"the bytes of a row of tensor {i - 1}"
-                raise PeerMismatchError(f"{what}: ranks disagree on {name} (" + ", ".join(
-                    f"rank {r}: {t[at]}" for r, t in enumerate(told)) + "): every rank must pass the same dtypes "
-                    "and row shapes")
-        if what == "all_to_allv":
+        problem = check_mode.first_mismatch([t[:len(names)] for t in told], names, (self.name,))
+        if problem is not None:
+            raise PeerMismatchError(f"{call.op}: {problem}: every rank must make the same call (dtypes, sizes and "
+                                    f"row shapes included)")
+        if recv is not None:
+            counts = [t[len(names):] for t in told]
             for r in range(w):
                 for q in range(w):
-                    if told[r][q] != told[q][w + r]:
-                        raise PeerMismatchError(f"all_to_allv: rank {r}'s send_sizes[{q}] is {told[r][q]}, but rank "
-                                                f"{q}'s recv_sizes[{r}] is {told[q][w + r]}: they must be equal")
-            return
-        for i in range(w):
-            if any(t[i] != told[0][i] for t in told):
-                raise PeerMismatchError(f"{what}: ranks disagree on sizes[{i}] (" + ", ".join(
-                    f"rank {r}: {t[i]}" for r, t in enumerate(told)) + "): every rank must pass the same sizes")
+                    if counts[r][q] != counts[q][w + r]:
+                        raise PeerMismatchError(f"all_to_allv: rank {r}'s send_sizes[{q}] is {counts[r][q]}, but "
+                                                f"rank {q}'s recv_sizes[{r}] is {counts[q][w + r]}: they must be equal")
 
     def _all_gatherv(self, call: Call) -> None:
         self._agree(call)
@@ -147,6 +147,7 @@ class TorchPath(Path):
                 offset += rows * row
 
     def _reduce_scatter(self, call: Call) -> None:
+        self._agree(call)
         rows = call.outputs[0].shape[0]
         self._reduce_rows(call, self._rank * rows, rows)
 

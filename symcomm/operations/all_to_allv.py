@@ -122,7 +122,7 @@ class AllToAllv(Operation):
                 sent, got = rows[r][p], rows[p][world + r]
                 if sent != got:
                     raise PeerMismatchError(
-                        f"SYMCOMM_CHECK: {OP}: rank {r} sends {sent} rows to rank {p}, but rank {p} expects {got} "
+                        f"check mode: {OP}: rank {r} sends {sent} rows to rank {p}, but rank {p} expects {got} "
                         f"from rank {r} (send_sizes[{p}] on rank {r} must equal recv_sizes[{r}] on rank {p})")
 
     def compiled(self, comm: Any, tensors: Any, send_sizes: Sequence[int], recv_sizes: Sequence[int],

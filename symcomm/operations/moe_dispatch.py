@@ -362,7 +362,7 @@ class MoeDispatch(EpOperation):
         bad = [r for r, (flag,) in enumerate(rows) if flag]
         if bad:
             here = f" (here: {problem})" if problem else ""
-            raise ArgumentError(f"SYMCOMM_CHECK: {OP}: the top-k ids of rank(s) {bad} break the rules{here}")
+            raise ArgumentError(f"check mode: {OP}: the top-k ids of rank(s) {bad} break the rules{here}")
 
     def compiled(self, comm: Any, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  num_experts: int, max_tokens: int | None = None, quant: str | None = None, global_scale: Any = None,
