@@ -10,6 +10,7 @@ object with its whole life:
     begin_capture() / end_capture(failed)   around a CUDA-graph capture (Communicator.graph_capture)
     why_not(call)      per call: None if it can serve the call, else the reason, for people
     run(call)          per call: enqueue on the current stream (CUDA) or run (CPU)
+    skip(call)         per call, instead of run() for an empty call its operation skips
     ops                the operations whose dispatch lists it (the collectives by default)
     compared_offsets(call)  which tensors check mode compares the pool offsets of
     close() / abort()  teardown, bounded by the Communicator; abort() after a timeout
@@ -182,6 +183,12 @@ class Path:
 
     def run(self, call: Call) -> None:
         raise NotImplementedError
+
+    def skip(self, call: Call) -> None:
+        """Instead of run() for a call with no bytes that its operation skips: nothing moves. A
+        path whose ranks compare every call before moving data (the torch path on CPU tensors)
+        joins the comparison here, so a rank whose call alone is empty does not leave its peers
+        waiting, or pair its next call with their current one."""
 
 
 PathFactory = Callable[[], Path]

@@ -35,6 +35,15 @@ _REDOPS = ("none", *REDOPS)
 MISALIGNMENT = "16-byte misalignment of the all_reduce input/output"
 
 
+def dtype_code(dtype: torch.dtype) -> int:
+    """A dtype's code in a signature: NCCL's dtypes and bool by name, any other one shared code."""
+    return _DTYPES.get(dtype, len(_DTYPES))
+
+
+def dtype_name(code: int) -> str:
+    return [*map(str, _DTYPE_LIST), "another dtype"][code] if 0 <= code <= len(_DTYPES) else str(code)
+
+
 def float_bits(value: float) -> int:
     """A float's fp32 bits, for comparing scales and eps exactly (they reach the kernels as fp32)."""
     return struct.unpack("<I", struct.pack("<f", value))[0]
@@ -82,7 +91,7 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
         raise ValueError(f"at most {MAX_SCALARS} checked scalars, got {len(scalars)}")
     # Causes before symptoms: the path follows from the op, dtype, size and alignment, so a
     # size mismatch is reported as one, not as the path disagreement it also causes.
-    values = [*text_ints(op or call.op, _OP_INTS), _DTYPES.get(call.dtype, len(_DTYPES)), len(call.inputs),
+    values = [*text_ints(op or call.op, _OP_INTS), dtype_code(call.dtype), len(call.inputs),
               _REDOPS.index(call.redop or "none")]
     names = ["op"] * _OP_INTS + ["dtype", "number of tensors", "reduction op"]
     values += [v for _, v in scalars] + [0] * (MAX_SCALARS - len(scalars))
@@ -122,7 +131,7 @@ def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequenc
     shows an entry's raw value readably (by name), for an operation's own scalars."""
     readable: dict[str, Callable[[int], object]] = {
         "path": lambda v: path_names[v] if 0 <= v < len(path_names) else v,
-        "dtype": lambda v: [*map(str, _DTYPE_LIST), "other"][v], "reduction op": lambda v: _REDOPS[v],
+        "dtype": dtype_name, "reduction op": lambda v: _REDOPS[v],
         **(decode or {})}
     ops = [ints_text(row[:_OP_INTS]) for row in table]
     if any(op != ops[0] for op in ops):

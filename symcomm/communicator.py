@@ -223,6 +223,8 @@ class Communicator(OperationMethods):
             self._verify(operation, call, path)
         if call.nbytes or not operation.skips_empty:
             path.run(call)
+        else:
+            path.skip(call)
         return call
 
     def checking(self) -> bool:

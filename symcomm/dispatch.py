@@ -247,12 +247,15 @@ class Router:
         return self.choose(self.operations[call.op], call, algo)[0]
 
     def run_inner(self, call: Call, algo: str) -> None:
-        """Choose as choose_inner does and run, unless the call is empty and its operation skips
-        empty calls (the rule Communicator applies to a direct call)."""
+        """Choose as choose_inner does and run; a call that is empty, of an operation that skips
+        empty calls, goes to the path's skip() instead (the rule Communicator applies to a direct
+        call)."""
         operation = self.operations[call.op]
         path = self.choose(operation, call, algo)[0]
         if call.nbytes or not operation.skips_empty:
             path.run(call)
+        else:
+            path.skip(call)
 
     def explain_inner(self, call: Call, algo: str) -> Choice:
         return self.choose(self.operations[call.op], call, algo, explain=True)[1]

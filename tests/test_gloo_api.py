@@ -202,6 +202,7 @@ def _disagreeing(rank, world):
     rank's process and hand the others wrong rows), and the next call still meets its partners."""
     comm = symcomm.Communicator(check=False)
     other = [1, 2 + rank]  # rank 1 thinks it holds 3 rows, rank 0 that it holds 2
+    swapped = [torch.ones(2, 4), torch.ones(2, 8)][::1 - 2 * rank]
     cases = [
         (lambda: comm.all_reduce(torch.ones(4 + rank)), r"message size in bytes \(rank 0: 16, rank 1: 20\)"),
         (lambda: comm.all_reduce(torch.ones(4, dtype=(torch.float32, torch.int32)[rank])),
@@ -218,11 +219,22 @@ def _disagreeing(rank, world):
         (lambda: comm.all_to_allv(torch.ones(2, 3), [1, 1], [1, 1] if rank == 0 else [2, 1]),
          r"rank 0's send_sizes\[1\] is 1, but rank 1's recv_sizes\[0\] is 2"),
         (lambda: comm.all_to_allv(torch.ones(2, 3 + rank), [1, 1], [1, 1]), "message size in bytes"),
+        # The totals agree; the tensors do not.
+        (lambda: comm.all_gatherv(swapped, [2, 2]), r"bytes of a row of tensor 0 \(rank 0: 16, rank 1: 32\)"),
+        (lambda: comm.all_to_allv(swapped, [1, 1], [1, 1]), "bytes of a row of tensor 0"),
+        (lambda: comm.all_gatherv([torch.ones(1, 2), torch.ones(1, 2, dtype=(torch.float32, torch.int32)[rank])],
+                                  [1, 1]), r"dtype of tensor 1 \(rank 0: torch.float32, rank 1: torch.int32\)"),
+        # One rank's call alone is empty: it must not return while its peers move data.
+        (lambda: comm.all_reduce(torch.ones(4 * rank)), r"message size in bytes \(rank 0: 0, rank 1: 16\)"),
+        (lambda: comm.all_gatherv(torch.ones(3 * rank, 3), [0, 3 * rank]), r"sizes\[1\] \(rank 0: 0, rank 1: 3\)"),
     ]
     for i, (call, match) in enumerate(cases):
         with pytest.raises(symcomm.PeerMismatchError, match=match):
             call()
         assert comm.all_reduce(torch.ones(2)).tolist() == [world, world], f"case {i}: out of step after"
+    # Calls empty on every rank still return at once, and in step.
+    assert comm.all_reduce(torch.ones(0)).numel() == 0 and comm.all_gatherv(torch.ones(0, 3), [0, 0]).shape == (0, 3)
+    assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]
     comm.close()
 
 

@@ -70,7 +70,11 @@ class TorchPath(Path):
         return None
 
     def run(self, call: Call) -> None:
+        self._agree(call)
         self._RUNNERS[call.op](self, call)
+
+    def skip(self, call: Call) -> None:
+        self._agree(call)  # so a rank whose call alone is empty raises with its peers
 
     def _wait(self, work, t: torch.Tensor, what: str) -> None:
         if t.device.type == "cpu":
@@ -86,14 +90,12 @@ class TorchPath(Path):
             t.div_(self._world)
 
     def _all_reduce(self, call: Call) -> None:
-        self._agree(call)
         x, out = call.inputs[0], call.outputs[0]
         if out.data_ptr() != x.data_ptr():
             out.copy_(x)
         self._reduce_in_place(out, call.redop)
 
     def _all_gather(self, call: Call) -> None:
-        self._agree(call)
         x, out = call.inputs[0], call.outputs[0]
         chunks = list(_bytes(out).chunk(self._world))
         self._wait(self._collectives.all_gather(chunks, _bytes(x).clone()), x, "all_gather")
@@ -102,8 +104,8 @@ class TorchPath(Path):
         """Ranks that disagree about a call on CPU tensors all raise PeerMismatchError. gloo,
         given buffers of different lengths or dtypes, terminates the process of the rank that
         notices and can hand the others rows that are not theirs. So every rank first gathers
-        check mode's signature of its call (op, dtype, tensor count, reduction, sizes, bytes)
-        and, for all_to_allv, its counts: one small collective a call, on the path whose job is
+        check mode's signature of its call (op, dtype, tensor count, reduction, sizes, bytes),
+        each tensor's row bytes and dtype and, for all_to_allv, its counts: one small collective a call, on the path whose job is
         to be right on a laptop and in CI. It goes over gloo, not check mode's store exchange,
         because gloo sees a dead peer's closed socket at once. CUDA tensors skip it (comparing
         would wait for the device); check mode covers them."""
@@ -116,11 +118,19 @@ class TorchPath(Path):
         else:
             view = call
         values, names = check_mode.signature(view, 0, w, None)
+        # Per tensor (the signature has the first's dtype and all tensors' total bytes): a list
+        # whose tensors swap row widths between ranks adds up alike and would still reach gloo.
+        for i in range(check_mode.MAX_CHECKED_TENSORS):
+            x = call.inputs[i] if i < len(call.inputs) else None
+            values += [-1, -1] if x is None else [_row_bytes(x), check_mode.dtype_code(x.dtype)]
+            names += [f"bytes of a row of tensor {i}", f"dtype of tensor {i}"]
         mine = torch.tensor([*values, *(call.sizes + recv if recv is not None else [0] * 2 * w)], dtype=torch.int64)
         rows = [torch.empty_like(mine) for _ in range(w)]
         self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's signature")
         told = [r.tolist() for r in rows]
-        problem = check_mode.first_mismatch([t[:len(names)] for t in told], names, (self.name,))
+        problem = check_mode.first_mismatch([t[:len(names)] for t in told], names, (self.name,),
+                                            {f"dtype of tensor {i}": check_mode.dtype_name
+                                             for i in range(check_mode.MAX_CHECKED_TENSORS)})
         if problem is not None:
             raise PeerMismatchError(f"{call.op}: {problem}: every rank must make the same call (dtypes, sizes and "
                                     f"row shapes included)")
@@ -133,7 +143,6 @@ class TorchPath(Path):
                                                 f"rank {q}'s recv_sizes[{r}] is {counts[q][w + r]}: they must be equal")
 
     def _all_gatherv(self, call: Call) -> None:
-        self._agree(call)
         longest = max(call.sizes)
         for x, out in zip(call.inputs, call.outputs):
             row = _bytes(out).numel() // max(out.shape[0], 1)
@@ -147,12 +156,10 @@ class TorchPath(Path):
                 offset += rows * row
 
     def _reduce_scatter(self, call: Call) -> None:
-        self._agree(call)
         rows = call.outputs[0].shape[0]
         self._reduce_rows(call, self._rank * rows, rows)
 
     def _reduce_scatterv(self, call: Call) -> None:
-        self._agree(call)
         self._reduce_rows(call, sum(call.sizes[: self._rank]), call.sizes[self._rank])
 
     def _reduce_rows(self, call: Call, first: int, rows: int) -> None:
@@ -162,7 +169,6 @@ class TorchPath(Path):
         out.copy_(reduced[first: first + rows])
 
     def _all_to_allv(self, call: Call) -> None:
-        self._agree(call)
         for x, out in zip(call.inputs, call.outputs):
             row = _row_bytes(x)
             self._wait(self._collectives.all_to_all_single(_bytes(out), _bytes(x), [n * row for n in call.recv_sizes],
