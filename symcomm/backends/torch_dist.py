@@ -105,10 +105,10 @@ class TorchPath(Path):
         given buffers of different lengths or dtypes, terminates the process of the rank that
         notices and can hand the others rows that are not theirs. So every rank first gathers
         check mode's signature of its call (op, dtype, tensor count, reduction, sizes, bytes),
-        each tensor's row bytes and dtype and, for all_to_allv, its counts: one small collective a call, on the path whose job is
-        to be right on a laptop and in CI. It goes over gloo, not check mode's store exchange,
-        because gloo sees a dead peer's closed socket at once. CUDA tensors skip it (comparing
-        would wait for the device); check mode covers them."""
+        each tensor's row bytes and dtype and, for all_to_allv, its counts: one small collective
+        a call, on the path whose job is to be right on a laptop and in CI. It goes over gloo,
+        not check mode's store exchange, because gloo sees a dead peer's closed socket at once.
+        CUDA tensors skip it (comparing would wait for the device); check mode covers them."""
         if call.inputs[0].device.type != "cpu" or self._world == 1:
             return
         w, recv = self._world, getattr(call, "recv_sizes", None)
