@@ -24,8 +24,11 @@ from .validate import REDOPS
 MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
 MAX_SCALARS = 6  # an operation's own result-changing scalars (fp4's global scale, the norm's eps...)
 KIND = "check"  # the exchange's kind (peers.Peers frames every exchange with one)
-# Codes for the signature only: every dtype NCCL knows, then bool; any other shares the next.
-_DTYPE_LIST = (*DTYPES, torch.bool)
+# Codes for the signature only: every dtype NCCL knows, then the others torch's collectives move
+# (two of one width must differ: a gather of int16 against uint16 bits is no agreed call); any
+# dtype not listed shares the next code.
+_DTYPE_LIST = (*DTYPES, torch.bool, torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.complex64,
+               torch.complex128, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _DTYPES = {d: i for i, d in enumerate(_DTYPE_LIST)}
 _OP_INTS = 3  # the op's name travels as text (24 characters): any operation, no code table
 # The reduction, where one changes the result: "none" for gathers.

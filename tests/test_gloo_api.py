@@ -224,6 +224,8 @@ def _disagreeing(rank, world):
         (lambda: comm.all_to_allv(swapped, [1, 1], [1, 1]), "bytes of a row of tensor 0"),
         (lambda: comm.all_gatherv([torch.ones(1, 2), torch.ones(1, 2, dtype=(torch.float32, torch.int32)[rank])],
                                   [1, 1]), r"dtype of tensor 1 \(rank 0: torch.float32, rank 1: torch.int32\)"),
+        (lambda: comm.all_gather(torch.ones(2, dtype=(torch.int16, torch.uint16)[rank])),
+         r"dtype \(rank 0: torch.int16, rank 1: torch.uint16\)"),
         # One rank's call alone is empty: it must not return while its peers move data.
         (lambda: comm.all_reduce(torch.ones(4 * rank)), r"message size in bytes \(rank 0: 0, rank 1: 16\)"),
         (lambda: comm.all_gatherv(torch.ones(3 * rank, 3), [0, 3 * rank]), r"sizes\[1\] \(rank 0: 0, rank 1: 3\)"),
