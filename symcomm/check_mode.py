@@ -10,6 +10,7 @@ would need the GPU.
 """
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Collection, Sequence
 
@@ -38,12 +39,12 @@ _REDOPS = ("none", *REDOPS)
 MISALIGNMENT = "16-byte misalignment of the all_reduce input/output"
 
 
-def dtype_code(dtype: torch.dtype) -> int:
+def _dtype_code(dtype: torch.dtype) -> int:
     """A dtype's code in a signature: NCCL's dtypes and bool by name, any other one shared code."""
     return _DTYPES.get(dtype, len(_DTYPES))
 
 
-def dtype_name(code: int) -> str:
+def _dtype_name(code: int) -> str:
     return [*map(str, _DTYPE_LIST), "another dtype"][code] if 0 <= code <= len(_DTYPES) else str(code)
 
 
@@ -94,7 +95,7 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
         raise ValueError(f"at most {MAX_SCALARS} checked scalars, got {len(scalars)}")
     # Causes before symptoms: the path follows from the op, dtype, size and alignment, so a
     # size mismatch is reported as one, not as the path disagreement it also causes.
-    values = [*text_ints(op or call.op, _OP_INTS), dtype_code(call.dtype), len(call.inputs),
+    values = [*text_ints(op or call.op, _OP_INTS), _dtype_code(call.dtype), len(call.inputs),
               _REDOPS.index(call.redop or "none")]
     names = ["op"] * _OP_INTS + ["dtype", "number of tensors", "reduction op"]
     values += [v for _, v in scalars] + [0] * (MAX_SCALARS - len(scalars))
@@ -109,9 +110,15 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
     # Other ops: in-place gathers and scatters sit at rank-dependent offsets by design.
     values.append((call.in_ptrs[0] | call.out_ptrs[0]) & 15 if call.op == "all_reduce" else 0)
     names.append(MISALIGNMENT)
+    many = len(call.inputs) > 1
+    # A list of tensors: the totals above can agree while its tensors do not (row widths swapped
+    # between ranks), and the dtype above is the first one's. One tensor may take any shape.
+    for i in range(MAX_CHECKED_TENSORS):
+        x = call.inputs[i] if many and i < len(call.inputs) else None
+        values += [-1, -1] if x is None else [x.element_size() * math.prod(x.shape[1:]), _dtype_code(x.dtype)]
+        names += [f"bytes of a row of tensor {i}", f"dtype of tensor {i}"]
     values.append(path)
     names.append("path")
-    many = len(call.inputs) > 1
     gathers = call.op in ("all_gather", "all_gatherv")
     for i in range(MAX_CHECKED_TENSORS):
         pair = i < len(call.inputs)
@@ -134,7 +141,8 @@ def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequenc
     shows an entry's raw value readably (by name), for an operation's own scalars."""
     readable: dict[str, Callable[[int], object]] = {
         "path": lambda v: path_names[v] if 0 <= v < len(path_names) else v,
-        "dtype": dtype_name, "reduction op": lambda v: _REDOPS[v],
+        "dtype": _dtype_name, "reduction op": lambda v: _REDOPS[v],
+        **{f"dtype of tensor {i}": _dtype_name for i in range(MAX_CHECKED_TENSORS)},
         **(decode or {})}
     ops = [ints_text(row[:_OP_INTS]) for row in table]
     if any(op != ops[0] for op in ops):

@@ -217,7 +217,7 @@ def _disagreeing(rank, world):
         (lambda: comm.all_gatherv(torch.ones(2, 3 + rank), [2, 2]), "message size in bytes"),
         (lambda: comm.all_gatherv([torch.ones(2, 3)] * (1 + rank), [2, 2]), "number of tensors"),
         (lambda: comm.all_to_allv(torch.ones(2, 3), [1, 1], [1, 1] if rank == 0 else [2, 1]),
-         r"rank 0's send_sizes\[1\] is 1, but rank 1's recv_sizes\[0\] is 2"),
+         r"rank 0 sends 1 rows to rank 1, but rank 1 expects 2 from rank 0"),
         (lambda: comm.all_to_allv(torch.ones(2, 3 + rank), [1, 1], [1, 1]), "message size in bytes"),
         # The totals agree; the tensors do not.
         (lambda: comm.all_gatherv(swapped, [2, 2]), r"bytes of a row of tensor 0 \(rank 0: 16, rank 1: 32\)"),
@@ -234,6 +234,8 @@ def _disagreeing(rank, world):
         with pytest.raises(symcomm.PeerMismatchError, match=match):
             call()
         assert comm.all_reduce(torch.ones(2)).tolist() == [world, world], f"case {i}: out of step after"
+    # One tensor may take another shape on each rank: only its bytes and dtype must agree.
+    assert comm.all_reduce(torch.ones(4) if rank == 0 else torch.ones(2, 2)).sum().item() == 4 * world
     # Calls empty on every rank still return at once, and in step.
     assert comm.all_reduce(torch.ones(0)).numel() == 0 and comm.all_gatherv(torch.ones(0, 3), [0, 0]).shape == (0, 3)
     assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from .. import check_mode
 from ..base import TORCH, Call, Path, Setup, runner_table
 from ..errors import PeerMismatchError
+from ..operations.all_to_allv import counts_problem, signature_view
 from ..peers import GroupCollectives, HostCollectives, Peers
 
 _REDUCE_OPS = {
@@ -44,11 +45,13 @@ class TorchPath(Path):
         self._peers: Peers | None = None
         self._rank = 0
         self._world = 1
+        self._agrees = False
 
     def open(self, setup: Setup) -> str | None:
         self._peers = setup.peers
         self._collectives = setup.peers.collectives(setup.device)
         self._rank, self._world = setup.peers.rank, setup.peers.world_size
+        self._agrees = setup.device.type == "cpu" and self._world > 1  # see _agree
         return None
 
     def close(self) -> None:
@@ -104,43 +107,26 @@ class TorchPath(Path):
         """Ranks that disagree about a call on CPU tensors all raise PeerMismatchError. gloo,
         given buffers of different lengths or dtypes, terminates the process of the rank that
         notices and can hand the others rows that are not theirs. So every rank first gathers
-        check mode's signature of its call (op, dtype, tensor count, reduction, sizes, bytes),
-        each tensor's row bytes and dtype and, for all_to_allv, its counts: one small collective
-        a call, on the path whose job is to be right on a laptop and in CI. It goes over gloo,
-        not check mode's store exchange, because gloo sees a dead peer's closed socket at once.
-        CUDA tensors skip it (comparing would wait for the device); check mode covers them."""
-        if call.inputs[0].device.type != "cpu" or self._world == 1:
+        check mode's signature of its call and, for all_to_allv, its counts: one small
+        collective a call, on the path whose job is to be right on a laptop and in CI. It goes
+        over gloo, not check mode's store exchange, because gloo sees a dead peer's closed
+        socket at once. CUDA tensors skip it (comparing would wait for the device); check mode
+        covers them."""
+        if not self._agrees:
             return
-        w, recv = self._world, getattr(call, "recv_sizes", None)
-        if recv is not None:  # each rank's counts differ by design: compared as a matrix below
-            view = Call(call.op, call.inputs, call.outputs, call.in_ptrs, call.out_ptrs, None, None,
-                        sum(_row_bytes(t) for t in call.inputs))
-        else:
-            view = call
-        values, names = check_mode.signature(view, 0, w, None)
-        # Per tensor (the signature has the first's dtype and all tensors' total bytes): a list
-        # whose tensors swap row widths between ranks adds up alike and would still reach gloo.
-        for i in range(check_mode.MAX_CHECKED_TENSORS):
-            x = call.inputs[i] if i < len(call.inputs) else None
-            values += [-1, -1] if x is None else [_row_bytes(x), check_mode.dtype_code(x.dtype)]
-            names += [f"bytes of a row of tensor {i}", f"dtype of tensor {i}"]
-        mine = torch.tensor([*values, *(call.sizes + recv if recv is not None else [0] * 2 * w)], dtype=torch.int64)
+        w, counts = self._world, getattr(call, "recv_sizes", None)
+        if counts is not None:
+            counts = call.sizes + counts
+        values, names = check_mode.signature(call if counts is None else signature_view(call), 0, w, None)
+        mine = torch.tensor([*values, *(counts or [0] * 2 * w)], dtype=torch.int64)
         rows = [torch.empty_like(mine) for _ in range(w)]
         self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's signature")
         told = [r.tolist() for r in rows]
-        problem = check_mode.first_mismatch([t[:len(names)] for t in told], names, (self.name,),
-                                            {f"dtype of tensor {i}": check_mode.dtype_name
-                                             for i in range(check_mode.MAX_CHECKED_TENSORS)})
+        problem = check_mode.first_mismatch([t[:len(names)] for t in told], names, (self.name,))
+        if problem is None and counts is not None:
+            problem = counts_problem([t[len(names):] for t in told])
         if problem is not None:
-            raise PeerMismatchError(f"{call.op}: {problem}: every rank must make the same call (dtypes, sizes and "
-                                    f"row shapes included)")
-        if recv is not None:
-            counts = [t[len(names):] for t in told]
-            for r in range(w):
-                for q in range(w):
-                    if counts[r][q] != counts[q][w + r]:
-                        raise PeerMismatchError(f"all_to_allv: rank {r}'s send_sizes[{q}] is {counts[r][q]}, but "
-                                                f"rank {q}'s recv_sizes[{r}] is {counts[q][w + r]}: they must be equal")
+            raise PeerMismatchError(f"{call.op}: {problem}. Every rank must make the same call")
 
     def _all_gatherv(self, call: Call) -> None:
         longest = max(call.sizes)

@@ -105,25 +105,12 @@ class AllToAllv(Operation):
     def check_signature(self, call: AllToAllvCall, path_index: int, world: int,
                         locate: Callable[[int], tuple[int, int]] | None,
                         compared: Collection[str]) -> tuple[list[int], list[str]]:
-        """The per-rank counts differ by design: the signature leaves them out (check_more
-        compares them as the matrix they form), and the size is the tensors' row width in bytes,
-        which must agree."""
-        view = Call(OP, call.inputs, call.outputs, call.in_ptrs, call.out_ptrs, None, None,
-                    sum(t.element_size() * _row_numel(t) for t in call.inputs))
-        return check_mode.signature(view, path_index, world, locate, compared, OP, ())
+        return check_mode.signature(signature_view(call), path_index, world, locate, compared, OP, ())
 
     def check_more(self, call: AllToAllvCall, path: Path, peers: Peers) -> None:
-        """Every rank's send counts against its peers' receive counts: rank r's send_sizes[p]
-        must be rank p's recv_sizes[r]. The same verdict on every rank."""
-        rows = peers.exchange([*call.sizes, *call.recv_sizes], kind=check_mode.KIND)
-        world = len(rows)
-        for r in range(world):
-            for p in range(world):
-                sent, got = rows[r][p], rows[p][world + r]
-                if sent != got:
-                    raise PeerMismatchError(
-                        f"check mode: {OP}: rank {r} sends {sent} rows to rank {p}, but rank {p} expects {got} "
-                        f"from rank {r} (send_sizes[{p}] on rank {r} must equal recv_sizes[{r}] on rank {p})")
+        problem = counts_problem(peers.exchange([*call.sizes, *call.recv_sizes], kind=check_mode.KIND))
+        if problem is not None:
+            raise PeerMismatchError(f"check mode: {OP}: {problem}")
 
     def compiled(self, comm: Any, tensors: Any, send_sizes: Sequence[int], recv_sizes: Sequence[int],
                  out: Any = None, algo: str = "auto") -> Any:
@@ -149,6 +136,27 @@ class AllToAllv(Operation):
             return exchange()  # never pooled: its shapes are this rank's counts (gradient_pooled's rule)
 
         return {"xs": [returned(g, x) if x.needs_grad else None for g, x in zip(gs, grad.args["xs"])]}
+
+
+def signature_view(call: AllToAllvCall) -> Call:
+    """The call as check mode's signature sees it. The per-rank counts differ by design, so they
+    are left out (counts_problem compares them as the matrix they form), and the size is the
+    tensors' row width in bytes, which must agree."""
+    return Call(OP, call.inputs, call.outputs, call.in_ptrs, call.out_ptrs, None, None,
+                sum(t.element_size() * _row_numel(t) for t in call.inputs))
+
+
+def counts_problem(rows: list[list[int]]) -> str | None:
+    """Every rank's counts (row r: rank r's send_sizes, then its recv_sizes) as one verdict, the
+    same on every rank: rank r's send_sizes[p] must be rank p's recv_sizes[r]."""
+    world = len(rows)
+    for r in range(world):
+        for p in range(world):
+            sent, got = rows[r][p], rows[p][world + r]
+            if sent != got:
+                return (f"rank {r} sends {sent} rows to rank {p}, but rank {p} expects {got} from rank {r} "
+                        f"(send_sizes[{p}] on rank {r} must equal recv_sizes[{r}] on rank {p})")
+    return None
 
 
 def _row_numel(t: torch.Tensor) -> int:
