@@ -310,8 +310,8 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ArgumentError("out must be a (packed, scales) pair")
-        packed = validate.given("out[0]", out[0], (n, h // 2), torch.uint8, x.device)
-        scales = validate.given("out[1]", out[1], s_shape, torch.float8_e4m3fn, x.device)
+        packed = validate.destination("out[0]", out[0], (n, h // 2), torch.uint8, x.device)
+        scales = validate.destination("out[1]", out[1], s_shape, torch.float8_e4m3fn, x.device)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace a ctypes launch: the codec is a torch.library op there.
         got = _quantize_op(x, *_scale_args(global_scale), swizzle)
@@ -341,7 +341,7 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
     n, h = _check_quantized(packed, scales, swizzled)
     dtype = _check_dtype(dtype)
     if out is not None:
-        out = validate.given("out", out, (n, h), dtype, packed.device)
+        out = validate.destination("out", out, (n, h), dtype, packed.device)
     if torch.compiler.is_compiling():
         decoded = _dequantize_op(packed, scales, *_scale_args(global_scale), dtype, swizzled)
         return decoded if out is None else out.copy_(decoded)

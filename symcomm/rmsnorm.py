@@ -169,19 +169,19 @@ def check_args(device: torch.device, x: object, weight: object, residual: object
         if swizzle and quant != "nvfp4":
             raise ArgumentError("swizzle=True lays out NVFP4 block scales: it needs quant='nvfp4'")
     if residual_out is not None:
-        residual_out = validate.given("residual_out", residual_out, x.shape, x.dtype, device)
+        residual_out = validate.destination("residual_out", residual_out, x.shape, x.dtype, device)
     scales_out = None
     if out is not None:
         if quant == "nvfp4":
             if not isinstance(out, (tuple, list)) or len(out) != 2:
                 raise ArgumentError("out must be a (payload, scales) pair for quant='nvfp4'")
-            scales_out = validate.given("out[1]", out[1], fp4.scales_shape(tokens, hidden, swizzle),
-                                        torch.float8_e4m3fn, device)
-            out = validate.given("out[0]", out[0], (tokens, hidden // 2), torch.uint8, device)
+            scales_out = validate.destination("out[1]", out[1], fp4.scales_shape(tokens, hidden, swizzle),
+                                              torch.float8_e4m3fn, device)
+            out = validate.destination("out[0]", out[0], (tokens, hidden // 2), torch.uint8, device)
         elif quant == "fp8":
-            out = validate.given("out", out, tuple(x.shape), torch.float8_e4m3fn, device)
+            out = validate.destination("out", out, tuple(x.shape), torch.float8_e4m3fn, device)
         else:
-            out = validate.given("out", out, tuple(x.shape), x.dtype, device)
+            out = validate.destination("out", out, tuple(x.shape), x.dtype, device)
     call = NormCall(x, weight, residual, eps, quant, scale, swizzle, out, scales_out, residual_out)
     _check_memory(call)
     return call

@@ -20,6 +20,7 @@ from .errors import ArgumentError, DtypeError, shown
 REDOPS = ("sum", "prod", "max", "min", "avg")
 REDOP_SET = frozenset(REDOPS)
 UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
+_compiling = torch.compiler.is_compiling
 
 # These checks run on every eager call, inside the <= 3 us budget symcomm may add over a raw
 # ctypes NCCL call (bench/eager_overhead.py). So the happy path reads a few cheap attributes
@@ -128,13 +129,21 @@ def capacity(name: str, value: object, multiple: int) -> int:
 
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
     index = device.index
+    # Dynamo cannot trace is_conj/is_neg (they return bools), and a traced program has no lazy
+    # views to refuse: its inputs are resolved before the graph runs.
     if isinstance(t, torch.Tensor) and t.is_contiguous() and (
+            _compiling() or not (t.is_conj() or t.is_neg())) and (
             t.get_device() == index if index is not None else t.device == device):
         return t
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != device:
         raise ArgumentError(f"{name} is on {t.device}, but the call runs on {device}")
+    if not _compiling() and (t.is_conj() or t.is_neg()):
+        # Lazy views: the memory holds the values before the conjugation or negation, which every
+        # path reads or writes as bytes.
+        raise ArgumentError(f"{name} is a lazily {'conjugated' if t.is_conj() else 'negated'} view, whose memory "
+                            f"does not hold its values: call .resolve_conj() and .resolve_neg() first")
     raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
 
 
@@ -148,30 +157,48 @@ def given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, devi
     return t
 
 
+def destination(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """A caller-supplied tensor the call writes into: ``given``'s rules and ``writable``'s."""
+    t = given(name, t, shape, dtype, device)
+    # Under torch.compile the traced program's own functionalization refuses such writes while
+    # tracing, before anything runs (and Dynamo cannot trace is_inference).
+    if not _compiling() and (t.requires_grad or t.is_inference()):
+        writable(name, t)
+    return t
+
+
 def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
-    return given(name, out, shape, like.dtype, like.device)
+    return destination(name, out, shape, like.dtype, like.device)
+
+
+def writable(name: str, t: torch.Tensor) -> None:
+    """A tensor the call writes into. torch refuses to write into a leaf that requires grad (or a
+    view of one) while grad mode is on, and into an inference tensor outside inference mode, but
+    only when the data arrives: after the collective ran, so the peers would wait for this rank
+    in the next one. Refused here first, by name, before any communication. (One refusal still
+    comes late: writing into a view that a multi-output op such as unbind made of a non-leaf;
+    torch has no public way to tell such a view apart, nor a public view base: ``_base`` is what
+    torch's own checks read.)"""
+    argument = name.split("[")[0].split(".")[0]
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ArgumentError(f"{name} was made under torch.inference_mode(), and autograd lets nothing write "
+                            f"into such a tensor outside it: pass {argument}=None for a new tensor")
+    if t.requires_grad and torch.is_grad_enabled():
+        base = t._base if t._base is not None else t
+        if base.is_leaf:
+            view = "a view of " if base is not t else ""
+            raise ArgumentError(f"{name} is {view}a leaf tensor that requires grad, which autograd lets nothing "
+                                f"write into in place: pass {argument}=None for a new tensor, or one that does "
+                                f"not require grad (or call under torch.no_grad())")
 
 
 def recordable(outputs: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """The outputs of a call autograd records are written in place, and torch refuses that for a
-    leaf that requires grad (or a view of one) and for an inference tensor, but only once the
-    collective has run: refused here first, by name. (One refusal still comes late: writing into
-    a view that a multi-output op such as unbind made of a non-leaf; torch has no public way to
-    tell such a view apart, nor a public view base: ``_base`` is what torch's own checks read.)"""
+    """The outputs of a call autograd records (grad mode is on), each checked by ``writable``."""
     for name, t in outputs:
-        argument = name.split("[")[0].split(".")[0]
-        if t.is_inference():
-            raise ArgumentError(f"{name} was made under torch.inference_mode(), and autograd lets nothing write "
-                                f"into such a tensor outside it: pass {argument}=None for a new tensor")
-        if t.requires_grad:
-            base = t._base if t._base is not None else t
-            if base.is_leaf:
-                view = "a view of " if base is not t else ""
-                raise ArgumentError(f"{name} is {view}a leaf tensor that requires grad, which autograd lets nothing "
-                                    f"write into in place: pass {argument}=None for a new tensor, or one that does "
-                                    f"not require grad")
+        writable(name, t)
 
 
 def redop(op: object, dtype: torch.dtype) -> str:

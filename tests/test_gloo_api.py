@@ -246,6 +246,48 @@ def test_ranks_that_disagree_about_a_call_on_cpu_all_raise_without_check_mode():
     run_world(_disagreeing, 2)
 
 
+def _refused_before_communicating(rank, world):
+    """Inputs and outputs that torch refuses only when the data arrives (after the collective)
+    are refused first, by name: the rank that passed them raises ArgumentError, its peers in
+    check mode a PeerMismatchError carrying its reason, and the next call is still in step."""
+    comm = symcomm.Communicator(check=True)
+
+    def inference_zeros():
+        with torch.inference_mode():
+            return torch.zeros(2)
+
+    complex_ones = torch.ones(2, dtype=torch.complex64)
+    cases = [  # rule, rank 0's call, its peers' call
+        ("leaf tensor that requires grad", lambda: comm.all_reduce(torch.ones(2), out=torch.zeros(2, requires_grad=True)),
+         lambda: comm.all_reduce(torch.ones(2))),
+        ("inference_mode", lambda: comm.all_reduce(torch.ones(2), out=inference_zeros()),
+         lambda: comm.all_reduce(torch.ones(2))),
+        ("conjugated view", lambda: comm.all_gather(complex_ones.conj()), lambda: comm.all_gather(complex_ones)),
+        ("negated view", lambda: comm.all_gather(complex_ones.conj().imag), lambda: comm.all_gather(torch.ones(2))),
+        ("leaf tensor that requires grad",
+         lambda: comm.all_gatherv(torch.ones(1, 3), [1] * world, out=torch.zeros(world, 3, requires_grad=True)),
+         lambda: comm.all_gatherv(torch.ones(1, 3), [1] * world)),
+    ]
+    for i, (rule, bad, healthy) in enumerate(cases):
+        if rank == 0:
+            with pytest.raises(symcomm.ArgumentError, match=rule):
+                bad()
+        else:
+            with pytest.raises(symcomm.PeerMismatchError, match=rule):
+                healthy()
+        assert comm.all_reduce(torch.ones(2)).tolist() == [world, world], f"case {i}"  # still in step
+    # Where torch allows the write, it runs: under no_grad, and inside inference mode.
+    with torch.no_grad():
+        assert comm.all_reduce(torch.ones(2), out=torch.zeros(2, requires_grad=True)).tolist() == [world, world]
+    with torch.inference_mode():
+        assert comm.all_reduce(torch.ones(2), out=torch.zeros(2)).tolist() == [world, world]
+    comm.close()
+
+
+def test_outputs_and_inputs_torch_refuses_late_are_refused_before_communicating():
+    run_world(_refused_before_communicating, 2)
+
+
 def _check_mode(rank, world):
     comm = symcomm.Communicator(check=True)
     with pytest.raises(symcomm.PeerMismatchError, match="message size"):

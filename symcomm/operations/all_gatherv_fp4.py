@@ -107,14 +107,14 @@ def _check_out(out: object, total: int, h: int, dtype: torch.dtype, extra: list[
                device: torch.device, dequantize: bool) -> Fp4Gathered:
     if not isinstance(out, Fp4Gathered):
         raise ArgumentError(f"out must be an Fp4Gathered, got {type(out).__name__}")
-    validate.given("out.packed", out.packed, (total, h // 2), torch.uint8, device)
-    validate.given("out.scales", out.scales, (total, h // fp4.BLOCK), torch.float8_e4m3fn, device)
+    validate.destination("out.packed", out.packed, (total, h // 2), torch.uint8, device)
+    validate.destination("out.scales", out.scales, (total, h // fp4.BLOCK), torch.float8_e4m3fn, device)
     if len(out.extra) != len(extra):
         raise ArgumentError(f"out.extra has {len(out.extra)} tensors, but extra has {len(extra)}")
     for i, (o, t) in enumerate(zip(out.extra, extra)):
-        validate.given(f"out.extra[{i}]", o, (total, *t.shape[1:]), t.dtype, device)
+        validate.destination(f"out.extra[{i}]", o, (total, *t.shape[1:]), t.dtype, device)
     if dequantize and out.values is not None:
-        validate.given("out.values", out.values, (total, h), dtype, device)
+        validate.destination("out.values", out.values, (total, h), dtype, device)
     return out
 
 

@@ -158,7 +158,7 @@ def into(out: torch.Tensor | None, result: torch.Tensor, name: str = "out") -> t
     must be the result's shape and dtype, as eager requires: copy_ would broadcast and cast."""
     if out is None:
         return result
-    validate.given(name, out, tuple(result.shape), result.dtype, result.device)
+    validate.destination(name, out, tuple(result.shape), result.dtype, result.device)
     out.copy_(result)
     return out
 

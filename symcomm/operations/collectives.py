@@ -39,11 +39,15 @@ def all_reduce_call(x: object, out: object, op: object, device: torch.device) ->
         out = torch.empty_like(x)
         out_ptr = out.data_ptr()
     elif out is x:
+        if x.requires_grad or x.is_inference():
+            validate.writable("out", x)
         out_ptr = x_ptr
     else:
         out = validate.tensor("out", out, device)
         if out.dtype is not dtype or out.shape != x.shape:
             validate.output("out", out, x.shape, x)
+        elif out.requires_grad or out.is_inference():
+            validate.writable("out", out)
         out_ptr = out.data_ptr()
         if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
             validate.in_place("out", out_ptr, nbytes, "x", x_ptr, nbytes, x_ptr)  # raises: partial overlap

@@ -78,7 +78,7 @@ class MoeCombine(EpOperation):
         if quant == "fp8":
             fp8.check_rows(expert_out, "expert_out")
         shape = (handle.tokens, handle.hidden)
-        out = torch.empty(shape, dtype=handle.dtype, device=device) if out is None else validate.given(
+        out = torch.empty(shape, dtype=handle.dtype, device=device) if out is None else validate.destination(
             "out", out, shape, handle.dtype, device)
         for name, t in (("expert_out", expert_out), ("handle.returned", handle.returned)):
             if out.nbytes and t.data_ptr() < out.data_ptr() + out.nbytes and out.data_ptr() < t.data_ptr() + t.nbytes:

@@ -192,7 +192,7 @@ def check_ids_on_host(ids: torch.Tensor, num_experts: int) -> str | None:
 
 
 def _given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return validate.given(name, t, tuple(shape), dtype, device)
+    return validate.destination(name, t, tuple(shape), dtype, device)
 
 
 def _max_tokens_arg(max_tokens: object) -> int:
