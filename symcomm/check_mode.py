@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import struct
+import zlib
 from collections.abc import Callable, Collection, Sequence
 
 import torch
@@ -22,7 +23,7 @@ from .errors import PeerMismatchError
 from .peers import PeerRefusal, Peers, ints_text, text_ints
 from .validate import REDOPS
 
-MAX_CHECKED_TENSORS = 8  # all_gatherv lists longer than this have their tail unchecked
+MAX_CHECKED_TENSORS = 8  # tensors with columns of their own; the rest of a list shares one digest
 MAX_SCALARS = 6  # an operation's own result-changing scalars (fp4's global scale, the norm's eps...)
 KIND = "check"  # the exchange's kind (peers.Peers frames every exchange with one)
 # Codes for the signature only: every dtype NCCL knows, then the others torch's collectives move
@@ -117,6 +118,12 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
         x = call.inputs[i] if many and i < len(call.inputs) else None
         values += [-1, -1] if x is None else [x.element_size() * math.prod(x.shape[1:]), _dtype_code(x.dtype)]
         names += [f"bytes of a row of tensor {i}", f"dtype of tensor {i}"]
+    # Past the columns above, one digest: a mismatch there would make gloo abort the process and
+    # NCCL read past a buffer, as anywhere else in the list.
+    rest = [v for x in call.inputs[MAX_CHECKED_TENSORS:] for v in (x.element_size() * math.prod(x.shape[1:]),
+                                                                    _dtype_code(x.dtype))] if many else []
+    values.append(zlib.crc32(struct.pack(f"<{len(rest)}q", *rest)) if rest else -1)
+    names.append(f"row bytes and dtypes of tensors {MAX_CHECKED_TENSORS} and later (a digest)")
     values.append(path)
     names.append("path")
     gathers = call.op in ("all_gather", "all_gatherv")

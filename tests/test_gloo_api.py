@@ -226,6 +226,10 @@ def _disagreeing(rank, world):
                                   [1, 1]), r"dtype of tensor 1 \(rank 0: torch.float32, rank 1: torch.int32\)"),
         (lambda: comm.all_gather(torch.ones(2, dtype=(torch.int16, torch.uint16)[rank])),
          r"dtype \(rank 0: torch.int16, rank 1: torch.uint16\)"),
+        # Past the tensors with columns of their own: one digest of the rest.
+        (lambda: comm.all_gatherv([torch.ones(2, 2)] * 8 + swapped, [2, 2]), "tensors 8 and later"),
+        (lambda: comm.all_to_allv([torch.ones(2, 2)] * 9 + [torch.ones(2, 1, dtype=(torch.float32, torch.int32)[rank])],
+                                  [1, 1], [1, 1]), "tensors 8 and later"),
         # One rank's call alone is empty: it must not return while its peers move data.
         (lambda: comm.all_reduce(torch.ones(4 * rank)), r"message size in bytes \(rank 0: 0, rank 1: 16\)"),
         (lambda: comm.all_gatherv(torch.ones(3 * rank, 3), [0, 3 * rank]), r"sizes\[1\] \(rank 0: 0, rank 1: 3\)"),
