@@ -250,6 +250,21 @@ def test_ranks_that_disagree_about_a_call_on_cpu_all_raise_without_check_mode():
     run_world(_disagreeing, 2)
 
 
+def _average_that_fits(rank, world):
+    """op='avg' of float16 values whose average fits but whose sum does not: each rank scales
+    first, as NCCL does for floats, so no inf appears."""
+    comm = symcomm.Communicator()
+    big = torch.full((2 * world,), 60000.0, dtype=torch.float16)
+    assert comm.all_reduce(big.clone(), op="avg").tolist() == [60000.0] * (2 * world)
+    assert comm.reduce_scatter(big.clone(), op="avg").tolist() == [60000.0] * 2
+    assert comm.reduce_scatterv(big.clone(), [2] * world, op="avg").tolist() == [60000.0] * 2
+    comm.close()
+
+
+def test_average_of_float16_does_not_overflow_where_the_average_fits():
+    run_world(_average_that_fits, 2)
+
+
 def _refused_before_communicating(rank, world):
     """Inputs and outputs that torch refuses only when the data arrives (after the collective)
     are refused first, by name: the rank that passed them raises ArgumentError, its peers in

@@ -86,11 +86,13 @@ class TorchPath(Path):
             work.wait()  # stream-ordered: the NCCL group's own timeout bounds it
 
     def _reduce_in_place(self, t: torch.Tensor, redop: str) -> None:
-        # gloo has no AVG: sum, then divide (callers only allow avg on floating dtypes).
+        # gloo has no AVG. Each rank scales by 1/world, then they sum, as NCCL's avg does for
+        # floats (callers only allow avg on floating dtypes): summing first overflowed where the
+        # average fits (two float16 ranks holding 60000 gave inf).
+        if redop == "avg":
+            t.mul_(1.0 / self._world)
         self._wait(self._collectives.all_reduce(t, _REDUCE_OPS["sum" if redop == "avg" else redop]), t,
                    "all_reduce")
-        if redop == "avg":
-            t.div_(self._world)
 
     def _all_reduce(self, call: Call) -> None:
         x, out = call.inputs[0], call.outputs[0]
