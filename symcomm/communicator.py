@@ -85,14 +85,14 @@ class Communicator(OperationMethods):
         self.timeout_s, self.timeout_source = validate.group_bound_s(group), "process group"
         self.peers = Peers(group, self.timeout_s)
         try:
-            options = {"symmetric": bool(symmetric),
+            options = {"symmetric": validate.flag("symmetric", symmetric),
                        "symmetric_capacity": validate.capacity("symmetric_capacity", symmetric_capacity, 1),
                        "custom_ar_capacity": validate.capacity("custom_ar_capacity", custom_ar_capacity, 16),
                        "graph_communicators": validate.flag("graph_communicators", graph_communicators),
                        "nccl_max_ctas": validate.count("nccl_max_ctas", nccl_max_ctas, 1, 64)}
             self.timeout_s, self.timeout_source = validate.timeout(timeout_s, group)
             self.peers.timeout_s = self.timeout_s
-            self.check = settings.check_mode() if check is None else bool(check)
+            self.check = settings.check_mode() if check is None else validate.flag("check", check)
             self.device = validate.resolve_device(device, group)
             # Before any NCCL setup, so a bad tuning file fails without leaving communicators behind.
             table = load_table(self.peers.world_size, self.device, keys=(*TABLE_KEYS, *self.operations))

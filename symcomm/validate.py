@@ -35,14 +35,17 @@ def resolve_device(device: torch.device | str | int | None, group: dist.ProcessG
     if device is None:
         has_nccl = "nccl" in str(dist.get_backend(group))
         return torch.device("cuda", torch.cuda.current_device()) if has_nccl else torch.device("cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:  # an int with no accelerator, a bad string
+        raise ArgumentError(f"device must name a cpu or cuda device, got {device!r}: {exc}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ArgumentError(f"device={device} requested but CUDA is not available")
         return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
     if device.type != "cpu":
         raise ArgumentError(f"device must be cpu or cuda, got {device}")
-    return device
+    return torch.device("cpu")  # "cpu:0" too: CPU tensors carry no index to compare with
 
 
 def group_timeout_s(group: dist.ProcessGroup) -> float:

@@ -250,6 +250,21 @@ def test_ranks_that_disagree_about_a_call_on_cpu_all_raise_without_check_mode():
     run_world(_disagreeing, 2)
 
 
+def _constructor_rules(rank, world):
+    for kwargs, rule in (({"check": "false"}, "check must be a bool"), ({"symmetric": "no"}, "symmetric must be a bool"),
+                         ({"device": "tpu"}, "device must")):
+        with pytest.raises(symcomm.ArgumentError, match=rule):
+            symcomm.Communicator(**kwargs)
+    comm = symcomm.Communicator(device="cpu:0")  # CPU tensors carry no index: it is the CPU
+    assert comm.device == torch.device("cpu")
+    assert comm.all_reduce(torch.ones(2, device="cpu:0")).tolist() == [world, world]
+    comm.close()
+
+
+def test_constructor_arguments_are_checked_by_type_and_cpu_0_is_the_cpu():
+    run_world(_constructor_rules, 2)
+
+
 def _average_that_fits(rank, world):
     """op='avg' of float16 values whose average fits but whose sum does not: each rank scales
     first, as NCCL does for floats, so no inf appears."""
