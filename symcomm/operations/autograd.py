@@ -131,9 +131,28 @@ def library_op(name: str, operation: Operation) -> Callable[[Callable], Any]:
             return tuple(got.get(n) for n in names)
 
         op.register_autograd(backward, setup_context=setup_context)
+        ordered(op)
         return op
 
     return define
+
+
+def ordered(op: Any) -> None:
+    """Marks a collective's torch.library op as an ordered side effect, so that torch.compile keeps
+    the program's order of such ops. A functional op may otherwise move past an independent one,
+    and Inductor's schedule differs by rank wherever shapes do (uneven sizes): ranks then meet in
+    different collectives (PeerMismatchError in check mode, a hang over NCCL without it). torch
+    names this registration privately in every release symcomm supports; where it is missing
+    symcomm still runs, with the order left to torch."""
+    try:
+        register = getattr(torch.library, "_register_effectful_op", None)
+        if register is not None:
+            register(op._qualname, torch.library.EffectType.ORDERED)
+        else:
+            from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+            _register_effectful_op(op._opoverload, _EffectType.ORDERED)
+    except (ImportError, AssertionError, RuntimeError):  # a release without it, or one that refuses
+        pass                                            # mutating ops (moe_combine) there
 
 
 def _given(value: Any) -> Any:

@@ -20,6 +20,7 @@ from ..base import Call
 from ..ep import fp8
 from ..errors import ArgumentError
 from ..registry import lookup
+from .autograd import ordered
 from .base import CallContext, into
 from .moe_dispatch import EpHandle, EpOperation, check_quant_dtype, pool_signature
 
@@ -121,6 +122,9 @@ def _moe_combine(expert_out: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
     handle = EpHandle(send_rows, recv_src, expert_offsets, table, returned, topk_ids, topk_weights, num_experts,
                       max_tokens, align, expert_out.dtype)
     return lookup(comm_key).moe_combine(expert_out, handle, quant=quant, algo=algo)
+
+
+ordered(_moe_combine)
 
 
 @_moe_combine.register_fake

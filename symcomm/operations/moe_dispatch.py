@@ -31,7 +31,7 @@ from ..dispatch import Choice
 from ..ep import fp8, layout
 from ..errors import ArgumentError, DtypeError
 from ..registry import lookup
-from .autograd import no_backward, records
+from .autograd import no_backward, ordered, records
 from .base import CallContext, Dispatcher, Operation, scale_args
 
 if TYPE_CHECKING:
@@ -410,6 +410,9 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     h = got.handle
     scales = got.scales if got.scales is not None else x.new_empty((0,))
     return [got.x, scales, got.expert_counts, got.expert_offsets, h.send_rows, h.recv_src, h.table, h.returned]
+
+
+ordered(_moe_dispatch)
 
 
 @_moe_dispatch.register_fake
