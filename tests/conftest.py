@@ -72,3 +72,22 @@ def setup_py():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Why tests skipped, grouped by reason, when pytest was not asked to list them (-rs): on a
+    machine without GPUs over a thousand skip, and the count alone does not say that is expected."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or "s" in (config.option.reportchars or "").replace("a", "s").replace("A", "s"):
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped, by reason (-rs lists each test)")
+    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:6]:
+        terminalreporter.write_line(f"{count:6d}  {reason[:150]}")
+    if len(reasons) > 6:
+        terminalreporter.write_line(f"{'':6}  ... and {len(reasons) - 6} more reasons")

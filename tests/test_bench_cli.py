@@ -459,6 +459,8 @@ def test_the_preamble_says_why_the_cpu_and_what_native_library(world_of_one, cap
     native = [line for line in lines if line.startswith("# Native library: ")]
     assert len(native) == 1
     assert lines.index(native[0]) < lines.index("# Using algo: auto")
+    timing = [line for line in lines if line.startswith("# Timing: ")]
+    assert len(timing) == 1 and "not symcomm's GPU paths" in timing[0], timing
 
 
 def test_more_cpu_ranks_than_cores_run_with_a_warning(no_launcher_env, monkeypatch, capsys):

@@ -214,8 +214,9 @@ class Runner:
         elif cuda:
             timing = f"Timing: {cfg.iters} eager ops between CUDA events, averaged over ranks"
         else:
-            timing = (f"Timing: {cfg.iters} eager ops after a barrier, perf_counter, "
-                      f"averaged over ranks")
+            timing = (f"Timing: {cfg.iters} eager ops after a barrier, perf_counter, averaged over "
+                      f"ranks; on the CPU they time gloo on this host, not symcomm's GPU paths: "
+                      f"check #wrong here, quote times only from GPUs")
         if cfg.rounds > 1:
             timing += f"; median of {cfg.rounds} rounds, the paths interleaved"
         notes = [*self.notes, timing]
