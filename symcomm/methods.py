@@ -1,6 +1,6 @@
 """The Communicator's public operation methods: each is its operation's descriptor run the one way
 (Communicator._run: validate once -> choose -> check mode -> run), or, under torch.compile and
-whenever autograd records the call (a tensor argument requires grad, grad mode on), the
+whenever autograd records the call (a tensor argument or out= requires grad, grad mode on), the
 descriptor's torch.library op, which carries its backward (symcomm/operations/autograd.py); a
 recorded call is validated as an eager one first (OperationMethods._recorded). The
 arguments are documented here; their rules live in the descriptors (symcomm/operations/)."""
@@ -53,7 +53,7 @@ class OperationMethods:
         """Reduce ``x`` over all ranks into ``out`` (a new tensor, or ``x`` itself for in place)."""
         if _is_compiling():
             return ALL_REDUCE.compiled(self, x, out, op, algo)
-        if getattr(x, "requires_grad", False) and _grad_enabled():  # records(x), inline
+        if (getattr(x, "requires_grad", False) or getattr(out, "requires_grad", False)) and _grad_enabled():
             return self._recorded(ALL_REDUCE, (x, out, op), algo)
         return self._run(ALL_REDUCE, (x, out, op), algo).outputs[0]
 
@@ -61,7 +61,7 @@ class OperationMethods:
         """Concatenate every rank's ``x`` along dim 0, in rank order."""
         if _is_compiling():
             return ALL_GATHER.compiled(self, x, out, algo)
-        if getattr(x, "requires_grad", False) and _grad_enabled():  # records(x), inline
+        if (getattr(x, "requires_grad", False) or getattr(out, "requires_grad", False)) and _grad_enabled():
             return self._recorded(ALL_GATHER, (x, out), algo)
         return self._run(ALL_GATHER, (x, out), algo).outputs[0]
 
@@ -72,7 +72,7 @@ class OperationMethods:
         NCCL group. Returns a tensor for a tensor, a list for a list."""
         if _is_compiling():
             return ALL_GATHERV.compiled(self, tensors, sizes, out, algo)
-        if records(tensors):
+        if records(tensors, out):
             return self._recorded(ALL_GATHERV, (tensors, sizes, out), algo)
         return ALL_GATHERV.result(self._run(ALL_GATHERV, (tensors, sizes, out), algo))
 
@@ -81,7 +81,7 @@ class OperationMethods:
         """Reduce ``x`` over ranks; rank r keeps rows [r*n, (r+1)*n) with n = x.shape[0] / world."""
         if _is_compiling():
             return REDUCE_SCATTER.compiled(self, x, out, op, algo)
-        if getattr(x, "requires_grad", False) and _grad_enabled():  # records(x), inline
+        if (getattr(x, "requires_grad", False) or getattr(out, "requires_grad", False)) and _grad_enabled():
             return self._recorded(REDUCE_SCATTER, (x, out, op), algo)
         return self._run(REDUCE_SCATTER, (x, out, op), algo).outputs[0]
 
@@ -90,7 +90,7 @@ class OperationMethods:
         """Reduce ``x`` (sum(sizes) rows) over ranks; rank r keeps its ``sizes[r]`` rows."""
         if _is_compiling():
             return REDUCE_SCATTERV.compiled(self, x, sizes, out, op, algo)
-        if getattr(x, "requires_grad", False) and _grad_enabled():  # records(x), inline
+        if (getattr(x, "requires_grad", False) or getattr(out, "requires_grad", False)) and _grad_enabled():
             return self._recorded(REDUCE_SCATTERV, (x, sizes, out, op), algo)
         return self._run(REDUCE_SCATTERV, (x, sizes, out, op), algo).outputs[0]
 
@@ -103,7 +103,7 @@ class OperationMethods:
         layout of the scales, ``out`` preallocated outputs (symcomm/operations/all_gatherv_fp4.py)."""
         if _is_compiling():
             return ALL_GATHERV_FP4.compiled(self, x, sizes, global_scale, extra, dequantize, swizzle, out, algo)
-        if records(x, extra):
+        if records(x, extra, out):
             return self._recorded(ALL_GATHERV_FP4, (x, sizes, global_scale, extra, dequantize, swizzle, out), algo)
         return ALL_GATHERV_FP4.result(self._run(ALL_GATHERV_FP4,
                                                 (x, sizes, global_scale, extra, dequantize, swizzle, out), algo))
@@ -118,7 +118,7 @@ class OperationMethods:
         if _is_compiling():
             return ALL_REDUCE_RMSNORM.compiled(self, x, weight, residual, eps, out, residual_out, quant, scale,
                                                swizzle, algo)
-        if records(x, weight, residual):
+        if records(x, weight, residual, out, residual_out):
             return self._recorded(ALL_REDUCE_RMSNORM, (x, weight, residual, eps, out, residual_out, quant, scale,
                                                        swizzle), algo)
         return ALL_REDUCE_RMSNORM.result(self._run(ALL_REDUCE_RMSNORM, (x, weight, residual, eps, out, residual_out,
@@ -133,7 +133,7 @@ class OperationMethods:
         (symcomm/operations/all_to_allv.py)."""
         if _is_compiling():
             return ALL_TO_ALLV.compiled(self, tensors, send_sizes, recv_sizes, out, algo)
-        if records(tensors):
+        if records(tensors, out):
             return self._recorded(ALL_TO_ALLV, (tensors, send_sizes, recv_sizes, out), algo)
         return ALL_TO_ALLV.result(self._run(ALL_TO_ALLV, (tensors, send_sizes, recv_sizes, out), algo))
 

@@ -322,6 +322,52 @@ def test_outputs_and_inputs_torch_refuses_late_are_refused_before_communicating(
     run_world(_refused_before_communicating, 2)
 
 
+def _outputs_that_require_grad(rank, world):
+    """An out= that requires grad (not a leaf) while the input does not: the call is recorded,
+    so out's history becomes the copy of a result that needs no gradient, as out.copy_(result)
+    would make it. Eager paths had written its bytes where autograd does not look, leaving its
+    old history: a.grad was 2 everywhere instead of 0."""
+    comm = symcomm.Communicator()
+    sizes = [r + 1 for r in range(world)]
+    total, bf16 = sum(sizes), torch.bfloat16
+    x = torch.full((sizes[rank], 2), float(rank + 1))
+    gathered = torch.cat([torch.full((n, 2), float(r + 1)) for r, n in enumerate(sizes)])
+    cases = [  # name, call into out, out's shape, the expected value
+        ("all_gather", lambda out: comm.all_gather(torch.full((2,), float(rank)), out=out), (2 * world,),
+         torch.arange(world, dtype=torch.float32).repeat_interleave(2)),
+        ("all_gatherv", lambda out: comm.all_gatherv(x, sizes, out=out), (total, 2), gathered),
+        ("all_to_allv", lambda out: comm.all_to_allv(torch.full((world, 2), float(rank)), [1] * world, [1] * world,
+                                                      out=out), (world, 2),
+         torch.arange(world, dtype=torch.float32)[:, None].expand(world, 2)),
+        ("all_reduce", lambda out: comm.all_reduce(torch.ones(3), out=out), (3,), torch.full((3,), float(world))),
+        ("reduce_scatter", lambda out: comm.reduce_scatter(torch.ones(2 * world), out=out), (2,),
+         torch.full((2,), float(world))),
+        ("all_reduce_rmsnorm", lambda out: comm.all_reduce_rmsnorm(torch.ones(2, 16, dtype=bf16), torch.ones(16, dtype=bf16),
+                                                                   out=out)[0], (2, 16), torch.ones(2, 16, dtype=bf16)),
+    ]
+    for name, call, shape, expected in cases:
+        a = torch.ones(shape, dtype=expected.dtype, requires_grad=True)
+        out = a * 2
+        got = call(out)
+        assert got is out and torch.equal(out.detach(), expected), (name, out)
+        out.sum().backward()
+        assert torch.equal(a.grad, torch.zeros_like(a)), (name, a.grad)
+    # Inside an Fp4Gathered: its extra tensors.
+    a = torch.ones(total, 3, requires_grad=True)
+    extra = torch.full((sizes[rank], 3), float(rank))
+    like = comm.all_gatherv_fp4(torch.ones(sizes[rank], 16), sizes, 1.0, extra=[extra])
+    out = like._replace(extra=(a * 2,))
+    got = comm.all_gatherv_fp4(torch.ones(sizes[rank], 16), sizes, 1.0, extra=[extra], out=out)
+    assert got.extra[0] is out.extra[0] and torch.equal(got.extra[0].detach(), like.extra[0])
+    got.extra[0].sum().backward()
+    assert torch.equal(a.grad, torch.zeros(total, 3)), a.grad
+    comm.close()
+
+
+def test_an_output_that_requires_grad_gets_the_gradient_of_a_copy():
+    run_world(_outputs_that_require_grad, 2)
+
+
 def _compiled_order(rank, world):
     """torch.compile keeps the program's order of symcomm's collectives on every rank, also where
     the ranks' shapes differ (uneven sizes), which leads Inductor to schedule them differently.

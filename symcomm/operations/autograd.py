@@ -91,16 +91,21 @@ def in_pool(comm_key: int, t: torch.Tensor) -> bool:
 
 
 def records(*tensors: object) -> bool:
-    """Whether autograd records a call on these arguments (tensors, lists of them, or anything:
-    what is not a tensor records nothing, and the validator names it). Then the call runs as its
-    torch.library op, which carries the backward."""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:
+    """Whether autograd records a call on these arguments (tensors, lists of them, result tuples
+    given as ``out=`` such as Fp4Gathered, or anything: what is not a tensor records nothing, and
+    the validator names it). Then the call runs as its torch.library op, which carries the
+    backward. An ``out=`` that requires grad counts: the eager paths write its bytes where
+    autograd does not see them, so it would keep its old history and give wrong gradients; the
+    op's copy into it is recorded."""
+    return torch.is_grad_enabled() and _requires_grad(tensors, 2)
+
+
+def _requires_grad(values: Sequence[object], depth: int) -> bool:
+    for t in values:
         if isinstance(t, torch.Tensor):
             if t.requires_grad:
                 return True
-        elif isinstance(t, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.requires_grad for v in t):
+        elif depth and isinstance(t, (list, tuple)) and _requires_grad(t, depth - 1):
             return True
     return False
 

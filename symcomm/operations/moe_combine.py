@@ -62,7 +62,7 @@ class MoeCombine(EpOperation):
     window_rule = OFFSETS_RULE
 
     def build(self, ctx: CallContext, expert_out: Any, handle: Any, quant: Any = None, out: Any = None) -> CombineCall:
-        self.refuse_gradient(expert_out)
+        self.refuse_gradient(expert_out, out)
         device = ctx.device
         if not isinstance(handle, EpHandle):
             raise ArgumentError(f"handle must be the EpHandle a dispatch returned (Dispatched.handle), got "
@@ -102,7 +102,7 @@ class MoeCombine(EpOperation):
 
     def compiled(self, comm: Any, expert_out: torch.Tensor, handle: EpHandle, quant: str | None = None,
                  out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
-        self.refuse_gradient(expert_out)
+        self.refuse_gradient(expert_out, out)
         h = handle
         got = _moe_combine(expert_out, h.topk_ids, h.topk_weights, h.send_rows, h.recv_src, h.expert_offsets, h.table,
                            h.returned, h.num_experts, h.max_tokens, h.align, quant, comm.key, algo)

@@ -242,7 +242,7 @@ class MoeDispatch(EpOperation):
     def build(self, ctx: CallContext, x: Any, topk_ids: Any, topk_weights: Any, num_experts: Any,
               max_tokens: Any = None, quant: Any = None, global_scale: Any = None, align: Any = 1,
               swizzle: Any = False, out: Any = None) -> DispatchCall:
-        self.refuse_gradient(x, topk_weights)
+        self.refuse_gradient(x, topk_weights, out)
         device, world = ctx.device, ctx.world_size
         x = validate.tensor("x", x, device)
         if x.ndim != 2:
@@ -368,7 +368,7 @@ class MoeDispatch(EpOperation):
                  num_experts: int, max_tokens: int | None = None, quant: str | None = None, global_scale: Any = None,
                  align: int = 1, swizzle: bool = False, out: Dispatched | None = None,
                  algo: str = "auto") -> Dispatched:
-        self.refuse_gradient(x, topk_weights)
+        self.refuse_gradient(x, topk_weights, out)
         max_tokens = _max_tokens_arg(max_tokens)  # the op's schema takes an int: name the rule first
         if out is not None:
             raise ArgumentError("out= is not supported under torch.compile: the compiled dispatch allocates its own "
