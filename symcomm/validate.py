@@ -21,6 +21,7 @@ REDOPS = ("sum", "prod", "max", "min", "avg")
 REDOP_SET = frozenset(REDOPS)
 UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
 _compiling = torch.compiler.is_compiling
+_STRIDED = torch.strided
 
 # These checks run on every eager call, inside the <= 3 us budget symcomm may add over a raw
 # ctypes NCCL call (bench/eager_overhead.py). So the happy path reads a few cheap attributes
@@ -134,12 +135,23 @@ def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
     index = device.index
     # Dynamo cannot trace is_conj/is_neg (they return bools), and a traced program has no lazy
     # views to refuse: its inputs are resolved before the graph runs.
-    if isinstance(t, torch.Tensor) and t.is_contiguous() and (
-            _compiling() or not (t.is_conj() or t.is_neg())) and (
+    if isinstance(t, torch.Tensor) and t.layout is _STRIDED and not (t.is_quantized or t.is_nested) and (
+            t.is_contiguous()) and (_compiling() or not (t.is_conj() or t.is_neg())) and (
             t.get_device() == index if index is not None else t.device == device):
         return t
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # Every path moves a tensor's memory as dense bytes: these hold something else there (and
+    # torch's own answer to is_contiguous or data_ptr for them is an internal error).
+    if t.is_quantized:
+        raise DtypeError(f"{name} is a quantized tensor ({t.dtype}): symcomm moves plain dense tensors; pass "
+                         f"{name}.int_repr() or {name}.dequantize()")
+    if t.is_nested:
+        raise ArgumentError(f"{name} is a nested tensor: symcomm moves plain dense tensors; pass its components "
+                            f"(unbind()) or a padded tensor (to_padded_tensor)")
+    if t.layout is not _STRIDED:
+        raise ArgumentError(f"{name} has layout {t.layout}: symcomm moves dense strided tensors; call "
+                            f"{name}.to_dense() first")
     if t.device != device:
         raise ArgumentError(f"{name} is on {t.device}, but the call runs on {device}")
     if not _compiling() and (t.is_conj() or t.is_neg()):

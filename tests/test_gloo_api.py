@@ -301,6 +301,13 @@ def _refused_before_communicating(rank, world):
         ("leaf tensor that requires grad",
          lambda: comm.all_gatherv(torch.ones(1, 3), [1] * world, out=torch.zeros(world, 3, requires_grad=True)),
          lambda: comm.all_gatherv(torch.ones(1, 3), [1] * world)),
+        # Memory that is not the tensor's values as dense bytes (a quantized all_gather crashed the process).
+        ("quantized tensor", lambda: comm.all_gather(torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)),
+         lambda: comm.all_gather(torch.ones(4, dtype=torch.uint8))),
+        ("layout torch.sparse_csr", lambda: comm.all_reduce(torch.ones(2, 2).to_sparse_csr()),
+         lambda: comm.all_reduce(torch.ones(2, 2))),
+        ("nested tensor", lambda: comm.all_gatherv(torch.nested.nested_tensor([torch.ones(2), torch.ones(2)]),
+                                                   [2] * world), lambda: comm.all_gatherv(torch.ones(2, 2), [2] * world)),
     ]
     for i, (rule, bad, healthy) in enumerate(cases):
         if rank == 0:
