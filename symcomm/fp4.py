@@ -306,7 +306,7 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     pass ``out=(packed, scales)``.
     """
     n, h = check_rows(x)
-    s_shape = scales_shape(n, h, swizzle)
+    s_shape = scales_shape(n, h, validate.flag("swizzle", swizzle))
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ArgumentError("out must be a (packed, scales) pair")
@@ -320,6 +320,8 @@ def quantize(x: torch.Tensor, global_scale: GlobalScale, swizzle: bool = False, 
     if out is None:
         packed = torch.empty((n, h // 2), dtype=torch.uint8, device=x.device)
         scales = torch.empty(s_shape, dtype=torch.float8_e4m3fn, device=x.device)
+    else:  # eager only: a traced tensor has no address, and the traced op writes fresh outputs
+        validate.apart([("x", x)], [("out[0]", packed), ("out[1]", scales)], "fp4.quantize", 0)
     lib = native_lib() if x.is_cuda else None
     if lib is None:
         ref_packed, ref_scales = quantize_reference(x, gs, swizzle)
@@ -338,7 +340,7 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
                dtype: torch.dtype = torch.bfloat16, *, swizzled: bool = False,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode ``packed`` [N, H/2] with ``scales`` (linear, or ``swizzled=True``) into [N, H]."""
-    n, h = _check_quantized(packed, scales, swizzled)
+    n, h = _check_quantized(packed, scales, validate.flag("swizzled", swizzled))
     dtype = _check_dtype(dtype)
     if out is not None:
         out = validate.destination("out", out, (n, h), dtype, packed.device)
@@ -348,6 +350,8 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: GlobalS
     gs = check_global_scale(global_scale, packed.device)
     if out is None:
         out = torch.empty((n, h), dtype=dtype, device=packed.device)
+    else:
+        validate.apart([("packed", packed), ("scales", scales)], [("out", out)], "fp4.dequantize", 0)
     lib = native_lib() if packed.is_cuda else None
     if lib is None:
         return out.copy_(dequantize_reference(packed, scales, gs, dtype, swizzled))

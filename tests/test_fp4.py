@@ -248,7 +248,26 @@ BAD = [
     (lambda: fp4.unswizzle_scales(torch.zeros(128, 4, dtype=torch.uint8), 129, 4), symcomm.ArgumentError,
      "expected (256, 4)"),
     (lambda: fp4.global_scale_for(torch.ones(3, dtype=torch.int64)), symcomm.DtypeError, "bfloat16"),
+    # A string is truthy: "False" would have swizzled.
+    (lambda: fp4.quantize(torch.ones(2, 16), 1.0, swizzle="False"), symcomm.ArgumentError, "swizzle must be a bool"),
+    (lambda: fp4.dequantize(torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1).to(torch.float8_e4m3fn), 1.0,
+                            swizzled="no"), symcomm.ArgumentError, "swizzled must be a bool"),
+    # Outputs that share memory: the second write would spoil the first.
+    (lambda: fp4.quantize(torch.ones(4, 32), 1.0, out=_overlapping_pair()), symcomm.ArgumentError,
+     "out[0] overlaps out[1]"),
+    (lambda: _decode_over_its_input(), symcomm.ArgumentError, "out overlaps packed"),
 ]
+
+
+def _overlapping_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    memory = torch.zeros(64, dtype=torch.uint8)
+    return memory[:64].view(4, 16), memory[8:16].view(torch.float8_e4m3fn).view(4, 2)
+
+
+def _decode_over_its_input() -> torch.Tensor:
+    out = torch.zeros(2, 16)
+    packed = out.view(torch.uint8).view(-1)[:16].view(2, 8)  # the first bytes of out
+    return fp4.dequantize(packed, torch.zeros(2, 1).to(torch.float8_e4m3fn), 1.0, torch.float32, out=out)
 
 
 @pytest.mark.parametrize("case", range(len(BAD)))
