@@ -68,6 +68,8 @@ def test_all_reduce_two_ranks_table_and_json(tmp_path):
     assert (payload["op"], payload["dtype"], payload["world_size"]) == ("all_reduce", "float", 2)
     assert payload["iters"] == 2 and payload["graph_replays"] == 0
     assert payload["torch"] == torch.__version__ and payload["date"]
+    assert payload["root"] == -1 and payload["refused"] == {}
+    assert any(note.startswith("Check: seeded random data (seed 0)") for note in payload["notes"]), payload["notes"]
     assert len(payload["rows"]) == 14
     for row in payload["rows"]:
         assert row["algo"] == "auto" and row["wrong"] == 0 and row["time_us"] > 0
@@ -146,6 +148,7 @@ def test_bad_input_exits_2_with_one_line():
     (["all_reduce", "--plot", "out.jpg"], "ending in .png"),
     (["all_gatherv_fp4", "--device", "cpu", "-d", "int32"], "quantizes bfloat16, half or float rows"),
     (["all_reduce_rmsnorm", "--device", "cpu", "-d", "float"], "normalises bfloat16 or half rows"),
+    (["all_reduce_rmsnorm", "--device", "cpu", "-o", "max"], "-o takes only sum, not max"),  # it always sums
     (["tune", "-b", "2M", "-e", "1M"], "larger than"),
     (["tune", "--device", "cpu", "-G", "2"], "--cudagraph"),
     (["tune", "--algo", "nccl"], "unrecognized"),

@@ -68,6 +68,12 @@ class AllReduceRmsnorm(AllReduce):
         count = nbytes // itemsize // HIDDEN * HIDDEN
         return Layout(count * itemsize, count, count, count, (count,) * world, HIDDEN)
 
+    def redop_label(self, redop: str) -> str:
+        # The fused op sums (h = all_reduce(x) + residual): another -o would label a sum as it.
+        if redop != "sum":
+            raise BenchError(f"{self.name} sums (h = all_reduce(x) + residual): -o takes only sum, not {redop}")
+        return redop
+
     def validate(self, datatype: str) -> None:
         if DATATYPES[datatype][1] not in NORMABLE:
             raise BenchError(f"{self.name} normalises bfloat16 or half rows, not {datatype}")
