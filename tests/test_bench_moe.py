@@ -2,6 +2,8 @@
 is checked (and a corrupted output is counted)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from symcomm.bench import cli
@@ -38,10 +40,11 @@ def test_shape_flags_are_checked_before_any_rank_starts():
 
 
 @pytest.mark.parametrize("corrupt", (False, True))
-def test_cpu_run_checks_every_column(corrupt):
+def test_cpu_run_checks_every_column(corrupt, tmp_path):
     extra = {"SYMCOMM_BENCH_CORRUPT": "1"} if corrupt else {}
+    record = tmp_path / "moe.json"
     res = bench("moe", "-g", "2", "--device", "cpu", "--tokens", "1,3", "--hidden", "128", "--topk", "3",
-                "--experts", "4", "-n", "2", "-w", "1", timeout=300, **extra)
+                "--experts", "4", "-n", "2", "-w", "1", "--json", str(record), timeout=300, **extra)
     assert res.returncode == (1 if corrupt else 0), res.stdout + res.stderr
     rows = table_rows(res.stdout)
     blocks = [line.split(": ", 1)[1] for line in res.stdout.splitlines() if line.startswith("# Using algo: ")]
@@ -54,3 +57,11 @@ def test_cpu_run_checks_every_column(corrupt):
     # Every column's check must see rank 1's spoiled element, each column counting its own output.
     assert all((w > 0) == corrupt for w in wrong), res.stdout
     assert all(r[3] == "N/A" for r in rows)  # no in-place form
+    # Each N/A says why: the in-place form in the preamble, each peer-push column under its block.
+    assert "in place is N/A: dispatch and combine write buffers of their own" in res.stdout
+    why = [line for line in res.stdout.splitlines() if "refused some calls" in line]
+    assert len(why) == len([b for b in blocks if b.startswith("peer-push")]), why
+    assert all("CUDA" in line for line in why), why
+    payload = json.loads(record.read_text())  # the record says what the table's preamble and N/A lines say
+    assert set(payload["refused"]) == {b for b in blocks if b.startswith("peer-push")}, payload["refused"]
+    assert any(note.startswith("MoE: hidden 128, top-3 of 4 experts") for note in payload["notes"]), payload["notes"]

@@ -41,12 +41,13 @@ import torch.distributed as dist
 import symcomm
 from symcomm import fp4
 from symcomm.ep import fp8, layout
+from symcomm.operations.moe_dispatch import OP as DISPATCH_OP
 from symcomm.operations.moe_dispatch import received_shapes
 
 from . import check
 from .config import DATATYPES, BenchError
 from .sizes import Layout
-from .spec import Buffers, Case, Cases, Inputs, OpSpec, Setup
+from .spec import Buffers, Case, Cases, Inputs, OpSpec, Refusal, Setup
 
 BASELINE = "all_to_all_single"
 BUCKETS = "a2a-buckets"  # the baseline a CUDA graph can capture
@@ -123,7 +124,8 @@ class MoeSpec(OpSpec):
                 f"rank); size = one rank's tokens x {self.token_bytes(itemsize)} B (k rows each), count = tokens per rank; columns "
                 f"{', '.join(VARIANTS)}; the a2a columns run all_to_allv on --algo {path}",
                 f"MoE check: the combined tokens bit for bit against the same slot-order sum done locally from the "
-                f"decoded rows; {BASELINE} within bf16 rounding; busbw = algbw x 2(W-1)/W"]
+                f"decoded rows; {BASELINE} within bf16 rounding; busbw = algbw x 2(W-1)/W; in place is N/A: "
+                f"dispatch and combine write buffers of their own"]
 
     # -- data ------------------------------------------------------------------------
     def input_elems(self, lay: Layout, rank: int) -> int:
@@ -175,7 +177,7 @@ class MoeSpec(OpSpec):
             values = fp8.dequantize_float(*fp8.quantize(xs)) if combine_quant == "fp8" else xs.float()
             return layout.combine_sum(values.unsqueeze(1).expand(tokens, k, h), weights, valid, dtype)
 
-        def case(variant: str, inplace: bool) -> Case | None:
+        def case(variant: str, inplace: bool) -> Case | Refusal | None:
             if inplace:
                 return None
             out = bufs["out"]
@@ -190,7 +192,7 @@ class MoeSpec(OpSpec):
             if path == "a2a" and setup.path != "auto":
                 path = setup.path  # an all_to_allv path: a2a with it inside
             if path == "peer-push" and "peer-push" not in comm.algorithms("moe_dispatch"):
-                return None
+                return Refusal(comm.router.off_of(DISPATCH_OP).get("peer-push", "not open on this communicator"))
             d = self._dispatched(bufs, tokens, world, quant, ids, weights, dtype, gs)
             expert_out = bufs["expert_out"]
 

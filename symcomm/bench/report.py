@@ -249,9 +249,11 @@ def flat_rows(rows: Iterable[SizeRow], factor: float) -> list[dict]:
 
 
 def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: dict | None = None,
-                 wire: LinkTimes | None = None) -> dict:
+                 wire: LinkTimes | None = None, refused: dict[str, str] | None = None) -> dict:
     """The run's record; ``baseline``: Clean.record of the --baseline file it was compared with;
-    ``wire``: the peer copies of each size's bytes on the wire, where they ran."""
+    ``wire``: the peer copies of each size's bytes on the wire, where they ran; ``refused``: why
+    each column with N/A rows had them (its first refusal), as printed under its block. ``notes``
+    are the preamble's lines (the op's shape, the check's seed, size rounding...)."""
     payload = {
         "schema": SCHEMA,
         "op": info.op,
@@ -267,6 +269,9 @@ def json_payload(info: RunInfo, rows: Sequence[SizeRow], date: str, baseline: di
         "iters": info.iters,
         "warmup_iters": info.warmup,
         "rounds": info.rounds,
+        "root": info.root,
+        "notes": list(info.notes),
+        "refused": dict(refused or {}),
         "rows": flat_rows(rows, bus_factor(info.op, info.world)),
     }
     if baseline is not None:

@@ -439,7 +439,7 @@ def run(cfg: BenchConfig, comm, clean: report.Clean | None = None) -> int:
     if emit.lead and cfg.json_path:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         record = clean.record if clean is not None else None
-        report.write_json(cfg.json_path, report.json_payload(info, rows, date, record, wire))
+        report.write_json(cfg.json_path, report.json_payload(info, rows, date, record, wire, runner.refused))
     if emit.lead and cfg.plot_path:
         plot.write_plot(cfg.plot_path, info, rows, runner.algos)
     return 1 if report.total_wrong(rows) or (wire is not None and wire.wrong) else 0
