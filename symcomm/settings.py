@@ -85,9 +85,8 @@ def timeout_s(default: float | None = DEFAULT_TIMEOUT_S) -> float | None:
     try:
         number = float(raw)
     except ValueError:
-        number = math.nan  # refused below, with the variable's text in the message
-    checked_timeout(number, "SYMCOMM_TIMEOUT_S")
-    return number
+        number = None  # not a number: refused below, naming the text as given
+    return checked_timeout(raw if number is None else number, "SYMCOMM_TIMEOUT_S")
 
 
 def custom_kernels_disabled() -> bool:

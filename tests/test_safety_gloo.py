@@ -254,6 +254,9 @@ def _bad_timeouts(rank, world):
     os.environ["SYMCOMM_TIMEOUT_S"] = "inf"
     with pytest.raises(symcomm.ArgumentError, match="SYMCOMM_TIMEOUT_S must be"):
         symcomm.Communicator()
+    os.environ["SYMCOMM_TIMEOUT_S"] = "ten"  # the message shows the text given, not nan
+    with pytest.raises(symcomm.ArgumentError, match="SYMCOMM_TIMEOUT_S must be .*, got 'ten'"):
+        symcomm.Communicator()
     os.environ["SYMCOMM_TIMEOUT_S"] = "5"
     comm = symcomm.Communicator()
     assert comm.capabilities()["timeout"]["seconds"] == 5.0 and comm.capabilities()["timeout"]["source"] == \

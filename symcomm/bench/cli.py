@@ -59,7 +59,8 @@ def _common(p: argparse.ArgumentParser, minbytes: str, maxbytes: str, graph_defa
                    help=f"CUDA-graph replays of the n captured ops ({graph_default})")
     p.add_argument("-R", "--rounds", type=int, default=1,
                    help="measure every path this many times per size, the paths interleaved, and "
-                        "report each one's median (default 1, as nccl-tests)")
+                        "report each one's median (default 1). Not nccl-tests' -R, which registers "
+                        "buffers: symmetric buffers are --symmetric here")
     p.add_argument("-g", "--ngpus", type=int, default=None, help="local processes to start (default 1)")
     p.add_argument("--device", choices=devices.CHOICES, default="auto",
                    help="default auto: cuda when every local rank gets a GPU, else cpu over gloo")
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and PATHS, as an extension of symcomm does); repeatable")
     p.add_argument("-d", "--datatype", default=None,
                    help="float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2 "
-                        "(default float on cpu, bfloat16 on cuda)")
+                        "(default float on cpu, bfloat16 on cuda; all_reduce_rmsnorm and moe take "
+                        "bfloat16 everywhere)")
     p.add_argument("-o", "--op", dest="redop", choices=REDOPS, default="sum", help="reduction (default sum)")
     p.add_argument("--algo", default="auto",
                    help="auto, a path of this communicator (nccl, nccl-symm, torch, custom-...), a comparison "
