@@ -14,6 +14,7 @@ import torch
 
 import symcomm
 from symcomm.bench import ops
+from symcomm.bench.config import BenchError
 from symcomm.operations import OPERATIONS
 from symcomm.bench.spec import Buffers
 
@@ -128,6 +129,11 @@ def test_in_place_aliases_as_nccl_tests(name):
 
 @pytest.mark.parametrize("name", ops.NAMES)
 def test_labels(name):
+    if name == "all_reduce_rmsnorm":  # it sums: another reduction is refused rather than labelled
+        assert ops.spec(name).labels("bfloat16", "sum") == ("bfloat16", "sum", -1)
+        with pytest.raises(BenchError, match="-o takes only sum"):
+            ops.spec(name).labels("bfloat16", "max")
+        return
     labels = ops.spec(name).labels("bfloat16", "max")
     assert labels == ("bfloat16", "max" if ops.spec(name).reduces else "none", -1)
 
