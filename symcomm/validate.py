@@ -22,6 +22,10 @@ REDOP_SET = frozenset(REDOPS)
 UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
 _compiling = torch.compiler.is_compiling
 _STRIDED = torch.strided
+# Dtypes whose tensors take validate.tensor's slow path: complex ones may be conjugated views,
+# quantized ones are refused there.
+_ODD_DTYPES = frozenset({torch.complex32, torch.complex64, torch.complex128, torch.qint8, torch.quint8, torch.qint32,
+                         torch.quint4x2, torch.quint2x4})
 
 # These checks run on every eager call, inside the <= 3 us budget symcomm may add over a raw
 # ctypes NCCL call (bench/eager_overhead.py). So the happy path reads a few cheap attributes
@@ -133,16 +137,18 @@ def capacity(name: str, value: object, multiple: int) -> int:
 
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
     index = device.index
-    # Dynamo cannot trace is_conj/is_neg (they return bools), and a traced program has no lazy
-    # views to refuse: its inputs are resolved before the graph runs.
-    if isinstance(t, torch.Tensor) and t.layout is _STRIDED and not (t.is_quantized or t.is_nested) and (
-            t.is_contiguous()) and (_compiling() or not (t.is_conj() or t.is_neg())) and (
-            t.get_device() == index if index is not None else t.device == device):
+    # Every path moves a tensor's memory as dense bytes. Complex and quantized dtypes leave the
+    # fast path on their dtype alone (one set lookup): a conjugated view's memory holds the
+    # values before conjugation, a quantized tensor's holds codes. A real tensor can still carry
+    # the negation bit (z.conj().imag); Dynamo cannot trace is_neg/is_conj (they return bools),
+    # and a traced program has no lazy views to refuse: its inputs are resolved first.
+    if isinstance(t, torch.Tensor) and t.layout is _STRIDED and t.dtype not in _ODD_DTYPES and not t.is_nested and (
+            t.is_contiguous()) and (t.get_device() == index if index is not None else t.device == device) and (
+            _compiling() or not t.is_neg()):
         return t
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    # Every path moves a tensor's memory as dense bytes: these hold something else there (and
-    # torch's own answer to is_contiguous or data_ptr for them is an internal error).
+    # torch's own answers to is_contiguous or data_ptr for these are internal errors.
     if t.is_quantized:
         raise DtypeError(f"{name} is a quantized tensor ({t.dtype}): symcomm moves plain dense tensors; pass "
                          f"{name}.int_repr() or {name}.dequantize()")
@@ -155,11 +161,11 @@ def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
     if t.device != device:
         raise ArgumentError(f"{name} is on {t.device}, but the call runs on {device}")
     if not _compiling() and (t.is_conj() or t.is_neg()):
-        # Lazy views: the memory holds the values before the conjugation or negation, which every
-        # path reads or writes as bytes.
         raise ArgumentError(f"{name} is a lazily {'conjugated' if t.is_conj() else 'negated'} view, whose memory "
                             f"does not hold its values: call .resolve_conj() and .resolve_neg() first")
-    raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
+    if not t.is_contiguous():
+        raise ArgumentError(f"{name} must be contiguous (call .contiguous() first)")
+    return t  # a complex tensor that is neither a conjugated nor a negated view
 
 
 def given(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
