@@ -21,6 +21,7 @@ REDOPS = ("sum", "prod", "max", "min", "avg")
 REDOP_SET = frozenset(REDOPS)
 UNREDUCIBLE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
 _compiling = torch.compiler.is_compiling
+_inference_mode = torch.is_inference_mode_enabled
 _STRIDED = torch.strided
 # Dtypes whose tensors take validate.tensor's slow path: complex ones may be conjugated views,
 # quantized ones are refused there.
@@ -184,9 +185,16 @@ def destination(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype
     t = given(name, t, shape, dtype, device)
     # Under torch.compile the traced program's own functionalization refuses such writes while
     # tracing, before anything runs (and Dynamo cannot trace is_inference).
-    if not _compiling() and (t.requires_grad or t.is_inference()):
+    if not _compiling() and may_refuse_write(t):
         writable(name, t)
     return t
+
+
+def may_refuse_write(t: torch.Tensor) -> bool:
+    """Whether ``writable`` could refuse ``t``, in the order that costs least where it cannot: a
+    serving loop runs under inference mode, where its inference tensors may be written (one
+    call, no tensor attribute), and training tensors that need no grad fail the first test."""
+    return t.requires_grad or (not _inference_mode() and t.is_inference())
 
 
 def output(name: str, out: object, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -204,7 +212,7 @@ def writable(name: str, t: torch.Tensor) -> None:
     torch has no public way to tell such a view apart, nor a public view base: ``_base`` is what
     torch's own checks read.)"""
     argument = name.split("[")[0].split(".")[0]
-    if t.is_inference() and not torch.is_inference_mode_enabled():
+    if t.is_inference() and not _inference_mode():
         raise ArgumentError(f"{name} was made under torch.inference_mode(), and autograd lets nothing write "
                             f"into such a tensor outside it: pass {argument}=None for a new tensor")
     if t.requires_grad and torch.is_grad_enabled():

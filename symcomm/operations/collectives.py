@@ -25,6 +25,7 @@ from .base import CallContext, Operation, into
 # Reductions with a gradient: the sum's is the sum of the outputs' gradients, the average's their
 # average; max, min and prod have none that a collective can give (it depends on every rank's values).
 DIFFERENTIABLE_REDOPS = ("sum", "avg")
+_inference_mode = torch.is_inference_mode_enabled
 
 
 def all_reduce_call(x: object, out: object, op: object, device: torch.device) -> Call:
@@ -39,14 +40,14 @@ def all_reduce_call(x: object, out: object, op: object, device: torch.device) ->
         out = torch.empty_like(x)
         out_ptr = out.data_ptr()
     elif out is x:
-        if x.requires_grad or x.is_inference():
+        if x.requires_grad or (not _inference_mode() and x.is_inference()):  # validate.may_refuse_write, inline
             validate.writable("out", x)
         out_ptr = x_ptr
     else:
         out = validate.tensor("out", out, device)
         if out.dtype is not dtype or out.shape != x.shape:
             validate.output("out", out, x.shape, x)
-        elif out.requires_grad or out.is_inference():
+        elif out.requires_grad or (not _inference_mode() and out.is_inference()):  # the same, inline
             validate.writable("out", out)
         out_ptr = out.data_ptr()
         if out_ptr != x_ptr and out_ptr < x_ptr + nbytes and x_ptr < out_ptr + nbytes:
