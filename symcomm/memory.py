@@ -1,7 +1,7 @@
 """use_symmetric_memory: the context under which tensors land in registered windows."""
 from __future__ import annotations
 
-from .errors import ArgumentError
+from . import validate
 from .pool import NULL_CONTEXT, SymmetricContext
 
 
@@ -19,7 +19,6 @@ def use_symmetric_memory(comm, disabled: bool = False):
     SymmetricMemoryError. With ``disabled=True``, or where symmetric memory is off,
     this returns a shared no-op context and allocations go to torch's normal allocator.
     """
-    if not hasattr(comm, "symmetric_pool"):  # any Communicator has one (None where it is off)
-        raise ArgumentError(f"comm must be a symcomm.Communicator, got {type(comm).__name__}")
+    validate.communicator_key(comm)
     pool = None if disabled else comm.symmetric_pool
     return NULL_CONTEXT if pool is None else SymmetricContext(pool)

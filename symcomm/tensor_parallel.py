@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import validate
 from .errors import ArgumentError
 from .operations.autograd import gradient_pooled, in_pool
 from .operations.collectives import all_reduce_op
@@ -57,19 +58,12 @@ class _ReduceFromRegion(torch.autograd.Function):
 def copy_to_tp_region(comm: Communicator, x: torch.Tensor) -> torch.Tensor:
     """``x`` unchanged (a view); in backward, its gradient all-reduced (sum) over ``comm``'s ranks.
     Collective in backward: every rank must call it alike."""
-    return _CopyToRegion.apply(_tensor(x), _key(comm))
+    return _CopyToRegion.apply(_tensor(x), validate.communicator_key(comm))
 
 
 def reduce_from_tp_region(comm: Communicator, x: torch.Tensor, algo: str = "auto") -> torch.Tensor:
     """``comm.all_reduce(x, algo=algo)`` (sum), whose gradient passes through unchanged."""
-    return _ReduceFromRegion.apply(_tensor(x), _key(comm), algo)
-
-
-def _key(comm: object) -> int:
-    key = getattr(comm, "key", None)
-    if type(key) is not int:
-        raise ArgumentError(f"comm must be a symcomm.Communicator, got {type(comm).__name__}")
-    return key
+    return _ReduceFromRegion.apply(_tensor(x), validate.communicator_key(comm), algo)
 
 
 def _tensor(x: object) -> torch.Tensor:

@@ -136,6 +136,15 @@ def capacity(name: str, value: object, multiple: int) -> int:
     return n
 
 
+def communicator_key(comm: object) -> int:
+    """The registry key of ``comm``, for helpers that take a Communicator beside tensors; anything
+    else is refused by name here rather than failing deep inside (or in backward)."""
+    key = getattr(comm, "key", None)
+    if type(key) is not int:
+        raise ArgumentError(f"comm must be a symcomm.Communicator, got {type(comm).__name__}")
+    return key
+
+
 def tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
     index = device.index
     # Every path moves a tensor's memory as dense bytes. Complex and quantized dtypes leave the

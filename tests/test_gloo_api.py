@@ -255,7 +255,14 @@ def _constructor_rules(rank, world):
                          ({"device": "tpu"}, "device must")):
         with pytest.raises(symcomm.ArgumentError, match=rule):
             symcomm.Communicator(**kwargs)
+    # Helpers that take a communicator beside tensors name it when given something else.
+    for call in (lambda: symcomm.use_symmetric_memory(None), lambda: symcomm.copy_to_tp_region("tp", torch.ones(2)),
+                 lambda: symcomm.reduce_from_tp_region(object(), torch.ones(2))):
+        with pytest.raises(symcomm.ArgumentError, match="comm must be a symcomm.Communicator"):
+            call()
     comm = symcomm.Communicator(device="cpu:0")  # CPU tensors carry no index: it is the CPU
+    with pytest.raises(symcomm.ArgumentError, match="x must be a torch.Tensor"):
+        symcomm.reduce_from_tp_region(comm, [1.0, 2.0])
     assert comm.device == torch.device("cpu")
     assert comm.all_reduce(torch.ones(2, device="cpu:0")).tolist() == [world, world]
     comm.close()
