@@ -11,6 +11,7 @@ object with its whole life:
     why_not(call)      per call: None if it can serve the call, else the reason, for people
     run(call)          per call: enqueue on the current stream (CUDA) or run (CPU)
     skip(call)         per call, instead of run() for an empty call its operation skips
+    refuse(reason)     per call, instead of run() for a call this rank refused before communicating
     ops                the operations whose dispatch lists it (the collectives by default)
     compared_offsets(call)  which tensors check mode compares the pool offsets of
     close() / abort()  teardown, bounded by the Communicator; abort() after a timeout
@@ -189,6 +190,14 @@ class Path:
         path whose ranks compare every call before moving data (the torch path on CPU tensors)
         joins the comparison here, so a rank whose call alone is empty does not leave its peers
         waiting, or pair its next call with their current one."""
+
+    def refuse(self, reason: str) -> None:
+        """This rank's call failed before communicating (a broken argument rule, no path able to
+        serve it), outside check mode, whose exchange carries refusals otherwise. A path whose
+        ranks compare every call before moving data (the torch path on CPU tensors) joins that
+        comparison with ``reason``, so peers making the call raise PeerMismatchError with it
+        instead of pairing their call with this rank's next one. It waits for the peers to get
+        there, at most the timeout. Every other path has no comparison to join."""
 
 
 PathFactory = Callable[[], Path]

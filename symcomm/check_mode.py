@@ -33,6 +33,8 @@ _DTYPE_LIST = (*DTYPES, torch.bool, torch.int16, torch.uint16, torch.uint32, tor
                torch.complex128, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _DTYPES = {d: i for i, d in enumerate(_DTYPE_LIST)}
 _OP_INTS = 3  # the op's name travels as text (24 characters): any operation, no code table
+# Ops that split or join a lone tensor along dim 0, so its row bytes are part of the call.
+_ROW_OPS = frozenset({"all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv", "all_to_allv"})
 # The reduction, where one changes the result: "none" for gathers.
 _REDOPS = ("none", *REDOPS)
 # A cause of a path disagreement, not a disagreement of its own: custom-twoshot-push copies a
@@ -113,9 +115,12 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
     names.append(MISALIGNMENT)
     many = len(call.inputs) > 1
     # A list of tensors: the totals above can agree while its tensors do not (row widths swapped
-    # between ranks), and the dtype above is the first one's. One tensor may take any shape.
+    # between ranks), and the dtype above is the first one's. An all-reduce's tensor may take any
+    # shape (it is reduced element by element), but a gather or scatter splits dim 0, so there
+    # a (2, 4) against a (4, 2) is no agreed call though the bytes are equal.
+    rows_matter = many or call.op in _ROW_OPS
     for i in range(MAX_CHECKED_TENSORS):
-        x = call.inputs[i] if many and i < len(call.inputs) else None
+        x = call.inputs[i] if rows_matter and i < len(call.inputs) else None
         values += [-1, -1] if x is None else [x.element_size() * math.prod(x.shape[1:]), _dtype_code(x.dtype)]
         names += [f"bytes of a row of tensor {i}", f"dtype of tensor {i}"]
     # Past the columns above, one digest: a mismatch there would make gloo abort the process and
@@ -140,6 +145,13 @@ def signature(call: Call, path: int, world_size: int, locate: Callable[[int], tu
             values += locate(ptr) if locate is not None and pair and key in compared else [-1, -1]
             names += [f"window region of '{name}'", f"window offset of '{name}'"]
     return values, names
+
+
+def signature_length(world_size: int) -> int:
+    """The length of every signature at ``world_size`` (signature() has one for every call),
+    read off the signature of an empty all_reduce."""
+    empty = torch.empty(0)
+    return len(signature(Call("all_reduce", (empty,), (empty,), (0,), (0,), None, "sum", 0), 0, world_size, None)[0])
 
 
 def first_mismatch(table: list[list[int]], names: list[str], path_names: Sequence[str],

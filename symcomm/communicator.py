@@ -221,10 +221,16 @@ class Communicator(OperationMethods):
             raise
         if self.check and self.checking():
             self._verify(operation, call, path)
-        if call.nbytes or not operation.skips_empty:
-            path.run(call)
-        else:
-            path.skip(call)
+        try:
+            if call.nbytes or not operation.skips_empty:
+                path.run(call)
+            else:
+                path.skip(call)
+        except PeerMismatchError as exc:
+            # A composite operation's inner collective names itself; the caller made this one.
+            if str(exc).startswith(f"{operation.name}:"):
+                raise
+            raise PeerMismatchError(f"{operation.name}, in its {exc}") from None
         return call
 
     def checking(self) -> bool:
@@ -242,11 +248,24 @@ class Communicator(OperationMethods):
         operation.check_more(call, path, self.peers)
 
     def refused(self, error: BaseException) -> None:
-        """Check mode: this rank's call failed before communicating (any exception: a broken
-        rule, an allocation that failed). It still joins the exchange its peers wait in, so
-        they raise too, with its reason, instead of waiting for it."""
+        """This rank's call failed before communicating (any exception: a broken rule, an
+        allocation that failed). It still joins the exchange its peers wait in, so they raise
+        too, with its reason, instead of waiting for it or pairing their call with this rank's
+        next one: check mode's exchange, else the comparison a path makes of every call
+        (Path.refuse: the torch path on CPU tensors). The caller raises ``error`` afterwards,
+        whatever came of that exchange: a peer that never came is the state's to report
+        (check_health), this rank's own reason is the error's."""
+        reason = f"{type(error).__name__}: {error}"
         if self.checking():
-            check_mode.refuse(self.peers, f"{type(error).__name__}: {error}")
+            check_mode.refuse(self.peers, reason)
+            return
+        if self.closed or isinstance(error, CommTimeoutError) or self.peers.broken is not None:
+            return  # nobody to tell: every later call raises on its own
+        for path in self._live:
+            try:
+                path.refuse(reason)
+            except CommTimeoutError:
+                return
 
     # ------------------------------------------------------------- operations
     def run(self, op: str, /, *args: Any, algo: str = "auto", **kwargs: Any) -> Any:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 
 def shown(value: object) -> str:
-    """``value`` for an error message: its repr, but an int too long to print (Python refuses
-    past 4,300 digits, and thousands of digits help nobody) by its size."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+    """``value`` for an error message: its repr, but a bool marked as one (the rules that print
+    it refuse bools as numbers), and an int too long to print (Python refuses past 4,300
+    digits, and thousands of digits help nobody) by its size."""
+    if isinstance(value, bool):  # it passes for 0 or 1 by the numbers, so say why it is refused
+        return f"{value!r} (a bool)"
+    if isinstance(value, int) and value.bit_length() > 64:
         return f"an int of {value.bit_length()} bits"
     return repr(value)
 
@@ -19,7 +22,8 @@ class SymcommError(Exception):
 
 
 class ArgumentError(SymcommError, ValueError):
-    """A call's arguments break a rule. Raised before any communication starts."""
+    """A call's arguments break a rule. Raised before the call moves any data (where the ranks
+    compare calls, after telling the peers why: Communicator.refused)."""
 
 
 class DtypeError(ArgumentError, TypeError):

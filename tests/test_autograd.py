@@ -171,14 +171,19 @@ def _no_gradient_errors(rank, world):
 @contextlib.contextmanager
 def counting_collectives(calls):
     """Appends to ``calls`` every collective symcomm's torch path starts inside (both of
-    symcomm.peers' collective layers: the bounded one on CPU tensors, torch.distributed's on CUDA)."""
+    symcomm.peers' collective layers: the bounded one on CPU tensors, torch.distributed's on CUDA),
+    by name, or "refusal" for the row a refused call posts in the CPU comparison (TorchPath.refuse:
+    its first value is -1, where a call's signature starts with its op's name as text)."""
     from symcomm.peers import GroupCollectives, HostCollectives
     saved = {(cls, n): getattr(cls, n) for cls in (GroupCollectives, HostCollectives)
              for n in ("all_reduce", "all_gather", "all_to_all_single")}
 
     def counted(key):
         def wrapper(*args, **kwargs):
-            calls.append(key[1])
+            sent = args[-1] if args else None
+            refusal = (key[1] == "all_gather" and isinstance(sent, torch.Tensor) and sent.dtype == torch.int64
+                       and sent.numel() and int(sent[0]) == -1)
+            calls.append("refusal" if refusal else key[1])
             return saved[key](*args, **kwargs)
         return wrapper
 
@@ -193,7 +198,7 @@ def counting_collectives(calls):
 
 def _recorded_bad_input(rank, world):
     """A call autograd records runs as its torch.library op; it must still raise eager's errors,
-    before anything is sent: the op's schema alone gave torch's RuntimeError for a non-string
+    before any of its data is sent: the op's schema alone gave torch's RuntimeError for a non-string
     argument, and its functional out= cast any dtype and broadcast any shape into the output."""
     comm = symcomm.Communicator()
     x = rand((2 * world, 3), rank).requires_grad_()
@@ -231,7 +236,9 @@ def _recorded_bad_input(rank, world):
         with pytest.raises(exc_type) as info, counting_collectives(sent):
             call()
         assert fragment in str(info.value), f"case {i}: {info.value!r}"
-        assert not sent, f"case {i} reached torch.distributed ({sent}) before it raised"
+        # Only the refusal goes out, so that peers refusing differently learn why.
+        assert sent == ["refusal"], f"case {i} reached torch.distributed ({sent}) before it raised"
+        sent.clear()
     with counting_collectives(sent):
         assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]
     assert sent, "the counter saw no collective, so it could not have seen one above"

@@ -90,6 +90,14 @@ def test_injected_error_is_counted_in_every_block():
     assert "winner" in res.stdout  # the rich summary after the blocks
 
 
+def test_injected_error_naming_no_rank_is_refused():
+    # A hook that spoils nothing would let a run meant to fail pass.
+    res = bench("all_gather", "-g", "2", "--device", "cpu", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
+                SYMCOMM_BENCH_CORRUPT="2")
+    assert res.returncode == 2, res.stderr
+    assert "SYMCOMM_BENCH_CORRUPT=2 names no rank of this world (ranks 0 to 1)" in res.stderr
+
+
 def _one_error_line(stderr):
     lines = [l for l in stderr.splitlines() if l.strip()]
     assert "Traceback" not in stderr

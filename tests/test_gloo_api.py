@@ -230,6 +230,11 @@ def _disagreeing(rank, world):
         (lambda: comm.all_gatherv([torch.ones(2, 2)] * 8 + swapped, [2, 2]), "tensors 8 and later"),
         (lambda: comm.all_to_allv([torch.ones(2, 2)] * 9 + [torch.ones(2, 1, dtype=(torch.float32, torch.int32)[rank])],
                                   [1, 1], [1, 1]), "tensors 8 and later"),
+        # A gather or scatter splits dim 0: equal bytes in other rows are no agreed call.
+        (lambda: comm.all_gather(torch.ones(8).reshape(((2, 4), (4, 2))[rank])),
+         r"bytes of a row of tensor 0 \(rank 0: 16, rank 1: 8\)"),
+        (lambda: comm.reduce_scatter(torch.ones(8).reshape(((4, 2), (2, 4))[rank])),
+         r"bytes of a row of tensor 0 \(rank 0: 8, rank 1: 16\)"),
         # One rank's call alone is empty: it must not return while its peers move data.
         (lambda: comm.all_reduce(torch.ones(4 * rank)), r"message size in bytes \(rank 0: 0, rank 1: 16\)"),
         (lambda: comm.all_gatherv(torch.ones(3 * rank, 3), [0, 3 * rank]), r"sizes\[1\] \(rank 0: 0, rank 1: 3\)"),
@@ -252,7 +257,10 @@ def test_ranks_that_disagree_about_a_call_on_cpu_all_raise_without_check_mode():
 
 def _constructor_rules(rank, world):
     for kwargs, rule in (({"check": "false"}, "check must be a bool"), ({"symmetric": "no"}, "symmetric must be a bool"),
-                         ({"device": "tpu"}, "device must")):
+                         ({"device": "tpu"}, "device must"),
+                         # a bool passes for 1 by the numbers: the message says why it is refused
+                         ({"symmetric_capacity": True}, r"multiple of 1 bytes, got True \(a bool\)"),
+                         ({"nccl_max_ctas": False}, r"from 1 to 64, got False \(a bool\)")):
         with pytest.raises(symcomm.ArgumentError, match=rule):
             symcomm.Communicator(**kwargs)
     # Helpers that take a communicator beside tensors name it when given something else.
@@ -285,6 +293,46 @@ def _average_that_fits(rank, world):
 
 def test_average_of_float16_does_not_overflow_where_the_average_fits():
     run_world(_average_that_fits, 2)
+
+
+def _refused_alone(rank, world):
+    """Without check mode, a rank whose call breaks a rule its peers' calls keep (a rule about
+    its own data: more tokens than max_tokens, an expert id out of range, rows that do not add
+    up) raises its own error, and its peers raise PeerMismatchError with its reason, instead
+    of pairing their call with its next one (they returned that call's rows, then waited out
+    the timeout in their next). The next call of every rank meets its partners."""
+    comm = symcomm.Communicator(check=False)
+    odd = rank == 1
+    experts = 2 * world
+    ids = torch.tensor([[0, 1], [experts - 1, 2]])
+    weights = torch.ones(2, 2)
+    x = torch.randn(2, 8)
+    bad_ids = torch.tensor([[0, 1], [experts, 2]])
+    cases = [  # rule, the call (rank 1's breaks the rule)
+        ("op must be one of", lambda: comm.all_reduce(torch.ones(3), op="bogus" if odd else "sum")),
+        ("op must be one of", lambda: comm.all_reduce(torch.ones(0 if not odd else 3), op="bogus" if odd else "sum")),
+        ("send_sizes add up to", lambda: comm.all_to_allv(torch.ones(world + odd, 2), [1] * world, [1] * world)),
+        ("more than max_tokens", lambda: comm.moe_dispatch(x, ids, weights, experts, max_tokens=1 if odd else 2)),
+        (r"is outside \[-1", lambda: comm.moe_dispatch(x, bad_ids if odd else ids, weights, experts, max_tokens=2)),
+    ]
+    for i, (rule, call) in enumerate(cases):
+        if odd:
+            with pytest.raises(symcomm.ArgumentError, match=rule):
+                call()
+        else:
+            with pytest.raises(symcomm.PeerMismatchError, match=r"rank\(s\) 1 refused the call.*" + rule):
+                call()
+        got = comm.all_reduce(torch.full((2,), float(rank + 1)))
+        assert got.tolist() == [world * (world + 1) / 2] * 2, f"case {i}: out of step after"
+    # Every rank refusing alike: each raises its own error, and nothing is left in flight.
+    with pytest.raises(symcomm.ArgumentError, match="op must be one of"):
+        comm.all_reduce(torch.ones(2), op="bogus")
+    assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]
+    comm.close()
+
+
+def test_a_rank_refusing_alone_makes_its_peers_raise_without_check_mode():
+    run_world(_refused_alone, 3)
 
 
 def _refused_before_communicating(rank, world):

@@ -19,7 +19,7 @@ from .. import check_mode
 from ..base import TORCH, Call, Path, Setup, runner_table
 from ..errors import PeerMismatchError
 from ..operations.all_to_allv import counts_problem, signature_view
-from ..peers import GroupCollectives, HostCollectives, Peers
+from ..peers import GroupCollectives, HostCollectives, Peers, ints_text, text_ints
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -35,6 +35,9 @@ _GLOO_REDUCIBLE = frozenset({torch.float32, torch.float64, torch.float16, torch.
                              torch.int32, torch.int64})
 # NCCL, behind torch.distributed for CUDA tensors, has no 16-bit integer type.
 _NCCL_UNREDUCIBLE = frozenset({torch.int16, torch.uint16})
+# The first value of a refusal's row in _agree's comparison (then its reason as text): a
+# signature starts with the op's name as text, whose first value is never negative.
+_REFUSED = -1
 
 
 class TorchPath(Path):
@@ -46,12 +49,14 @@ class TorchPath(Path):
         self._rank = 0
         self._world = 1
         self._agrees = False
+        self._row = 0  # _agree's row length: check mode's signature, then all_to_allv's counts
 
     def open(self, setup: Setup) -> str | None:
         self._peers = setup.peers
         self._collectives = setup.peers.collectives(setup.device)
         self._rank, self._world = setup.peers.rank, setup.peers.world_size
         self._agrees = setup.device.type == "cpu" and self._world > 1  # see _agree
+        self._row = check_mode.signature_length(self._world) + 2 * self._world
         return None
 
     def close(self) -> None:
@@ -78,6 +83,10 @@ class TorchPath(Path):
 
     def skip(self, call: Call) -> None:
         self._agree(call)  # so a rank whose call alone is empty raises with its peers
+
+    def refuse(self, reason: str) -> None:
+        if self._agrees:  # a row of the same length as a call's: the reason as text
+            self._exchange(torch.tensor([_REFUSED, *text_ints(reason, self._row - 1)], dtype=torch.int64))
 
     def _wait(self, work, t: torch.Tensor, what: str) -> None:
         if t.device.type == "cpu":
@@ -113,22 +122,31 @@ class TorchPath(Path):
         collective a call, on the path whose job is to be right on a laptop and in CI. It goes
         over gloo, not check mode's store exchange, because gloo sees a dead peer's closed
         socket at once. CUDA tensors skip it (comparing would wait for the device); check mode
-        covers them."""
+        covers them. A rank that refused the same call posts its reason instead (refuse), so
+        the others raise rather than pair this call with its next one."""
         if not self._agrees:
             return
         w, counts = self._world, getattr(call, "recv_sizes", None)
         if counts is not None:
             counts = call.sizes + counts
         values, names = check_mode.signature(call if counts is None else signature_view(call), 0, w, None)
-        mine = torch.tensor([*values, *(counts or [0] * 2 * w)], dtype=torch.int64)
-        rows = [torch.empty_like(mine) for _ in range(w)]
-        self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's signature")
-        told = [r.tolist() for r in rows]
+        told = self._exchange(torch.tensor([*values, *(counts or [0] * 2 * w)], dtype=torch.int64))
+        refusals = {r: ints_text(t[1:]) for r, t in enumerate(told) if t[0] == _REFUSED}
+        if refusals:
+            raise PeerMismatchError(f"{call.op}: rank(s) {', '.join(map(str, refusals))} refused the call before "
+                                    f"communicating (" + "; ".join(f"rank {r}: {why}" for r, why in refusals.items())
+                                    + "). Every rank must make the same call")
         problem = check_mode.first_mismatch([t[:len(names)] for t in told], names, (self.name,))
         if problem is None and counts is not None:
             problem = counts_problem([t[len(names):] for t in told])
         if problem is not None:
             raise PeerMismatchError(f"{call.op}: {problem}. Every rank must make the same call")
+
+    def _exchange(self, mine: torch.Tensor) -> list[list[int]]:
+        """Every rank's row of _agree's comparison (each of length self._row)."""
+        rows = [torch.empty_like(mine) for _ in range(self._world)]
+        self._wait(self._collectives.all_gather(rows, mine), mine, "all_gather of the call's signature")
+        return [r.tolist() for r in rows]
 
     def _all_gatherv(self, call: Call) -> None:
         longest = max(call.sizes)

@@ -210,6 +210,8 @@ def _fields(args: argparse.Namespace, device: str, op: str, redop: str, datatype
         corrupt_rank = int(corrupt) if corrupt is not None else None
     except ValueError:
         raise BenchError(f"SYMCOMM_BENCH_CORRUPT must be a rank number, not {corrupt!r}") from None
+    if corrupt_rank is not None and corrupt_rank < 0:
+        raise BenchError(f"SYMCOMM_BENCH_CORRUPT must be a rank number (0 or more), not {corrupt!r}")
     if getattr(args, "json_path", None) is not None:
         check_output("--json", args.json_path)
     notes = [note] if note else []

@@ -73,6 +73,10 @@ class Runner:
         self.specs: tuple[OpSpec, ...] = tuple(self.spec_of(n) for n in (op_names or (cfg.op,)))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        if cfg.corrupt_rank is not None and cfg.corrupt_rank >= self.world:
+            # A test hook that spoils nothing would pass a run that was meant to fail.
+            raise BenchError(f"SYMCOMM_BENCH_CORRUPT={cfg.corrupt_rank} names no rank of this world "
+                             f"(ranks 0 to {self.world - 1})")
         self.device = torch.device(comm.device)
         self.dtype: torch.dtype = getattr(torch, cfg.torch_dtype_name)
         # The rank-average all_reduce goes over the torch group, whose NCCL backend (if any)
