@@ -14,6 +14,11 @@ its own columns only, and the all-reduce adds them up. A row-parallel linear's p
 goes through ``reduce_from_tp_region``. Both run symcomm's all_reduce (its dispatch, check mode,
 and under torch.compile its torch.library op); the all-reduce in copy_to_tp_region's backward
 allocates its output in the symmetric pool when x sat there (eager).
+
+Each one's backward is the other one, so a second derivative (``create_graph=True``) keeps the
+same rule: the cotangent of a gradient is per rank where the gradient was replicated and the
+other way round. A plain all_reduce op there would sum replicated cotangents over the ranks, a
+Hessian-vector product W times too large.
 """
 from __future__ import annotations
 
@@ -24,7 +29,6 @@ import torch
 from . import validate
 from .errors import ArgumentError
 from .operations.autograd import gradient_pooled, in_pool
-from .operations.collectives import all_reduce_op
 from .registry import lookup
 
 if TYPE_CHECKING:
@@ -42,17 +46,18 @@ class _CopyToRegion(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         symmetric = ctx.symmetric and not torch.compiler.is_compiling()  # traced: placement is the graph's
         return gradient_pooled(ctx.comm_key, symmetric,
-                               lambda: all_reduce_op(grad.contiguous(), ctx.comm_key, "sum", "auto")), None
+                               lambda: _ReduceFromRegion.apply(grad.contiguous(), ctx.comm_key, "auto")), None
 
 
 class _ReduceFromRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, comm_key: int, algo: str) -> torch.Tensor:
+        ctx.comm_key = comm_key
         return lookup(comm_key).all_reduce(x, algo=algo)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return grad, None, None
+        return _CopyToRegion.apply(grad, ctx.comm_key), None, None
 
 
 def copy_to_tp_region(comm: Communicator, x: torch.Tensor) -> torch.Tensor:

@@ -265,8 +265,7 @@ def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
         sizes = sizes.tolist()
     if not isinstance(sizes, Sequence) or isinstance(sizes, (str, bytes)):
         raise ArgumentError(f"{name} must be a sequence of {world_size} ints, got {type(sizes).__name__}")
-    if len(sizes) != world_size:
-        raise ArgumentError(f"{name} must have one entry per rank ({world_size}), got {len(sizes)}")
+    entry_count(name, sizes, world_size)
     clean = []
     for i, s in enumerate(sizes):
         n = integral(s)
@@ -281,6 +280,12 @@ def sizes_arg(sizes: object, world_size: int, name: str = "sizes") -> list[int]:
     if sum(clean) > MAX_EXTENT:
         raise ArgumentError(f"{name} add up to {shown(sum(clean))} rows, more than any tensor can hold (at most 2**62)")
     return clean
+
+
+def entry_count(name: str, sizes: Sequence[object], world_size: int) -> None:
+    """Per-rank sizes have one entry per rank."""
+    if len(sizes) != world_size:
+        raise ArgumentError(f"{name} must have one entry per rank ({world_size}), got {len(sizes)}")
 
 
 def check_extent(name: str, rows: int, like: torch.Tensor) -> None:

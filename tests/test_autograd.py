@@ -117,6 +117,18 @@ def _tp_pair(rank, world):
     assert torch.allclose(y, yr)
     assert torch.allclose(x.grad, xr.grad, rtol=1e-12), (x.grad, xr.grad)
     assert torch.allclose(w1_r.grad, w1r.grad[cols], rtol=1e-12) and torch.allclose(w2_r.grad, w2r.grad[:, cols])
+
+    # A second derivative keeps the rule: each function's backward is the other one (a plain
+    # all-reduce there made this Hessian-vector product `world` times too large).
+    v = rand((5, hidden), 4)
+    x2, xr2 = x_full.clone().requires_grad_(), x_full.clone().requires_grad_()
+    y2 = symcomm.reduce_from_tp_region(comm, torch.tanh(symcomm.copy_to_tp_region(comm, x2) @ w1_r.detach().t())
+                                       @ w2_r.detach().t())
+    (gx,) = torch.autograd.grad(y2.pow(2).sum(), x2, create_graph=True)
+    (gx * v).sum().backward()
+    (gr,) = torch.autograd.grad((torch.tanh(xr2 @ w1.t()) @ w2.t()).pow(2).sum(), xr2, create_graph=True)
+    (gr * v).sum().backward()
+    assert torch.allclose(gx, gr, rtol=1e-12) and torch.allclose(x2.grad, xr2.grad, rtol=1e-10), (x2.grad, xr2.grad)
     comm.close()
 
 
@@ -135,6 +147,31 @@ def _several_and_unused(rank, world):
     weight = sum(q + 1 for q in range(world))
     assert torch.equal(a.grad, torch.full_like(a, float(weight))[: rows.stop - rows.start])
     assert torch.equal(b.grad, torch.zeros_like(b)) and c.grad is None
+
+    # An output whose gradient arrives as None (a Function that returns none for it): the input's
+    # is zeros, through the collective every rank still runs, on one rank or on all.
+    class NoGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+
+    calls = [lambda t: comm.all_reduce(t), lambda t: comm.all_gather(t), lambda t: comm.reduce_scatter(t),
+             lambda t: comm.reduce_scatterv(t, [2] * world)]
+    for i, call in enumerate(calls):
+        for none_on in (range(world), (0,)):
+            t = rand((2 * world, 3), 40 + rank).requires_grad_()
+            out = call(t)
+            (NoGrad.apply(out) if rank in none_on else out.sum()).backward()
+            assert t.grad is not None and t.grad.shape == t.shape, (i, none_on)
+            if len(none_on) == world:
+                assert torch.equal(t.grad, torch.zeros_like(t)), (i, t.grad)
+            elif i == 0:  # every rank's x gets the sum of the output gradients: ones from world - 1 ranks
+                assert torch.equal(t.grad, torch.full_like(t, world - 1.0)), t.grad
+    assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # still in step
     comm.close()
 
 
@@ -456,6 +493,19 @@ def _compiled(rank, world):
     inp.grad = col.grad = None
     torch.compile(tp, fullgraph=True)(inp, col).sum().backward()
     assert torch.allclose(inp.grad, want_inp) and torch.allclose(col.grad, want_col)
+
+    # Sizes that change between calls turn symbolic on the recompile: the backward must not hash
+    # them (it raised TypeError on one rank, while the other waited in the collective).
+    gatherv = torch.compile(lambda t, sizes: comm.all_gatherv(t, sizes), backend="aot_eager", fullgraph=True)
+    for sizes in ([2, 2], [1, 2], [3, 1]):
+        t = rand((sizes[rank], 3), 80 + rank).requires_grad_()
+        (gatherv(t, sizes) * 2).sum().backward()
+        assert torch.equal(t.grad, torch.full_like(t, 2.0 * world)), (sizes, t.grad)
+    # The shape functions apply eager's rules, not an IndexError.
+    with pytest.raises(Exception, match="at least one dimension"):
+        torch.compile(lambda t: comm.all_gather(t), backend="aot_eager", fullgraph=True)(torch.ones(()))
+    with pytest.raises(Exception, match="one entry per rank"):
+        torch.compile(lambda t: comm.reduce_scatterv(t, [1]), backend="aot_eager", fullgraph=True)(torch.ones(1, 2))
     comm.close()
 
 

@@ -163,6 +163,7 @@ class AllReduce(Operation):
         """out_s = sum_r x_r on every rank s, so d/dx_r = sum_s g_s: the all-reduce of the gradients
         (their average for avg)."""
         op = _differentiable_op(self.name, grad)
+        g = _grad_or_zeros(g, grad.args["x"], tuple(grad.args["x"].shape))
         return {"x": grad.pooled(lambda: all_reduce_op(g.contiguous(), grad.comm_key, op, "auto"))}
 
 
@@ -179,6 +180,8 @@ class AllGather(Operation):
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
         """Every rank's output holds x_r at rows r: its gradient is the sum over ranks of those
         rows of the outputs' gradients, a reduce-scatter."""
+        x = grad.args["x"]
+        g = _grad_or_zeros(g, x, (lookup(grad.comm_key).world_size * x.shape[0], *x.shape[1:]))
         return {"x": grad.pooled(lambda: reduce_scatter_op(g.contiguous(), grad.comm_key, "sum", "auto"))}
 
 
@@ -225,6 +228,8 @@ class ReduceScatter(Operation):
         """Rank s's output is the sum over ranks of their rows s: each x_r's gradient is every
         rank's output gradient in rank order, an all-gather (divided by the world for avg)."""
         op = _differentiable_op(self.name, grad)
+        x = grad.args["x"]
+        g = _grad_or_zeros(g, x, (x.shape[0] // lookup(grad.comm_key).world_size, *x.shape[1:]))
         got = grad.pooled(lambda: all_gather_op(g.contiguous(), grad.comm_key, "auto"))
         return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
 
@@ -243,6 +248,8 @@ class ReduceScatterv(Operation):
     def backward(self, grad: Backward, g: torch.Tensor | None) -> dict[str, Any]:
         """As reduce_scatter's, with the forward's sizes: an all-gatherv."""
         op = _differentiable_op(self.name, grad)
+        x, sizes = grad.args["x"], grad.args["sizes"]
+        g = _grad_or_zeros(g, x, (sizes[lookup(grad.comm_key).rank], *x.shape[1:]))
         g = g.contiguous()  # this rank's rows: made outside the pool, whose shapes must be alike
         got = grad.pooled(lambda: all_gatherv_op([g], grad.args["sizes"], grad.comm_key, "auto")[0])
         return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
@@ -257,8 +264,17 @@ def gathered_grad(grad: Backward, g: torch.Tensor | None, x: Given, sizes: list[
                                                                 device=x.device)
         return reduce_scatterv_op(full, sizes, grad.comm_key, "sum", "auto")
     # Its output has this rank's rows: with uneven sizes, shapes that differ between ranks,
-    # which the pool's equal offsets cannot take (gradient_pooled's rule).
-    return grad.pooled(scatter) if len(set(sizes)) == 1 else scatter()
+    # which the pool's equal offsets cannot take (gradient_pooled's rule). Asked only where the
+    # pool is in play: under torch.compile the sizes may be symbolic, and are never hashed.
+    even = grad.symmetric and all(s == sizes[0] for s in sizes)
+    return grad.pooled(scatter) if even else scatter()
+
+
+def _grad_or_zeros(g: torch.Tensor | None, x: Given, shape: tuple[int, ...]) -> torch.Tensor:
+    """An output's gradient, or zeros of its ``shape`` where nothing downstream gave one (a
+    custom Function may return None): every rank still runs the backward's collective, so a rank
+    that got None stays in step with one that did not."""
+    return g if g is not None else torch.zeros(shape, dtype=x.dtype, device=x.device)
 
 
 def _differentiable_op(name: str, grad: Backward) -> str:
@@ -296,7 +312,7 @@ def all_gather_op(x: torch.Tensor, comm_key: int, algo: str) -> torch.Tensor:
 
 @all_gather_op.register_fake
 def _(x, comm_key, algo):
-    return x.new_empty((lookup(comm_key).world_size * x.shape[0], *x.shape[1:]))
+    return x.new_empty((lookup(comm_key).world_size * validate.rows("x", x), *x.shape[1:]))
 
 
 @library_op("symcomm::all_gatherv", ALL_GATHERV)
@@ -316,7 +332,7 @@ def reduce_scatter_op(x: torch.Tensor, comm_key: int, op: str, algo: str) -> tor
 
 @reduce_scatter_op.register_fake
 def _(x, comm_key, op, algo):
-    return x.new_empty((x.shape[0] // lookup(comm_key).world_size, *x.shape[1:]))
+    return x.new_empty((validate.rows("x", x) // lookup(comm_key).world_size, *x.shape[1:]))
 
 
 @library_op("symcomm::reduce_scatterv", REDUCE_SCATTERV)
@@ -326,4 +342,6 @@ def reduce_scatterv_op(x: torch.Tensor, sizes: list[int], comm_key: int, op: str
 
 @reduce_scatterv_op.register_fake
 def _(x, sizes, comm_key, op, algo):
-    return x.new_empty((sizes[lookup(comm_key).rank], *x.shape[1:]))
+    comm = lookup(comm_key)
+    validate.entry_count("sizes", sizes, comm.world_size)  # the eager rule, before indexing by rank
+    return x.new_empty((sizes[comm.rank], *x.shape[1:]))
