@@ -140,10 +140,8 @@ class Communicator(OperationMethods):
         all raise PeerMismatchError. Not allowed during CUDA-graph capture.
         """
         self._require_open()
-        # Before anything touches the device: measuring the region synchronizes, and a
-        # synchronize inside a capture invalidates it, after which torch aborts the process at
-        # the next memory pool's teardown (its capture_end raises before it stops routing
-        # allocations to the graph's pool).
+        # Before anything touches the device: measuring the region synchronizes, which invalidates a
+        # capture, and torch then aborts the process at the next memory pool's teardown.
         if capturing(self.device):
             raise SymmetricMemoryError("reserve_symmetric() is not allowed during CUDA-graph capture: reserve "
                                        "before capturing")
@@ -222,20 +220,13 @@ class Communicator(OperationMethods):
         if self.check and self.checking():
             self._verify(operation, call, path)
         try:
-            if call.nbytes or not operation.skips_empty:
-                path.run(call)
-            else:
-                path.skip(call)
+            path.run(call) if call.nbytes or not operation.skips_empty else path.skip(call)
         except PeerMismatchError as exc:
-            # A composite operation's inner collective names itself; the caller made this one.
-            if str(exc).startswith(f"{operation.name}:"):
-                raise
-            raise PeerMismatchError(f"{operation.name}, in its {exc}") from None
+            raise exc.within(operation.name) from None
         return call
 
     def checking(self) -> bool:
-        # Check mode's exchange synchronises with the host: never inside a capture, nor once
-        # closed (every rank then raises CommClosedError on its own; close is collective).
+        # Check mode's exchange synchronises with the host: never in a capture, nor once closed.
         return self.check and not self.closed and not (self.peers.device.type == "cuda" and capturing())
 
     def _verify(self, operation: Operation, call: Call, path: Path) -> None:
@@ -248,30 +239,27 @@ class Communicator(OperationMethods):
         operation.check_more(call, path, self.peers)
 
     def refused(self, error: BaseException) -> None:
-        """This rank's call failed before communicating (any exception: a broken rule, an
-        allocation that failed). It still joins the exchange its peers wait in, so they raise
-        too, with its reason, instead of waiting for it or pairing their call with this rank's
-        next one: check mode's exchange, else the comparison a path makes of every call
-        (Path.refuse: the torch path on CPU tensors). The caller raises ``error`` afterwards,
-        whatever came of that exchange: a peer that never came is the state's to report
-        (check_health), this rank's own reason is the error's."""
+        """This rank's call failed before communicating (any exception). It joins the exchange its
+        peers wait in (check mode's, else a path's comparison of calls: Path.refuse), so they
+        raise with its reason instead of waiting or pairing their call with its next one. The
+        caller raises ``error`` after; a peer that never came is for check_health to report."""
         reason = f"{type(error).__name__}: {error}"
         if self.checking():
             check_mode.refuse(self.peers, reason)
-            return
-        if self.closed or isinstance(error, CommTimeoutError) or self.peers.broken is not None:
-            return  # nobody to tell: every later call raises on its own
-        for path in self._live:
-            try:
-                path.refuse(reason)
-            except CommTimeoutError:
-                return
+        elif not (self.closed or isinstance(error, CommTimeoutError) or self.peers.broken is not None):
+            with contextlib.suppress(CommTimeoutError):
+                for path in self._live:
+                    path.refuse(reason)
 
     # ------------------------------------------------------------- operations
     def run(self, op: str, /, *args: Any, algo: str = "auto", **kwargs: Any) -> Any:
         """Run any operation of this communicator by name (``operations=`` adds one), the way its
         method would: ``comm.run("all_reduce", x)`` is ``comm.all_reduce(x)``."""
-        operation = self._operation(op)
+        try:
+            operation = self._operation(op)
+        except ArgumentError as exc:
+            self.refused(exc)
+            raise
         if _is_compiling():
             return operation.compiled(self, *args, algo=algo, **kwargs)
         if records(*args, *kwargs.values()):

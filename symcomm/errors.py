@@ -57,7 +57,13 @@ class SymmetricMemoryError(SymcommError):
 
 
 class PeerMismatchError(SymcommError):
-    """SYMCOMM_CHECK found that ranks disagree about a call (sizes, dtype, window offsets)."""
+    """Ranks disagree about a call (sizes, dtype, window offsets...), or one refused it: found by
+    check mode, or by the comparison every call on CPU tensors makes."""
+
+    def within(self, op: str) -> PeerMismatchError:
+        """This error as ``op`` raises it: a composite operation's inner collective names itself,
+        but the caller made ``op``."""
+        return self if str(self).startswith(f"{op}:") else PeerMismatchError(f"{op}, in its {self}")
 
 
 class CommTimeoutError(SymcommError, TimeoutError):

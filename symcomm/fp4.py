@@ -242,7 +242,11 @@ def global_scale_for(x: torch.Tensor, comm=None) -> torch.Tensor:
     ranks (a collective: every rank calls it, zero-row ranks too).
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
-        raise DtypeError("x must be a bfloat16, float16 or float32 tensor")
+        error = DtypeError("x must be a bfloat16, float16 or float32 tensor")
+        if comm is not None:
+            validate.communicator_key(comm)
+            comm.refused(error)  # the peers wait in the all-reduce below: they learn why
+        raise error
     if x.numel():
         amax = x.detach().abs().amax().float().reshape(1)
     else:

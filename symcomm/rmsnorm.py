@@ -128,15 +128,20 @@ def _check_aligned(name: str, t: torch.Tensor | None, nbytes: int) -> None:
                             f"it starts at address {t.data_ptr():#x}, e.g. a view into the middle of a row")
 
 
+def two_d(x: torch.Tensor) -> tuple[int, int]:
+    """(tokens, hidden) of the norm's 2-D input."""
+    if x.ndim != 2:
+        raise ArgumentError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
+    return x.shape[0], x.shape[1]
+
+
 def check_args(device: torch.device, x: object, weight: object, residual: object, eps: object, out: object,
                residual_out: object, quant: object, scale: object, swizzle: object) -> NormCall:
     """Every argument rule, before any communication; ArgumentError/DtypeError name the argument."""
     x = validate.tensor("x", x, device)
     if x.dtype not in DTYPES:
         raise DtypeError(f"x must be bfloat16 or float16, got {x.dtype}")
-    if x.ndim != 2:
-        raise ArgumentError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
-    tokens, hidden = x.shape
+    tokens, hidden = two_d(x)
     if quant is not None and quant not in QUANTS:
         raise ArgumentError(f"quant must be None, 'fp8' or 'nvfp4', got {quant!r}")
     multiple = fp4.BLOCK if quant == "nvfp4" else VEC

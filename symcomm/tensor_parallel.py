@@ -68,10 +68,12 @@ def copy_to_tp_region(comm: Communicator, x: torch.Tensor) -> torch.Tensor:
 
 def reduce_from_tp_region(comm: Communicator, x: torch.Tensor, algo: str = "auto") -> torch.Tensor:
     """``comm.all_reduce(x, algo=algo)`` (sum), whose gradient passes through unchanged."""
-    return _ReduceFromRegion.apply(_tensor(x), validate.communicator_key(comm), algo)
+    # x goes unchecked to the all-reduce, whose rules refuse it as a collective call's refusal.
+    return _ReduceFromRegion.apply(x, validate.communicator_key(comm), algo)
 
 
 def _tensor(x: object) -> torch.Tensor:
+    # The forward communicates nothing, so a refusal here is this rank's alone.
     if not isinstance(x, torch.Tensor):  # autograd.Function would pass it on, to fail later
         raise ArgumentError(f"x must be a torch.Tensor, got {type(x).__name__}")
     return x

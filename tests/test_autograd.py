@@ -171,6 +171,11 @@ def _several_and_unused(rank, world):
                 assert torch.equal(t.grad, torch.zeros_like(t)), (i, t.grad)
             elif i == 0:  # every rank's x gets the sum of the output gradients: ones from world - 1 ranks
                 assert torch.equal(t.grad, torch.full_like(t, world - 1.0)), t.grad
+    # The same for the norm, whose two outputs (y, h) may both get none.
+    xb = rand((4, 16), 50 + rank).bfloat16().requires_grad_()
+    res = comm.all_reduce_rmsnorm(xb, torch.ones(16, dtype=torch.bfloat16))
+    (NoGrad.apply(res.out + res.residual) if rank == 0 else (res.out.sum() + res.residual.sum())).backward()
+    assert xb.grad is not None and xb.grad.shape == xb.shape
     assert comm.all_reduce(torch.ones(2)).tolist() == [world, world]  # still in step
     comm.close()
 

@@ -314,6 +314,12 @@ def _refused_alone(rank, world):
         ("send_sizes add up to", lambda: comm.all_to_allv(torch.ones(world + odd, 2), [1] * world, [1] * world)),
         ("more than max_tokens", lambda: comm.moe_dispatch(x, ids, weights, experts, max_tokens=1 if odd else 2)),
         (r"is outside \[-1", lambda: comm.moe_dispatch(x, bad_ids if odd else ids, weights, experts, max_tokens=2)),
+        # Rules checked before the operation's own: the op's name, the TP helper's input, and
+        # the FP4 global scale's input (its all-reduce is collective).
+        ("op must be one of", lambda: comm.run("all_reduc" if odd else "all_reduce", torch.ones(3))),
+        ("x must be a torch.Tensor", lambda: symcomm.reduce_from_tp_region(comm, [1.0] if odd else torch.ones(1))),
+        ("x must be a bfloat16", lambda: symcomm.fp4.global_scale_for(torch.ones(2, dtype=torch.int32 if odd else
+                                                                                torch.float32), comm)),
     ]
     for i, (rule, call) in enumerate(cases):
         if odd:

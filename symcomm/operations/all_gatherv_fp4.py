@@ -271,6 +271,7 @@ def _all_gatherv_fp4(x: torch.Tensor, sizes: list[int], scale_value: float | Non
 
 @_all_gatherv_fp4.register_fake
 def _(x, sizes, scale_value, scale, extra, dequantize, swizzle, comm_key, algo):
+    fp4.check_rows(x)  # eager's rule, not an IndexError
     rows, hidden = sum(sizes), x.shape[1]
     got = [x.new_empty((rows, hidden // 2), dtype=torch.uint8),
            x.new_empty(fp4.scales_shape(rows, hidden, swizzle), dtype=torch.float8_e4m3fn),

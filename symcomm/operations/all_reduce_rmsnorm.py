@@ -19,7 +19,7 @@ from .. import check_mode, fp4
 from ..base import Call
 from ..dispatch import Choice
 from ..registry import lookup
-from ..rmsnorm import OP, QUANTS, NormCall, NormedResult, allocate, check_args
+from ..rmsnorm import OP, QUANTS, NormCall, NormedResult, allocate, check_args, two_d
 from .autograd import Backward, library_op, no_backward
 from .base import CallContext, Dispatcher, Operation, into, scale_args
 from .collectives import all_reduce_op, make_all_reduce
@@ -139,6 +139,8 @@ class AllReduceRmsnorm(Operation):
             if grad.needs("weight"):
                 out["weight"] = d_weight
             g_h = (d_h if g_h is None else d_h + g_h.float()).to(h.dtype)
+        if g_h is None:  # neither output got one: zeros, so every rank still runs the all-reduce
+            g_h = torch.zeros_like(h)
         if grad.needs("residual"):
             out["residual"] = g_h
         if grad.needs("x"):
@@ -176,7 +178,7 @@ def _all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
 
 @_all_reduce_rmsnorm.register_fake
 def _(x, weight, residual, eps, quant, scale_value, scale, swizzle, comm_key, algo):
-    tokens, hidden = x.shape
+    tokens, hidden = two_d(x)
     if quant == "nvfp4":
         out = [x.new_empty((tokens, hidden // 2), dtype=torch.uint8),
                x.new_empty(fp4.scales_shape(tokens, hidden, swizzle), dtype=torch.float8_e4m3fn)]
