@@ -175,8 +175,7 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
                 rejected[name] = reason or (f"not in the {table.source} table's row for {call.op}"
                                             if name not in preference else f"ranked below {chosen.name} {ranking}")
         if chosen is None:
-            raise ArgumentError(f"no path can serve this {call.op}: "
-                                + "; ".join(f"{n}: {r}" for n, r in rejected.items()))
+            raise ArgumentError(no_path(call.op, rejected, paths))
         return chosen, Choice(chosen.name, rejected)
     path = named_path(paths, off, algo)
     reason = path.why_not(call)
@@ -187,6 +186,18 @@ def choose(table: DispatchTable, paths: dict[str, CommPath], off: dict[str, str]
     why = (f"not requested (algo={algo!r})" if asked in (None, algo) else
            f"algo={asked!r} forces {algo} (with that path inside it)")
     return path, Choice(algo, {n: why for n in (*paths, *off) if n != algo})
+
+
+def no_path(op: str, rejected: dict[str, str], paths: dict[str, CommPath]) -> str:
+    """Why nothing can serve a call: the open paths' reasons, which are about the call, first;
+    the paths that are off on this communicator only by name (their reasons are about the
+    communicator, the same for every call: on the CPU seven paths would say "needs NCCL")."""
+    about_call = {n: r for n, r in rejected.items() if n in paths}
+    off = [n for n in rejected if n not in paths]
+    if not about_call:
+        return f"no path can serve this {op}: " + "; ".join(f"{n}: {r}" for n, r in rejected.items())
+    return (f"no path can serve this {op}: " + "; ".join(f"{n}: {r}" for n, r in about_call.items())
+            + (f" (off on this communicator: {', '.join(off)}; capabilities() says why)" if off else ""))
 
 
 class Router:

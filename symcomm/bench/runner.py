@@ -340,6 +340,7 @@ def short_refusal(message: str, paths: Sequence[str], open_paths: Sequence[str])
     head, sep, rest = message.partition(": ")
     if not sep or not head.startswith("no path can serve"):
         return message
+    rest = re.sub(r" \(off on this communicator: .*\)$", "", rest)  # dispatch.no_path's list of closed paths
     names = "|".join(re.escape(p) for p in sorted(set(paths) | set(open_paths), key=len, reverse=True))
     parts = re.split(rf"(?:^|; )({names}): ", rest)
     kept = [f"{parts[i]}: {parts[i + 1]}" for i in range(1, len(parts) - 1, 2) if parts[i] in open_paths]
