@@ -251,7 +251,7 @@ class ReduceScatterv(Operation):
         x, sizes = grad.args["x"], grad.args["sizes"]
         g = _grad_or_zeros(g, x, (sizes[lookup(grad.comm_key).rank], *x.shape[1:]))
         g = g.contiguous()  # this rank's rows: made outside the pool, whose shapes must be alike
-        got = grad.pooled(lambda: all_gatherv_op([g], grad.args["sizes"], grad.comm_key, "auto")[0])
+        got = grad.pooled(lambda: all_gatherv_op([g], sizes, grad.comm_key, "auto")[0])
         return {"x": got.div_(lookup(grad.comm_key).world_size) if op == "avg" else got}
 
 
