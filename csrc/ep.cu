@@ -85,7 +85,9 @@ struct Dispatch {
   int topk, experts, local, align, swizzle;
   const float* gs_ptr;
   float gs_value;
-  Buf recv, scales, src, table;
+  const void* weights;
+  symcomm_dtype_t weights_dtype;
+  Buf recv, scales, src, table, group;
   int32_t* send_rows;
   int32_t* expert_counts;
   int32_t* expert_offsets;
@@ -100,14 +102,12 @@ struct Combine {
   const void* expert_out;
   int64_t cols, capacity, max_tokens, rows;
   int topk, num_local;
-  const int32_t* recv_src;
-  const int32_t* expert_offsets;
+  const int32_t* recv_group;
   Buf returned;
   const int32_t* send_rows;
-  const void* weights;
-  symcomm_dtype_t weights_dtype;
+  const void* ids;
   void* out;
-  int64_t units;  // lane units per row sent back: 16 bytes, or 8 FP8 values
+  int64_t units;  // 16-byte units of T per row: a lane's piece of a partial
   uint32_t mark;  // what the ranks must agree on (ep.cuh's combine_mark), checked at the meeting
 };
 
@@ -354,10 +354,10 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   RowUnit first_unit{};
   if (first_item < items)
     first_unit = load_unit<Q, T>(job, first_item / unit_chunks, (first_item % unit_chunks) * 32 + lane);
-  const Buf buffers[] = {job.recv, job.src, job.scales};
-  char* lane_buf[3];
+  const Buf buffers[] = {job.recv, job.src, job.scales, job.group};
+  char* lane_buf[4];
 #pragma unroll
-  for (int k = 0; k < 3; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
+  for (int k = 0; k < 4; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
   if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(of_rank<W>(s.signals.ptr, int(threadIdx.x)));
   if (threadIdx.x == 0) {
     meeting = next_meeting(s);
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   for (int i = threadIdx.x; i < counting * E; i += blockDim.x) table[i] = 0;
   if (warp == warps - 1) {  // counts too when every warp does
     const Peers* const used[] = {slots + job.table.slot, slots + job.src.slot, slots + job.recv.slot,
-                                 slots + job.scales.slot};
+                                 slots + job.scales.slot, slots + job.group.slot};
     const bool ready = slots_ready(s, used, W);
     if (lane == 0) mapped = ready;
   }
@@ -530,14 +530,30 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     const Encoded piece = encode_unit<Q, T>(unit, in_row, gs);
     // The lead of a destination is its lowest slot; on a dedup call only leads carry the row to a
     // peer, the others a marker (expand_duplicates). Rows to this rank itself are stored whole.
-    const int lead = __ffs(__match_any_sync(kFull, dest)) - 1;
+    // The entries bound for one rank are a group there (symcomm/ep/layout.py): its lead, the lowest
+    // slot, lists them with their weights in recv_group, where combine adds them up.
+    const unsigned same = __match_any_sync(kFull, dest);
+    const int lead = __ffs(same) - 1;
     const int32_t lead_row = __shfl_sync(kFull, at_row, lead);
     const bool carries = !dedup || lead == lane || dest == s.rank;
     char* const src_at = peer_buffer(lane_buf[1], dest);
-    if (u == lane && at_row >= 0)
-      reinterpret_cast<int32_t*>(src_at)[at_row] =
-          carries ? ep::origin(s.rank, job.max_tokens, t, job.topk, lane)
-                  : int32_t(-2 - (int64_t(lead_row) * job.topk + lane));
+    int2* const group_at = reinterpret_cast<int2*>(peer_buffer(lane_buf[3], dest));
+    if (item % unit_chunks == 0) {  // the token's first chunk (the same in every lane) writes its groups
+      const int64_t list = (int64_t(s.rank) * job.max_tokens + t) * job.topk;  // on every destination
+      if (at_row >= 0) {
+        reinterpret_cast<int32_t*>(src_at)[at_row] =
+            carries ? ep::origin(s.rank, job.max_tokens, t, job.topk, lane)
+                    : int32_t(-2 - (int64_t(lead_row) * job.topk + lane));
+        const int members = __popc(same);
+        const float weight = ep::weight_at(job.weights, job.weights_dtype, t * job.topk + lane);
+        group_at[list + __popc(same & ((1u << lane) - 1))] = make_int2(at_row, int32_t(symcomm::bits_of(weight)));
+        if (lane == lead && members < job.topk) group_at[list + members] = make_int2(-1, 0);
+      }
+      // The ranks this token sends nothing to: (-1, 0) first in its list there.
+      const unsigned sent_to = __reduce_or_sync(kFull, at_row >= 0 ? 1u << dest : 0u);
+      int2* const empty_at = reinterpret_cast<int2*>(peer_buffer(lane_buf[3], lane < W ? lane : -1));
+      if (lane < W && !(sent_to >> lane & 1u)) empty_at[list] = make_int2(-1, 0);
+    }
     for (int j = 0; j < job.topk; ++j) {
       const int d = __shfl_sync(kFull, dest, j);
       const int64_t r = __shfl_sync(kFull, at_row, j);
@@ -558,6 +574,14 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
       }
     }
   }
+  // This rank's token numbers past its last token sent nothing anywhere: (-1, 0) first in their
+  // lists on every rank, so each rank's combine finds every group of the call without a count.
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (job.max_tokens - job.rows) * W;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = job.rows + i / W;
+    reinterpret_cast<int2*>(at(slots, job.group, int(i % W)))[(int64_t(s.rank) * job.max_tokens + t) * job.topk] =
+        make_int2(-1, 0);
+  }
   if (!dedup) {
     barrier(s, kEnd, W, epoch);
     return;
@@ -568,135 +592,145 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
 }
 
 // ------------------------------------------------------------------ combine
-// The used rows of expert_out into their owners' returned buffers as is, 16 bytes a lane: warp w
-// of the grid takes items w, w + stride, ..., kUnroll of them a pass, every load issued before any
-// store. Dispatch stores each loaded piece topk times; combine stores each once, so with one piece
-// at a time it paid a load round trip (and recv_src's before it) per 16 bytes sent and ran at
-// about a third of dispatch's bandwidth (bench/results/2026-11-28_nvidia-h200-x4_w2_grid_unroll,
-// moe.log). A piece's row is loaded beside its recv_src, not after it: every row below capacity
-// lies inside expert_out and recv_src, so a load past the rows used is harmless (that piece is
-// then not stored) and the pass waits for one round trip.
-template <int kUnroll>
-struct ReturnPass {
-  uint4 value[kUnroll];
-  int32_t origin[kUnroll];
-  int64_t unit[kUnroll];
+// Each group this rank holds (one token's entries on this rank: symcomm/ep/layout.py) is added up
+// here and crosses NVLink once, as one partial row in its owner's returned buffer, where the
+// per-entry combine sent every row: at world 2 with top-8 of 256 experts about four rows a token
+// and rank. Work is (group, kCombineChunks chunks of 32 units) items over the grid's warps, every
+// (rank, token) a group whether or not it holds rows (the grid follows max_tokens, equal on every
+// rank); a warp loads the lists of kLookAhead items at once, lane i an item's pair i, then adds up
+// each item's rows with every row of a group of slots loaded before any is added (ep.cuh).
+// Chunks of 32 units a warp takes of one group's row at once: as many loads of a listed row in
+// flight (ep.cuh's partial_units). On two simulated ranks (bench/NOTES.md, thirty-third session)
+// four, with the lists by token, took 2048 tokens' combine from 689 us to 486; one chunk a warp
+// where the grid had room for that did not speed up decode (8.5 against 8.2 us).
+constexpr int kCombineChunks = 4;
 
-  // Items item + k * stride below `limit`.
+template <int kLookAhead>
+struct Lists {
+  int2 pair[kLookAhead];
+
+  // Items item + k * stride below `limit`; lanes past topk and items past the limit get (-1, 0).
   __device__ __forceinline__ void load(const Combine& job, int64_t item, int64_t limit, int64_t stride,
-                                       int64_t chunks) {
+                                       int64_t spans) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      origin[k] = -1;
+    for (int k = 0; k < kLookAhead; ++k) {
       const int64_t at_item = item + k * stride;
-      if (at_item >= limit) continue;
-      const int64_t r = at_item / chunks;
-      unit[k] = (at_item % chunks) * 32 + lane;
-      origin[k] = job.recv_src[r];  // the same for every lane of the row
-      if (unit[k] < job.units) value[k] = __ldg(static_cast<const uint4*>(job.expert_out) + r * job.units + unit[k]);
-    }
-  }
-
-  // The loaded pieces of items below `items`, the ones of rows this call received. An origin past
-  // the world (only a corrupted recv_src holds one) is skipped rather than followed.
-  __device__ __forceinline__ void store(const Combine& job, char* const* returned_at, int world, int64_t item,
-                                        int64_t items, int64_t stride, int64_t slots_back) const {
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      if (item + k * stride >= items || origin[k] < 0 || unit[k] >= job.units) continue;
-      const int64_t owner = origin[k] / slots_back, slot = origin[k] % slots_back;
-      if (owner >= world) continue;
-      reinterpret_cast<uint4*>(returned_at[owner])[slot * job.units + unit[k]] = value[k];
+      pair[k] = make_int2(-1, 0);
+      if (at_item < limit && lane < job.topk)
+        pair[k] = reinterpret_cast<const int2*>(job.recv_group)[at_item / spans * job.topk + lane];
     }
   }
 };
 
-template <int Q, typename T, int W>
+template <int Q, typename T, typename Id, int W>
 __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slots, Combine job) {
+  constexpr int V = ep::kUnitValues<T>;
+  constexpr int kLookAhead = 4;
+  static_assert(Q != SYMCOMM_EP_FP8 || V == ep::kFp8Unit, "an FP8 lane encodes its own 16 bytes of T");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = blockDim.x / 32;
-  const int64_t chunks = (job.units + 31) / 32, slots_back = job.max_tokens * job.topk;
+  // An item is kCombineChunks chunks of 32 units of one group's row; the grid follows max_tokens.
+  const int64_t spans = (job.units + 32 * kCombineChunks - 1) / (32 * kCombineChunks);
+  const int64_t items = int64_t(W) * job.max_tokens * spans;
   const int64_t stride = int64_t(gridDim.x) * per_block, first_item = int64_t(blockIdx.x) * per_block + warp;
-  // Where one pass of four pieces a warp covers every row the call could have received (decode),
-  // that pass is loaded now, beside the prologue's loads, rather than a round trip after them;
-  // past that, passes of eight (bench/NOTES.md, 2026-11-29 ninth session: 0.93x the combine at
-  // 64-2048 tokens on simulated ranks, 0.35 µs slower at 1-8 tokens).
-  const bool one_pass = job.capacity * chunks <= 4 * stride;
   // Every load the prologue needs at once, in one round trip with the epoch: the owners' buffers
-  // (checked by slot_ready before use), the dispatch mark, the meeting's number, expert_offsets
-  // (this rank's own dispatch wrote it) and the rows of a single pass. All were written by kernels
-  // before this one, which begin_epoch's wait makes visible (launch.cuh).
+  // (checked by slot_ready before use), the dispatch mark, the meeting's number and the first
+  // pass's lists (this rank's own dispatch wrote them). All were written by kernels before this
+  // one, which begin_epoch's wait makes visible (launch.cuh).
   const EpochWords epoch_words = begin_epoch(s);
   __shared__ char* returned_at[kMaxRanks];
   __shared__ bool after_dispatch;
   __shared__ uint64_t meeting;
+  __shared__ int2 listed[kThreads / 32][SYMCOMM_EP_MAX_TOPK];  // each warp's current group, for every lane
   if (threadIdx.x < W) returned_at[threadIdx.x] = at(slots, job.returned, int(threadIdx.x));
   if (threadIdx.x == 0) {
     after_dispatch = *reinterpret_cast<volatile uint32_t*>(&own_signal(s)->ep_dispatched) != 0;
     meeting = next_meeting(s);
   }
-  int64_t used = job.expert_offsets[job.num_local];
-  ReturnPass<4> single;
-  if (Q == SYMCOMM_EP_NONE && one_pass) single.load(job, first_item, job.capacity * chunks, stride, chunks);
+  Lists<kLookAhead> lists;
+  lists.load(job, first_item, items, stride, spans);
+  const T* const expert_out = static_cast<const T*>(job.expert_out);
+  const int32_t* const list = reinterpret_cast<const int32_t*>(listed[warp]);
+  // A group's list, for every lane of the warp (shared memory), and its partial at the item's chunks.
+  const auto add_up = [&](int64_t at_item, int2 pair, float (&acc)[kCombineChunks][V]) {
+    __syncwarp();  // every lane has read the previous group's list
+    if (lane < job.topk) listed[warp][lane] = pair;
+    __syncwarp();
+    ep::partial_units<T, kCombineChunks>(expert_out, list, job.cols, job.units,
+                                         (at_item % spans) * 32 * kCombineChunks + lane, job.topk, acc);
+  };
+  // The first item is added up before the epoch and the start barrier: its rows come from kernels
+  // before this one (begin_epoch waited for them), and only its stores into the owner's buffer wait
+  // for the barrier. A decode call, one item a warp, then pays no round trip between the barrier
+  // and its stores.
+  float first[kCombineChunks][V];
+  const bool first_held = first_item < items && __shfl_sync(kFull, lists.pair[0].x, 0) >= 0;
+  if (first_held) add_up(first_item, lists.pair[0], first);
   const bool mapped = slot_ready(s, slots + job.returned.slot, W);
   const uint64_t epoch = end_epoch(s, epoch_words);
   if (epoch == 0 || !mapped) return;
   if (!after_dispatch && !barrier(s, kStart, W, epoch)) return;
-  used = used < job.capacity ? used : job.capacity;
-  const int64_t items = used * chunks;
-  int64_t item = first_item;
-  if constexpr (Q == SYMCOMM_EP_NONE) {
-    if (one_pass) {
-      single.store(job, returned_at, W, item, items, stride, slots_back);
-    } else {
-      for (; item < items; item += 8 * stride) {
-        ReturnPass<8> pass;
-        pass.load(job, item, items, stride, chunks);
-        pass.store(job, returned_at, W, item, items, stride, slots_back);
+  const int64_t partial_rows = W * job.max_tokens;  // rows of a returned buffer
+  // The partial of item `at_item` into its owner's returned buffer, rounded (and FP8-encoded).
+  const auto send = [&](int64_t at_item, const float (&acc)[kCombineChunks][V]) {
+    const int64_t group = at_item / spans;
+    const int64_t slot = s.rank * job.max_tokens + group % job.max_tokens;
+    char* const back = returned_at[group / job.max_tokens];
+    const int64_t u0 = (at_item % spans) * 32 * kCombineChunks + lane;
+#pragma unroll
+    for (int m = 0; m < kCombineChunks; ++m) {
+      const int64_t u = u0 + 32 * m;
+      const bool mine = u < job.units;
+      if (u - lane >= job.units) break;  // past the row: the same in every lane
+      alignas(16) T rounded[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) rounded[i] = symcomm::from_f32<T>(acc[m][i]);
+      if constexpr (Q == SYMCOMM_EP_NONE) {
+        if (mine) reinterpret_cast<uint4*>(back)[slot * job.units + u] = *reinterpret_cast<const uint4*>(rounded);
+      } else {
+        float v[ep::kFp8Unit];
+        uint32_t amax = 0;
+#pragma unroll
+        for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(rounded[i]));
+#pragma unroll
+        for (int b = 8; b >= 1; b >>= 1) amax = max(amax, __shfl_xor_sync(kFull, amax, b));  // the block's 16 lanes
+        const float scale = ep::fp8_scale(amax);
+        const uint2 codes = ep::fp8_codes8(v, scale);
+        if (mine) {
+          reinterpret_cast<uint2*>(back + slot * job.cols)[u] = codes;
+          if (lane % 16 == 0)
+            reinterpret_cast<float*>(back + partial_rows * job.cols)[slot * (job.cols / ep::kFp8Block) + u / 16] =
+                scale;
+        }
       }
     }
-  } else {
-    for (; item < items; item += stride) {
-      const int64_t r = item / chunks, u = (item % chunks) * 32 + lane;
-      const int32_t origin = job.recv_src[r];
-      const bool mine = u < job.units;
-      alignas(16) T raw[ep::kFp8Unit];
-      if (mine)  // beside recv_src, as above
-        *reinterpret_cast<uint4*>(raw) = __ldg(reinterpret_cast<const uint4*>(
-            static_cast<const T*>(job.expert_out) + r * job.cols + u * ep::kFp8Unit));
-      if (origin < 0 || origin / slots_back >= W) continue;  // the same for every lane: one row per warp
-      const int owner = int(origin / slots_back);
-      const int64_t slot = origin % slots_back;
-      char* back = returned_at[owner];
-      float v[ep::kFp8Unit] = {};
-      uint32_t amax = 0;
-      if (mine) {
+  };
+  if (first_held) send(first_item, first);
+  for (int64_t item = first_item; item < items; item += kLookAhead * stride) {
+    if (item != first_item) lists.load(job, item, items, stride, spans);
 #pragma unroll
-        for (int i = 0; i < ep::kFp8Unit; ++i) amax = fp4::amax_step(amax, v[i] = symcomm::to_f32(raw[i]));
-      }
-#pragma unroll
-      for (int m = 8; m >= 1; m >>= 1) amax = max(amax, __shfl_xor_sync(kFull, amax, m));
-      const float scale = ep::fp8_scale(amax);
-      const uint2 codes = ep::fp8_codes8(v, scale);
-      if (mine) {
-        reinterpret_cast<uint2*>(back + slot * job.cols)[u] = codes;
-        if (lane % 16 == 0)
-          reinterpret_cast<float*>(back + slots_back * job.cols)[slot * (job.cols / ep::kFp8Block) + u / 16] = scale;
-      }
+    for (int k = 0; k < kLookAhead; ++k) {  // unrolled: a run-time k would put lists.pair in local memory
+      const int64_t at_item = item + k * stride;
+      // The same in every lane: one group per warp. A group that holds no row here has nothing to
+      // send; the first item went before the loop.
+      if ((k == 0 && item == first_item) || at_item >= items || __shfl_sync(kFull, lists.pair[k].x, 0) < 0) continue;
+      float acc[kCombineChunks][V];
+      add_up(at_item, lists.pair[k], acc);
+      send(at_item, acc);
     }
   }
-  // Rows came back from every block of every peer. A rank that gave up leaves out unwritten.
+  // Partials came back from every block of every peer. A rank that gave up leaves out unwritten.
   if (!meet_all_blocks(s, W, meeting, job.mark)) return;
   if (blockIdx.x == 0 && threadIdx.x == 0) own_signal(s)->ep_dispatched = 0;  // every block has read it
-  // One thread per 8 values of a token: its entries' rows in slot order, weighted, in fp32.
+  // One thread per 8 values of a token: the partials of the ranks holding its entries, in rank order.
   const int64_t per_row = job.cols / ep::kCombineUnit;
   const char* back = returned_at[s.rank];
+  const Id* ids = static_cast<const Id*>(job.ids);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < job.rows * per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_row, u = i % per_row;
     float acc[ep::kCombineUnit];
-    ep::sum_unit<T, Q>(back, job.send_rows, job.weights, job.weights_dtype, t, u, job.cols, job.topk, slots_back,
-                       acc);
+    ep::owner_unit<T, Q, W>(back, ids, job.send_rows, job.topk, job.num_local, W, t, u, job.cols, job.max_tokens, acc);
     ep::store8(static_cast<T*>(job.out) + t * job.cols + u * ep::kCombineUnit, acc);
   }
 }
@@ -720,8 +754,9 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
   if (a.topk_ids == nullptr && a.rows) return false;
   if (a.send_rows == nullptr || a.expert_counts == nullptr || a.expert_offsets == nullptr) return false;
   if ((a.rows && reinterpret_cast<uintptr_t>(a.x) % 16) || a.recv_offset % 16 || a.scales_offset % 4 ||
-      a.src_offset % 4 || a.table_offset % 4)
+      a.src_offset % 4 || a.table_offset % 4 || a.group_offset % 8)
     return false;
+  if (a.rows && (a.weights == nullptr || !known_dtype(a.weights_dtype))) return false;
   Dispatch& j = *job;
   j = Dispatch{};
   j.x = a.x, j.ids = a.topk_ids, j.rows = a.rows, j.cols = a.cols, j.max_tokens = a.max_tokens;
@@ -729,6 +764,7 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
   j.align = a.align, j.swizzle = a.swizzle, j.gs_ptr = static_cast<const float*>(a.gs_ptr), j.gs_value = a.gs_value;
   j.recv = {a.recv_slot, a.recv_offset}, j.scales = {a.scales_slot, a.scales_offset};
   j.src = {a.src_slot, a.src_offset}, j.table = {a.table_slot, a.table_offset};
+  j.group = {a.group_slot, a.group_offset}, j.weights = a.weights, j.weights_dtype = a.weights_dtype;
   j.send_rows = a.send_rows, j.expert_counts = a.expert_counts, j.expert_offsets = a.expert_offsets;
   switch (a.quant) {
     case SYMCOMM_EP_NONE:
@@ -756,27 +792,25 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
 }
 
 bool combine_job(const symcomm_ep_combine_args_t& a, Combine* job) {
-  if (!known_dtype(a.dtype) || !known_dtype(a.weights_dtype) || a.cols <= 0 || a.cols % ep::kCombineUnit ||
-      a.topk < 1 || a.topk > SYMCOMM_EP_MAX_TOPK || a.rows < 0 || a.rows > a.max_tokens || a.num_local < 1)
+  if (!known_dtype(a.dtype) || a.cols <= 0 || a.cols % ep::kCombineUnit || a.topk < 1 ||
+      a.topk > SYMCOMM_EP_MAX_TOPK || a.rows < 0 || a.rows > a.max_tokens || a.num_local < 1)
     return false;
-  if (a.recv_src == nullptr || a.expert_offsets == nullptr || (a.rows && (a.send_rows == nullptr ||
-      a.weights == nullptr || a.out == nullptr)))
+  if (a.recv_group == nullptr ||
+      (a.rows && (a.send_rows == nullptr || a.topk_ids == nullptr || a.out == nullptr)))
     return false;
-  if ((reinterpret_cast<uintptr_t>(a.expert_out) | reinterpret_cast<uintptr_t>(a.out)) % 16 || a.returned_offset % 16)
+  if ((reinterpret_cast<uintptr_t>(a.expert_out) | reinterpret_cast<uintptr_t>(a.out)) % 16 || a.returned_offset % 16 ||
+      reinterpret_cast<uintptr_t>(a.recv_group) % 8 || a.cols * int64_t(itemsize(a.dtype)) % 16)
     return false;
+  if (a.quant == SYMCOMM_EP_FP8 && (a.dtype == SYMCOMM_FLOAT32 || a.cols % ep::kFp8Block)) return false;
+  if (a.quant != SYMCOMM_EP_NONE && a.quant != SYMCOMM_EP_FP8) return false;
   Combine& j = *job;
   j = Combine{};
   j.expert_out = a.expert_out, j.cols = a.cols, j.capacity = a.capacity, j.max_tokens = a.max_tokens;
-  j.rows = a.rows, j.topk = a.topk, j.num_local = a.num_local, j.recv_src = a.recv_src;
-  j.expert_offsets = a.expert_offsets, j.returned = {a.returned_slot, a.returned_offset};
-  j.send_rows = a.send_rows, j.weights = a.weights, j.weights_dtype = a.weights_dtype, j.out = a.out;
+  j.rows = a.rows, j.topk = a.topk, j.num_local = a.num_local;
+  j.recv_group = a.recv_group, j.returned = {a.returned_slot, a.returned_offset};
+  j.send_rows = a.send_rows, j.ids = a.topk_ids, j.out = a.out;
   j.mark = ep::combine_mark(a.quant, a.dtype, a.cols, a.capacity, a.max_tokens, a.topk);
-  if (a.quant == SYMCOMM_EP_NONE) {
-    j.units = a.cols * int64_t(itemsize(a.dtype)) / 16;
-    return true;
-  }
-  if (a.quant != SYMCOMM_EP_FP8 || a.dtype == SYMCOMM_FLOAT32 || a.cols % ep::kFp8Block) return false;
-  j.units = a.cols / ep::kFp8Unit;
+  j.units = a.cols * int64_t(itemsize(a.dtype)) / 16;
   return true;
 }
 
@@ -823,6 +857,19 @@ cudaError_t launch_dispatch(const Context* c, const Dispatch& job, symcomm_ep_qu
   });
 }
 
+template <int W, typename T, typename Id>
+cudaError_t launch_combine(const Context* c, const Combine& job, symcomm_ep_quant_t quant, int blocks,
+                           cudaStream_t stream) {
+  const Sync s = make_sync(c);
+  if (quant == SYMCOMM_EP_NONE)
+    return launch(c->overlap, ep_combine<SYMCOMM_EP_NONE, T, Id, W>, blocks, kThreads, stream, s, c->slots, job);
+  if constexpr (std::is_same<T, float>::value) {
+    return cudaErrorInvalidValue;  // combine_job refuses FP8 from fp32 rows
+  } else {
+    return launch(c->overlap, ep_combine<SYMCOMM_EP_FP8, T, Id, W>, blocks, kThreads, stream, s, c->slots, job);
+  }
+}
+
 // Loads every EP kernel of world W on this device, once. With lazy module loading (CUDA's
 // default) a kernel is loaded at its first launch, and loading may wait for the device to be
 // idle; a rank whose previous EP kernel spins waiting for a peer is not idle while the host sits
@@ -845,11 +892,16 @@ cudaError_t preload(int device) {
       reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __nv_bfloat16, int64_t, W>),
       reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __half, int32_t, W>),
       reinterpret_cast<const void*>(ep_dispatch<SYMCOMM_EP_FP8, __half, int64_t, W>),
-      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __nv_bfloat16, W>),
-      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __half, W>),
-      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, float, W>),
-      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __nv_bfloat16, W>),
-      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __half, W>)};
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __nv_bfloat16, int32_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __half, int32_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, float, int32_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __nv_bfloat16, int32_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __half, int32_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __nv_bfloat16, int64_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, __half, int64_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_NONE, float, int64_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __nv_bfloat16, int64_t, W>),
+      reinterpret_cast<const void*>(ep_combine<SYMCOMM_EP_FP8, __half, int64_t, W>)};
   for (const void* kernel : kernels) {
     cudaFuncAttributes attributes;
     const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);  // loads it
@@ -903,41 +955,51 @@ int entry_key_host(const symcomm_ep_dispatch_args_t& a, int64_t e) {
   return a.ids_int64 ? key_of<int64_t>(a, e) : key_of<int32_t>(a, e);
 }
 
+// Rank p's partial of a group (its recv_group `list`) of token t, into the owner's returned buffer
+// (ep_combine's first half).
 template <typename T>
-void return_row_host(const symcomm_ep_combine_args_t& a, const Combine& j, int64_t r, int64_t slot, char* back) {
-  const int64_t slots_back = a.max_tokens * a.topk;
+void partial_host(const symcomm_ep_combine_args_t& a, int world, int p, const int32_t* list, int64_t t, char* back) {
+  constexpr int V = ep::kUnitValues<T>;
+  const int64_t units = a.cols * int64_t(sizeof(T)) / 16, slots = world * a.max_tokens, slot = p * a.max_tokens + t;
+  std::vector<T> row(size_t(a.cols));
+  for (int64_t u = 0; u < units; ++u) {
+    float acc[1][V];
+    ep::partial_units<T, 1>(static_cast<const T*>(a.expert_out), list, a.cols, units, u, a.topk, acc);
+    for (int i = 0; i < V; ++i) row[size_t(u * V + i)] = symcomm::from_f32<T>(acc[0][i]);
+  }
   if (a.quant == SYMCOMM_EP_NONE) {
-    const int64_t bytes = j.units * 16;
-    std::memcpy(back + slot * bytes, static_cast<const char*>(a.expert_out) + r * bytes, size_t(bytes));
+    std::memcpy(back + slot * a.cols * int64_t(sizeof(T)), row.data(), size_t(a.cols) * sizeof(T));
     return;
   }
-  const T* x = static_cast<const T*>(a.expert_out) + r * a.cols;
   for (int64_t b = 0; b < a.cols / ep::kFp8Block; ++b) {
     uint32_t amax = 0;
-    for (int i = 0; i < ep::kFp8Block; ++i) amax = fp4::amax_step(amax, symcomm::to_f32(x[b * ep::kFp8Block + i]));
+    for (int i = 0; i < ep::kFp8Block; ++i) amax = fp4::amax_step(amax, symcomm::to_f32(row[size_t(b * ep::kFp8Block + i)]));
     const float scale = ep::fp8_scale(amax);
-    std::memcpy(back + slots_back * a.cols + (slot * (a.cols / ep::kFp8Block) + b) * 4, &scale, 4);
+    std::memcpy(back + slots * a.cols + (slot * (a.cols / ep::kFp8Block) + b) * 4, &scale, 4);
     for (int u = 0; u < ep::kFp8Block / ep::kFp8Unit; ++u) {
       float v[ep::kFp8Unit];
-      for (int i = 0; i < ep::kFp8Unit; ++i) v[i] = symcomm::to_f32(x[b * ep::kFp8Block + u * ep::kFp8Unit + i]);
+      for (int i = 0; i < ep::kFp8Unit; ++i) v[i] = symcomm::to_f32(row[size_t(b * ep::kFp8Block + u * ep::kFp8Unit + i)]);
       const uint2 codes = ep::fp8_codes8(v, scale);
       std::memcpy(back + slot * a.cols + b * ep::kFp8Block + u * ep::kFp8Unit, &codes, 8);
     }
   }
 }
 
-template <typename T>
-void sum_rows_host(const symcomm_ep_combine_args_t& a, const char* back) {
-  const int64_t slots_back = a.max_tokens * a.topk;
+constexpr int kMaxWorld = kMaxRanks;
+
+// Rank q's tokens from the partials in its returned buffer (ep_combine's second half).
+template <typename T, typename Id>
+void owner_host(const symcomm_ep_combine_args_t& a, int world, const char* back) {
+  const Id* ids = static_cast<const Id*>(a.topk_ids);
   for (int64_t t = 0; t < a.rows; ++t) {
     for (int64_t u = 0; u < a.cols / ep::kCombineUnit; ++u) {
       float acc[ep::kCombineUnit];
       if (a.quant == SYMCOMM_EP_FP8)
-        ep::sum_unit<T, SYMCOMM_EP_FP8>(back, a.send_rows, a.weights, a.weights_dtype, t, u, a.cols, a.topk,
-                                        slots_back, acc);
+        ep::owner_unit<T, SYMCOMM_EP_FP8, kMaxWorld>(back, ids, a.send_rows, a.topk, a.num_local, world, t, u, a.cols,
+                                                     a.max_tokens, acc);
       else
-        ep::sum_unit<T, SYMCOMM_EP_NONE>(back, a.send_rows, a.weights, a.weights_dtype, t, u, a.cols, a.topk,
-                                         slots_back, acc);
+        ep::owner_unit<T, SYMCOMM_EP_NONE, kMaxWorld>(back, ids, a.send_rows, a.topk, a.num_local, world, t, u, a.cols,
+                                                      a.max_tokens, acc);
       ep::store8(static_cast<T*>(a.out) + t * a.cols + u * ep::kCombineUnit, acc);
     }
   }
@@ -965,6 +1027,7 @@ int symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args
   Dispatch job;
   if (!dispatch_job(*args, c->world, &job)) return cudaErrorInvalidValue;
   if (bad_slot(c, args->recv_slot) || bad_slot(c, args->src_slot) || bad_slot(c, args->table_slot) ||
+      bad_slot(c, args->group_slot) ||
       (args->quant != SYMCOMM_EP_NONE && bad_slot(c, args->scales_slot)))
     return cudaErrorInvalidValue;
   if (args->quant == SYMCOMM_EP_NONE) job.scales = job.recv;  // never written: any mapped slot
@@ -998,33 +1061,28 @@ int symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args, 
   if (err != cudaSuccess) return err;
   Combine job;
   if (!combine_job(*args, &job) || bad_slot(c, args->returned_slot)) return cudaErrorInvalidValue;
-  const Sync s = make_sync(c);
-  // One grid returns the rows, then sums them: as many blocks as the larger half wants. Both
-  // follow sizes equal on every rank (capacity, max_tokens, never this rank's rows), since every
+  // One grid adds up the groups, then the partials: as many blocks as the larger half wants. Both
+  // follow sizes equal on every rank (max_tokens, never this rank's rows), since every
   // block waits for as many blocks of each peer as its own grid has.
   const int64_t sums = args->max_tokens * (args->cols / ep::kCombineUnit);
-  const int blocks = std::max(blocks_for_items(c, args->capacity * ((job.units + 31) / 32)),
-                              blocks_for_items(c, (sums + 31) / 32));
+  const int64_t spans = (job.units + 32 * kCombineChunks - 1) / (32 * kCombineChunks);
+  const int blocks = std::max(blocks_for_items(c, c->world * args->max_tokens * spans), blocks_for_items(c, (sums + 31) / 32));
   return for_world(c->world, [&](auto w) {
     constexpr int W = decltype(w)::value;
     const cudaError_t loaded = preload<W>(c->device);
     if (loaded != cudaSuccess) return loaded;
     return for_dtype(args->dtype, [&](auto type) {
       using T = typename decltype(type)::type;
-      if (args->quant == SYMCOMM_EP_NONE)
-        return launch(c->overlap, ep_combine<SYMCOMM_EP_NONE, T, W>, blocks, kThreads, stream, s, c->slots, job);
-      if constexpr (std::is_same<T, float>::value) {
-        return cudaErrorInvalidValue;  // combine_job refuses FP8 from fp32 rows
-      } else {
-        return launch(c->overlap, ep_combine<SYMCOMM_EP_FP8, T, W>, blocks, kThreads, stream, s, c->slots, job);
-      }
+      return args->ids_int64 ? launch_combine<W, T, int64_t>(c, job, args->quant, blocks, stream)
+                             : launch_combine<W, T, int32_t>(c, job, args->quant, blocks, stream);
     });
   });
 }
 
 int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, void* const* recv,
-                             void* const* scales, int32_t* const* src, int32_t* const* table) {
-  if (args == nullptr || recv == nullptr || src == nullptr || table == nullptr || world < 1 || world > kMaxRanks)
+                             void* const* scales, int32_t* const* src, int32_t* const* table, int32_t* const* group) {
+  if (args == nullptr || recv == nullptr || src == nullptr || table == nullptr || group == nullptr || world < 1 ||
+      world > kMaxRanks)
     return cudaErrorInvalidValue;
   std::vector<Dispatch> jobs(world);
   for (int r = 0; r < world; ++r) {
@@ -1072,10 +1130,28 @@ int symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, 
     for (int64_t e = 0; e < a.rows * a.topk; ++e)
       if (a.send_rows[e] >= 0) a.send_rows[e] = int32_t(base[entry_key_host(a, e)] + a.send_rows[e]);
   }
-  // Every token into its entries' rows, with its origin.
+  // Every token into its entries' rows, with its origin, and each of its groups into recv_group;
+  // the token numbers past the last sent nothing.
   for (int r = 0; r < world; ++r) {
     const symcomm_ep_dispatch_args_t& a = args[r];
+    for (int64_t t = a.rows; t < a.max_tokens; ++t)
+      for (int dest = 0; dest < world; ++dest) {
+        int32_t* const list = group[dest] + (r * a.max_tokens + t) * a.topk * ep::kGroupPairs;
+        list[0] = -1, list[1] = 0;
+      }
     for (int64_t t = 0; t < a.rows; ++t) {
+      for (int dest = 0; dest < world; ++dest) {
+        int32_t* const list = group[dest] + (r * a.max_tokens + t) * a.topk * ep::kGroupPairs;
+        int members = 0;
+        for (int jj = 0; jj < a.topk; ++jj) {
+          const int64_t e = t * a.topk + jj;
+          if (a.send_rows[e] < 0 || entry_key_host(a, e) / L != dest) continue;
+          list[members * ep::kGroupPairs] = a.send_rows[e];
+          list[members * ep::kGroupPairs + 1] = int32_t(symcomm::bits_of(ep::weight_at(a.weights, a.weights_dtype, e)));
+          ++members;
+        }
+        if (members < a.topk) list[members * ep::kGroupPairs] = -1, list[members * ep::kGroupPairs + 1] = 0;
+      }
       for (int jj = 0; jj < a.topk; ++jj) {
         const int64_t e = t * a.topk + jj;
         const int32_t row = a.send_rows[e];
@@ -1101,24 +1177,25 @@ int symcomm_ep_combine_host(int world, const symcomm_ep_combine_args_t* args, vo
     if (!combine_job(args[r], &jobs[r]) || jobs[r].mark != jobs[0].mark) return cudaErrorInvalidValue;
   for (int p = 0; p < world; ++p) {
     const symcomm_ep_combine_args_t& a = args[p];
-    int64_t used = a.expert_offsets[a.num_local];
-    used = used < a.capacity ? used : a.capacity;
-    for (int64_t r = 0; r < used; ++r) {
-      const int32_t origin = a.recv_src[r];
-      if (origin < 0) continue;
-      const int64_t slots_back = a.max_tokens * a.topk;
-      const int owner = int(origin / slots_back);
-      if (owner >= world) return cudaErrorInvalidValue;
-      for_dtype_host(a.dtype, [&](auto type) {
-        using T = typename decltype(type)::type;
-        return_row_host<T>(a, jobs[p], r, origin % slots_back, static_cast<char*>(returned[owner]));
-      });
+    for (int q = 0; q < world; ++q) {
+      for (int64_t t = 0; t < a.max_tokens; ++t) {
+        const int32_t* list = a.recv_group + (q * a.max_tokens + t) * a.topk * ep::kGroupPairs;
+        if (list[0] < 0) continue;  // no row of this token here
+        const bool known = for_dtype_host(a.dtype, [&](auto type) {
+          using T = typename decltype(type)::type;
+          partial_host<T>(a, world, p, list, t, static_cast<char*>(returned[q]));
+        });
+        if (!known) return cudaErrorInvalidValue;
+      }
     }
   }
   for (int q = 0; q < world; ++q) {
     for_dtype_host(args[q].dtype, [&](auto type) {
       using T = typename decltype(type)::type;
-      sum_rows_host<T>(args[q], static_cast<const char*>(returned[q]));
+      if (args[q].ids_int64)
+        owner_host<T, int64_t>(args[q], world, static_cast<const char*>(returned[q]));
+      else
+        owner_host<T, int32_t>(args[q], world, static_cast<const char*>(returned[q]));
     });
   }
   return cudaSuccess;

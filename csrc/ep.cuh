@@ -110,8 +110,8 @@ SYMCOMM_HD uint8_t nvfp4_block(const T* x, float gs, uint2* payload) {
 }
 
 // ------------------------------------------------------------------ combine
-// acc + w * y as two roundings (no fused multiply-add): the order and rounding of
-// symcomm/ep/layout.py's combine_sum, on the device as on the host.
+// acc + w * y as two roundings (no fused multiply-add): the rounding of symcomm/ep/layout.py's
+// partial sums, on the device as on the host.
 SYMCOMM_HD float weighted_add(float acc, float w, float y) {
 #ifdef __CUDA_ARCH__
   return __fadd_rn(acc, __fmul_rn(w, y));
@@ -179,59 +179,141 @@ SYMCOMM_HD float weight_at(const void* w, symcomm_dtype_t dtype, int64_t i) {
   }
 }
 
-// One token's 8 values at unit u of its row: the rows its entries came back as (``back``: this
-// rank's returned buffer, entry t*topk+j at row t*topk+j; FP8 codes first, then the scales), in
-// slot order, weighted, in fp32. ep_combine runs it per thread and the CPU twin per unit: one code.
+// ------------------------------------------------------------------ combine, by rank
+// recv_group (symcomm/ep/layout.py): on each rank, [W, max_tokens, topk] pairs of int32, the rows
+// of rank q's token t on this rank as (row, the fp32 bits of its weight) in slot order, ended by
+// (-1, 0) where fewer than topk; (-1, 0) first where the token sent nothing here.
+constexpr int kGroupPairs = 2;
+
+// a + b rounded once. A plain `+` of a product on the device becomes a fused multiply-add (nvcc
+// contracts by default), which the host twin and torch never do.
+SYMCOMM_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// Values of T in a 16-byte unit, the piece one lane of the combine owns.
+template <typename T>
+constexpr int kUnitValues = int(16 / sizeof(T));
+
+template <typename T>
+SYMCOMM_HD void load16(const T* p, T (&raw)[kUnitValues<T>]) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint4*>(raw) = *reinterpret_cast<const uint4*>(p);
+#else
+  std::memcpy(raw, p, 16);
+#endif
+}
+
+// Units u0 + 32 m (m < U) of a group's partial (symcomm/ep/layout.py, "Combine, by rank"): its
+// rows of expert_out in slot order, weighted, in fp32 from +0.0; units from `units` on are left
+// at zero. `list` is the group's recv_group entry. A lane of the combine takes U units of a row,
+// one per 32-unit chunk, so that one list serves U chunks and U loads a row are in flight.
 //
-// Slots go kSumGroup at a time, and a group's send_rows, weights and rows are all loaded before
-// any is used: every slot's row lies inside ``back`` whether or not the entry was sent, so no
-// load waits on another, and a group costs one memory round trip where a slot-by-slot loop
-// paid two or three per slot (the decode sum was latency-bound). Unsent slots' values are
-// loaded but never added; the adds keep slot order, so the bits do not change.
+// The list is read kSumGroup / U slots at a time and every listed row of those slots is loaded,
+// for all U units, before any is added: a group of slots costs one memory round trip for its rows.
+// A slot after the end of the list holds whatever an earlier dispatch left there: `live` stops at
+// the first row -1, and nothing past it is loaded or added.
 constexpr int kSumGroup = 8;
 
-template <typename T, int Q>
-SYMCOMM_HD void sum_unit(const char* back, const int32_t* send_rows, const void* weights, symcomm_dtype_t wdtype,
-                         int64_t t, int64_t u, int64_t cols, int topk, int64_t slots_back,
-                         float (&acc)[kCombineUnit]) {
+template <typename T, int U>
+SYMCOMM_HD void partial_units(const T* expert_out, const int32_t* list, int64_t cols, int64_t units, int64_t u0,
+                              int topk, float (&acc)[U][kUnitValues<T>]) {
+  constexpr int V = kUnitValues<T>, G = kSumGroup / U;
+  static_assert(G >= 1, "at least one slot a round trip");
+#pragma unroll
+  for (int m = 0; m < U; ++m)
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[m][i] = 0.0f;
+  bool live = true;
+  for (int j0 = 0; j0 < topk && live; j0 += G) {
+    int32_t row[G];
+    uint32_t weight[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      row[g] = j0 + g < topk ? list[(j0 + g) * kGroupPairs] : -1;
+      weight[g] = j0 + g < topk ? uint32_t(list[(j0 + g) * kGroupPairs + 1]) : 0u;
+    }
+    alignas(16) T raw[G][U][V];
+    bool in[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      live = live && row[g] >= 0;
+      in[g] = live;
+#pragma unroll
+      for (int m = 0; m < U; ++m)
+        if (live && u0 + 32 * m < units) load16(expert_out + int64_t(row[g]) * cols + (u0 + 32 * m) * V, raw[g][m]);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (!in[g]) continue;
+      const float w = float_of(weight[g]);
+#pragma unroll
+      for (int m = 0; m < U; ++m) {
+        if (u0 + 32 * m >= units) continue;
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[m][i] = weighted_add(acc[m][i], w, to_f32(raw[g][m][i]));
+      }
+    }
+  }
+}
+
+// Bit p set: rank p holds one of token t's valid entries (send_rows >= 0, expert id / num_local).
+template <typename Id>
+SYMCOMM_HD uint32_t ranks_of(const Id* ids, const int32_t* send_rows, int64_t t, int topk, int num_local, int world) {
+  uint32_t ranks = 0;
+#pragma unroll 8
+  for (int j = 0; j < topk; ++j) {
+    const int64_t e = t * topk + j;
+    const int64_t p = static_cast<int64_t>(ids[e]) / num_local;
+    if (send_rows[e] >= 0 && p >= 0 && p < world) ranks |= 1u << p;
+  }
+  return ranks;
+}
+
+// kCombineUnit values at unit u of token t's output: the partials of the ranks holding its valid
+// entries (ranks_of) in rank order, in fp32 from +0.0, each as it came back to ``back`` (this
+// rank's returned buffer: slot p * max_tokens + t; FP8 codes first, then the scales). Every rank's
+// slot is loaded first, before ranks_of's loads are used (each slot lies inside `back`; those of
+// ranks without an entry hold another call's bytes and are never added): one round trip.
+// R: the most ranks the caller's world can have (the kernels' W, the twin's kMaxWorld).
+template <typename T, int Q, int R, typename Id>
+SYMCOMM_HD void owner_unit(const char* back, const Id* ids, const int32_t* send_rows, int topk, int num_local,
+                           int world, int64_t t, int64_t u, int64_t cols, int64_t max_tokens,
+                           float (&acc)[kCombineUnit]) {
 #pragma unroll
   for (int i = 0; i < kCombineUnit; ++i) acc[i] = 0.0f;
-  for (int j0 = 0; j0 < topk; j0 += kSumGroup) {
-    bool sent[kSumGroup];
-    float w[kSumGroup];
-    // Held as loaded (two half values per register, or FP8 codes and a scale) and converted
-    // when added: as fp32 the group took 64 registers more, and the combine kernel 128 in all.
-    alignas(16) T raw[kSumGroup][kCombineUnit];
-    uint2 codes[kSumGroup];
-    float scale[kSumGroup];
+  const int64_t slots = world * max_tokens;
+  alignas(16) T raw[R][kCombineUnit];
+  uint2 codes[R];
+  float scale[R];
 #pragma unroll
-    for (int g = 0; g < kSumGroup; ++g) {
-      const int64_t entry = t * topk + j0 + g;
-      const bool here = j0 + g < topk;
-      sent[g] = here && send_rows[entry] >= 0;
-      w[g] = here ? weight_at(weights, wdtype, entry) : 0.0f;
-      if (!here) continue;
-      if constexpr (Q == SYMCOMM_EP_FP8) {
-        codes[g] = load8_bytes(back + entry * cols + u * kCombineUnit);
-        scale[g] = load_f32(back + (slots_back * cols) +
-                            (entry * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
-      } else {
-        load8_raw(reinterpret_cast<const T*>(back) + entry * cols + u * kCombineUnit, raw[g]);
-      }
+  for (int p = 0; p < R; ++p) {
+    if (p >= world) continue;
+    const int64_t slot = p * max_tokens + t;
+    if constexpr (Q == SYMCOMM_EP_FP8) {
+      codes[p] = load8_bytes(back + slot * cols + u * kCombineUnit);
+      scale[p] = load_f32(back + slots * cols + (slot * (cols / kFp8Block) + u * kCombineUnit / kFp8Block) * 4);
+    } else {
+      load8_raw(reinterpret_cast<const T*>(back) + slot * cols + u * kCombineUnit, raw[p]);
+    }
+  }
+  const uint32_t ranks = ranks_of(ids, send_rows, t, topk, num_local, world);
+#pragma unroll
+  for (int p = 0; p < R; ++p) {
+    if (p >= world || !(ranks >> p & 1u)) continue;
+    float y[kCombineUnit];
+    if constexpr (Q == SYMCOMM_EP_FP8) {
+      fp8_values8(codes[p], scale[p], y);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCombineUnit; ++i) y[i] = to_f32(raw[p][i]);
     }
 #pragma unroll
-    for (int g = 0; g < kSumGroup; ++g) {
-      if (!sent[g]) continue;
-      float y[kCombineUnit];
-      if constexpr (Q == SYMCOMM_EP_FP8) {
-        fp8_values8(codes[g], scale[g], y);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kCombineUnit; ++i) y[i] = to_f32(raw[g][i]);
-      }
-#pragma unroll
-      for (int i = 0; i < kCombineUnit; ++i) acc[i] = weighted_add(acc[i], w[g], y[i]);
-    }
+    for (int i = 0; i < kCombineUnit; ++i) acc[i] = add_rn(acc[i], y[i]);
   }
 }
 

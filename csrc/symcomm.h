@@ -35,7 +35,7 @@ extern "C" {
  * changes incompatibly. symcomm_abi_version() returns the version the library was built with;
  * the Python side refuses a library whose version is not its own (a stale build).
  */
-#define SYMCOMM_ABI_VERSION 14
+#define SYMCOMM_ABI_VERSION 15
 int symcomm_abi_version(void);
 
 /*
@@ -479,6 +479,8 @@ typedef struct {
   int64_t cols;               /* a row is whole 16-byte vectors; NVFP4: a multiple of 16; FP8: of 128 */
   const void* topk_ids;       /* rows x topk, int32 or (ids_int64 != 0) int64 */
   int ids_int64;
+  const void* weights;        /* rows x topk top-k weights of weights_dtype: they travel to the */
+  symcomm_dtype_t weights_dtype;  /* experts' ranks in recv_group, where combine adds by them */
   int topk;                   /* 1..SYMCOMM_EP_MAX_TOPK */
   int num_experts;            /* a multiple of the world size, at most SYMCOMM_EP_MAX_EXPERTS */
   int64_t max_tokens;
@@ -497,6 +499,8 @@ typedef struct {
   int table_slot;             /* the counts table: world x (num_experts + 1) int32 (the last column
                                  is each rank's fingerprint of its sizes: symcomm/ep/layout.py) */
   uint64_t table_offset;
+  int group_slot;             /* recv_group: world x max_tokens x topk x 2 int32, the rows and weights */
+  uint64_t group_offset;      /*   of each rank's token here (symcomm/ep/layout.py); 8-byte aligned */
   int32_t* send_rows;         /* this rank's, max_tokens x topk: each entry's row on its rank, or -1 */
   int32_t* expert_counts;     /* this rank's, num_experts / world */
   int32_t* expert_offsets;    /* this rank's, num_experts / world + 1 */
@@ -505,7 +509,8 @@ typedef struct {
 /* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (a bounded
  * barrier; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH before any row
  * moves), places this rank's entries, then writes each token (quantized per quant) into the
- * receive buffers of the ranks holding its experts, with its origin in their recv_src, and meets
+ * receive buffers of the ranks holding its experts, with its origin in their recv_src and its
+ * group and weight in their recv_group, and meets
  * the peers again. When it completes on a rank, every row sent to that rank has landed. One
  * launch. */
 symcomm_status_t symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args,
@@ -517,25 +522,26 @@ typedef struct {
   int64_t cols;               /* a multiple of 8; FP8: of 128 */
   int64_t capacity;
   symcomm_ep_quant_t quant;   /* SYMCOMM_EP_NONE or SYMCOMM_EP_FP8 */
-  const int32_t* recv_src;    /* this rank's (dispatch's), capacity */
-  const int32_t* expert_offsets;  /* this rank's (dispatch's); element num_local is the rows used */
+  const int32_t* recv_group;  /* this rank's (dispatch's), world x max_tokens x topk x 2, 8-byte aligned */
   int num_local;
-  int returned_slot;          /* max_tokens * topk rows coming back to each rank */
+  int returned_slot;          /* world * max_tokens partial rows coming back to each rank */
   uint64_t returned_offset;
   int64_t max_tokens;
   int topk;
   int64_t rows;               /* this rank's tokens */
   const int32_t* send_rows;   /* this rank's (dispatch's), rows x topk */
-  const void* weights;        /* rows x topk */
-  symcomm_dtype_t weights_dtype;
+  const void* topk_ids;       /* this rank's (dispatch's), rows x topk, int32 or (ids_int64) int64 */
+  int ids_int64;
   void* out;                  /* rows x cols of dtype */
 } symcomm_ep_combine_args_t;
 
-/* Combine: every rank writes each used row of expert_out (FP8-quantized per quant) into the
- * returned buffer of the rank that owns its token, every block meets every peer block, and each
- * rank adds its tokens' rows in slot order, weighted, in fp32, into out. Ranks that passed
- * another quant or dtype (or sizes of another dispatch) all stop at the meeting with
- * SYMCOMM_AR_ABORT_MISMATCH and write no out. One launch. */
+/* Combine, by rank (symcomm/ep/layout.py): every rank adds up each group of rows it holds (one
+ * token's entries on this rank) in slot order, weighted by the weights dispatch carried, in fp32,
+ * and writes the sum (in dtype, FP8-quantized per quant) into the returned buffer of the rank
+ * that owns the token; every block meets every peer block, and each rank adds its tokens'
+ * partials in rank order, in fp32, into out. Ranks that passed another quant or dtype (or sizes
+ * of another dispatch) all stop at the meeting with SYMCOMM_AR_ABORT_MISMATCH and write no out.
+ * One launch. */
 symcomm_status_t symcomm_ep_combine(symcomm_ar_t ctx, const symcomm_ep_combine_args_t* args,
                                     symcomm_stream_t stream);
 

@@ -111,7 +111,8 @@ int symcomm_norm_row_parts(int64_t rows, int64_t cols, int64_t slots, const void
  * (csrc/ep.cuh), positions and offsets computed one by one in the order symcomm/ep/layout.py
  * states. Needs no GPU and returns when done; exists so CI checks the kernels' bytes. */
 symcomm_status_t symcomm_ep_dispatch_host(int world, const symcomm_ep_dispatch_args_t* args, void* const* recv,
-                                          void* const* scales, int32_t* const* src, int32_t* const* table);
+                                          void* const* scales, int32_t* const* src, int32_t* const* table,
+                                          int32_t* const* group);
 
 /* symcomm_ep_combine likewise: args[r] rank r's call, returned[r] its returned buffer. */
 symcomm_status_t symcomm_ep_combine_host(int world, const symcomm_ep_combine_args_t* args, void* const* returned);

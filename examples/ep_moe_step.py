@@ -153,8 +153,8 @@ class EPMoELayer:
 # ------------------------------------------------------------------ single-process reference
 def reference_step(cfg: MoEConfig, chunks: list[torch.Tensor], quant: str | None) -> dict[str, torch.Tensor]:
     """The same layer on one process with every expert, written the plain way: a loop over
-    experts with boolean selection, then each token's slot-order weighted sum (the rounding
-    moe_combine states). ``chunks`` are the ranks' tokens; RMSNorm and the router run per chunk,
+    experts with boolean selection, then each token's slot-order weighted sum in fp32
+    (moe_combine adds by rank and rounds each rank's partial once more: within the tolerance). ``chunks`` are the ranks' tokens; RMSNorm and the router run per chunk,
     as their owners run them."""
     hidden_all = torch.cat(chunks)
     w = MoEWeights(cfg, range(cfg.experts), hidden_all.device)

@@ -28,7 +28,7 @@ _f32, _f64, _ptr, _bytes = _c.c_float, _c.c_double, _c.c_void_p, _c.c_char_p
 _status = _dtype = _algo = _quant = _ep_quant = _int
 _ar = _stream = _ptr
 
-ABI_VERSION = 14  # symcomm.h's SYMCOMM_ABI_VERSION
+ABI_VERSION = 15  # symcomm.h's SYMCOMM_ABI_VERSION
 
 
 class RmsnormArgs(ctypes.Structure):
@@ -60,20 +60,20 @@ class EpDispatchArgs(ctypes.Structure):
     """symcomm_ep_dispatch_args_t."""
 
     _fields_ = [("x", _ptr), ("dtype", _dtype), ("rows", _i64), ("cols", _i64), ("topk_ids", _ptr),
-                ("ids_int64", _int), ("topk", _int), ("num_experts", _int), ("max_tokens", _i64), ("align", _int),
+                ("ids_int64", _int), ("weights", _ptr), ("weights_dtype", _dtype), ("topk", _int), ("num_experts", _int), ("max_tokens", _i64), ("align", _int),
                 ("capacity", _i64), ("quant", _ep_quant), ("gs_ptr", _ptr), ("gs_value", _f32), ("swizzle", _int),
                 ("recv_slot", _int), ("recv_offset", _u64), ("scales_slot", _int), ("scales_offset", _u64),
                 ("src_slot", _int), ("src_offset", _u64), ("table_slot", _int), ("table_offset", _u64),
-                ("send_rows", _i32p), ("expert_counts", _i32p), ("expert_offsets", _i32p)]
+                ("group_slot", _int), ("group_offset", _u64), ("send_rows", _i32p), ("expert_counts", _i32p), ("expert_offsets", _i32p)]
 
 
 class EpCombineArgs(ctypes.Structure):
     """symcomm_ep_combine_args_t."""
 
     _fields_ = [("expert_out", _ptr), ("dtype", _dtype), ("cols", _i64), ("capacity", _i64), ("quant", _ep_quant),
-                ("recv_src", _i32p), ("expert_offsets", _i32p), ("num_local", _int), ("returned_slot", _int),
-                ("returned_offset", _u64), ("max_tokens", _i64), ("topk", _int), ("rows", _i64),
-                ("send_rows", _i32p), ("weights", _ptr), ("weights_dtype", _dtype), ("out", _ptr)]
+                ("recv_group", _i32p), ("num_local", _int),
+                ("returned_slot", _int), ("returned_offset", _u64), ("max_tokens", _i64), ("topk", _int),
+                ("rows", _i64), ("send_rows", _i32p), ("topk_ids", _ptr), ("ids_int64", _int), ("out", _ptr)]
 
 
 STRUCTS = {"symcomm_rmsnorm_args_t": RmsnormArgs, "symcomm_gatherv_fp4_args_t": GathervFp4Args,
@@ -149,7 +149,7 @@ TESTING_SIGNATURES: dict[str, tuple[list, object]] = {
     "symcomm_rmsnorm_host": ([_ptr, _c.POINTER(RmsnormArgs)], _status),
     "symcomm_norm_row_parts": ([_i64, _i64, _i64, _ptr, _ptr, _ptr], _int),
     "symcomm_ep_dispatch_host": ([_int, _c.POINTER(EpDispatchArgs), _c.POINTER(_ptr), _c.POINTER(_ptr),
-                                  _c.POINTER(_i32p), _c.POINTER(_i32p)], _status),
+                                  _c.POINTER(_i32p), _c.POINTER(_i32p), _c.POINTER(_i32p)], _status),
     "symcomm_ep_combine_host": ([_int, _c.POINTER(EpCombineArgs), _c.POINTER(_ptr)], _status),
 }
 

@@ -158,8 +158,9 @@ class OperationMethods:
                 out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
         """MoE combine: each of this rank's tokens gets the sum over its top-k entries of weight x
         the expert output row (``expert_out`` [capacity, H], in dispatch's layout) that entry
-        produced, added in slot order in fp32; ``quant="fp8"`` sends the rows as block FP8
-        (symcomm/operations/moe_combine.py)."""
+        produced, with the weights dispatch read: each rank adds its entries of the token in slot
+        order in fp32 and sends the sum, rounded to the dtype, once; the token's rank adds those in
+        rank order. ``quant="fp8"`` sends the sums as block FP8 (symcomm/operations/moe_combine.py)."""
         if _is_compiling():
             return MOE_COMBINE.compiled(self, expert_out, handle, quant, out, algo)
         return MOE_COMBINE.result(self._run(MOE_COMBINE, (expert_out, handle, quant, out), algo))

@@ -80,27 +80,65 @@ def world_dispatch(ids: list[torch.Tensor], num_experts: int, max_tokens: int,
 
 def world_combine(ids: list[torch.Tensor], weights: list[torch.Tensor], send_rows: list[torch.Tensor],
                   expert_outs: list[torch.Tensor], num_experts: int, quant: str | None = None) -> list[torch.Tensor]:
-    """Every rank's combined tokens: its valid entries' expert rows, weighted, in slot order."""
+    """Every rank's combined tokens: for each rank holding some of a token's valid entries, in
+    rank order, their expert rows weighted and added in slot order (the partial), rounded to the
+    dtype (and through block FP8 with ``quant``); the partials added in fp32."""
     world = len(ids)
     local = num_experts // world
     outs = []
     for q in range(world):
         n, k = ids[q].shape
         hidden = expert_outs[0].shape[1]
-        out = torch.zeros(n, hidden, dtype=expert_outs[0].dtype)
+        dtype = expert_outs[0].dtype
+        out = torch.zeros(n, hidden, dtype=dtype)
         for t in range(n):
-            acc = torch.zeros(hidden, dtype=torch.float32)
-            for j in range(k):
-                row = int(send_rows[q][t, j])
-                if row < 0:
+            total = torch.zeros(hidden, dtype=torch.float32)
+            for p in range(world):
+                acc = torch.zeros(hidden, dtype=torch.float32)
+                held = False
+                for j in range(k):
+                    row = int(send_rows[q][t, j])
+                    if row < 0 or int(ids[q][t, j]) // local != p:
+                        continue
+                    acc = acc + weights[q][t, j].float() * expert_outs[p][row].float()
+                    held = True
+                if not held:
                     continue
-                p = int(ids[q][t, j]) // local
-                y = expert_outs[p][row:row + 1]
-                y = fp8.dequantize_float(*fp8.quantize(y))[0] if quant == "fp8" else y[0].float()
-                acc = acc + weights[q][t, j].float() * y
-            out[t] = acc.to(out.dtype)
+                partial = acc.to(dtype)[None]
+                partial = fp8.dequantize_float(*fp8.quantize(partial)) if quant == "fp8" else partial.float()
+                total = total + partial[0]
+            out[t] = total.to(dtype)
         outs.append(out)
     return outs
+
+
+def world_groups(ids: list[torch.Tensor], weights: list[torch.Tensor], send_rows: list[torch.Tensor],
+                 num_experts: int, max_tokens: int) -> list[dict[tuple[int, int], list[tuple[int, int]]]]:
+    """Per rank p: recv_group's defined slots, {(q, t): [(row, weight bits), ...]}: rank q's token
+    t's entries on p in slot order, then (-1, 0) if fewer than k; [(-1, 0)] for a token with none
+    there and for every t past rank q's tokens."""
+    world, k = len(ids), ids[0].shape[1]
+    local = num_experts // world
+    defined: list[dict[tuple[int, int], list[tuple[int, int]]]] = [{} for _ in range(world)]
+    for q in range(world):
+        for t in range(max_tokens):
+            for p in range(world):
+                listed = []
+                if t < ids[q].shape[0]:
+                    listed = [(int(send_rows[q][t, j]), int(weights[q][t, j].float().view(torch.int32)))
+                              for j in range(k)
+                              if int(send_rows[q][t, j]) >= 0 and int(ids[q][t, j]) // local == p]
+                if len(listed) < k:
+                    listed.append((-1, 0))
+                defined[p][(q, t)] = listed
+    return defined
+
+
+def group_mismatches(group: torch.Tensor, defined: dict[tuple[int, int], list[tuple[int, int]]]) -> list[str]:
+    """Where a recv_group tensor [W, max_tokens, k, 2] differs from world_groups' defined slots."""
+    got = group.cpu()
+    return [f"(q {q}, t {t}): {got[q, t, :len(want)].tolist()} != {[list(p) for p in want]}"
+            for (q, t), want in defined.items() if got[q, t, :len(want)].tolist() != [list(p) for p in want]]
 
 
 def random_case(world: int, tokens: list[int], hidden: int, num_experts: int, k: int, seed: int,

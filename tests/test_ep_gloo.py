@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import symcomm
-from _ep_reference import encode, random_case, world_combine, world_dispatch
+from _ep_reference import encode, group_mismatches, random_case, world_combine, world_dispatch, world_groups
 from _spawn import run_world
 from symcomm import fp4
 
@@ -45,6 +45,8 @@ def _check_dispatch(comm, rank, world, case, k, quant, align, experts, only=None
     assert got.handle.recv_src[:rec.offsets[-1]].tolist() == rec.recv_src, where
     assert torch.equal(got.handle.send_rows[:tokens[rank]], send_rows[rank]), where
     assert got.handle.table[:, :-1].tolist() == rec.table, where
+    groups = world_groups(ids, ws, send_rows, experts, max_tokens)[rank]
+    assert not group_mismatches(got.handle.recv_group, groups), (where, group_mismatches(got.handle.recv_group, groups))
     filled = sorted(rec.rows)
     if filled:
         want = [encode(xs[q][t:t + 1], quant, gs) for q, t in (rec.rows[r] for r in filled)]

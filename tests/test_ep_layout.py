@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _ep_reference import encode, random_case, world_combine, world_dispatch
+from _ep_reference import encode, group_mismatches, random_case, world_combine, world_dispatch, world_groups
 import symcomm
 from symcomm import fp4
 from symcomm.ep import fp8, host, layout
@@ -117,7 +117,8 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
     assert k == 1 or _has_a_repeat(ids), "the case should repeat an id"
     gs = 1.5 * 448 * 6 / max(float(x.float().abs().max()) for x in xs if x.numel())
     received, send_rows = world_dispatch(ids, experts, max_tokens, align)
-    ranks = host.dispatch_host(list(xs), list(ids), experts, max_tokens, quant, gs, align, swizzle)
+    ranks = host.dispatch_host(list(xs), list(ids), list(ws), experts, max_tokens, quant, gs, align, swizzle)
+    groups = world_groups(ids, ws, send_rows, experts, max_tokens)
     for p, (rec, got) in enumerate(zip(received, ranks)):
         where = f"rank {p}"
         assert got.expert_counts.tolist() == rec.counts, where
@@ -130,6 +131,14 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
                                   k, align, max_tokens, experts, quant, hidden, dtype)
         assert got.table[:, -1].tolist() == [mark] * world, where
         assert torch.equal(got.send_rows[:tokens[p]], send_rows[p]), where
+        assert not group_mismatches(got.recv_group, groups[p]), (where, group_mismatches(got.recv_group, groups[p]))
+        # the a2a path's groups from the same entries (origin, row, weight)
+        held = [r for r in range(used) if rec.recv_src[r] >= 0]
+        origin = torch.tensor([rec.recv_src[r] for r in held], dtype=torch.int64)
+        weight = torch.stack([ws[o // (max_tokens * k)][o // k % max_tokens, o % k] for o in origin.tolist()]) \
+            if held else torch.empty(0)
+        built = layout.groups(origin, torch.tensor(held, dtype=torch.int64), weight.float(), world, max_tokens, k)
+        assert not group_mismatches(built, groups[p]), (where, group_mismatches(built, groups[p]))
         if rec.rows:
             filled = torch.tensor(sorted(rec.rows))
             want = [encode(xs[q][t:t + 1], quant, gs) for q, t in (rec.rows[r] for r in filled.tolist())]
@@ -148,35 +157,49 @@ def test_the_kernels_cpu_twin_matches_the_reference(case, quant):
     outs = [torch.randn(r.recv.shape[0], hidden, generator=gen).to(dtype) for r in ranks]
     for combine_quant in (None, "fp8") if hidden % 128 == 0 else (None,):
         want = world_combine(ids, ws, send_rows, outs, experts, combine_quant)
-        got = host.combine_host(ranks, list(outs), list(ws), max_tokens, combine_quant)
+        got = host.combine_host(ranks, list(outs), list(ids), max_tokens, combine_quant)
         for q in range(world):
             assert torch.equal(_bytes(got[q]), _bytes(want[q])), f"combine {combine_quant} rank {q}"
 
 
 @needs_twin
-def test_twin_combine_adds_in_slot_order_without_fusing():
-    """Values whose sum depends on the order and on fused multiply-adds: the twin must give the
-    reference's bits (acc + w*y, slot by slot, each step rounded), and the values must tell
-    that sum from the reversed order's and from a fused multiply-add's, or the test proves
-    nothing."""
-    experts, k, hidden = 4, 4, 16
-    ids = [torch.tensor([[0, 1, 2, 3]]), torch.empty(0, k, dtype=torch.int64)]
+def test_twin_combine_adds_by_rank_in_slot_order_without_fusing():
+    """Values whose sum depends on the association, the order and fused multiply-adds: the twin
+    must give the reference's bits (each rank's entries as acc + w*y in slot order, rounded each
+    step; then the ranks' partials in rank order), and the values must tell that sum from one sum
+    over all slots (the per-entry combine), from reversed slots and from a fused multiply-add,
+    or the test proves nothing."""
+    experts, k, hidden = 8, 6, 16
+    ids = [torch.tensor([[0, 4, 1, 5, 2, 6]]), torch.empty(0, k, dtype=torch.int64)]
     xs = [torch.ones(1, hidden, dtype=torch.float32), torch.empty(0, hidden, dtype=torch.float32)]
-    weights = torch.tensor([1.0 / 3, 0.7, -0.3, 1e-8])
+    weights = torch.tensor([-0.3, -1.0 / 3, -0.3, 1e-8, 1e-8, 1.0 / 3])
     ws = [weights[None], torch.empty(0, k)]
-    values = (1.0 + 5 * 2**-23, 1.0 / 3)  # what experts 0, 1 (rank 0) and 2, 3 (rank 1) return
-    ranks = host.dispatch_host(xs, ids, experts, 1)
+    values = (1.0 + 3 * 2**-23, 3.0)  # what experts 0-3 (rank 0) and 4-7 (rank 1) return
+    ranks = host.dispatch_host(xs, ids, list(ws), experts, 1)
     _, send_rows = world_dispatch(ids, experts, 1)
     outs = [torch.full((r.recv.shape[0], hidden), v, dtype=torch.float32) for r, v in zip(ranks, values)]
     want = world_combine(ids, ws, send_rows, outs, experts)
-    got = host.combine_host(ranks, outs, ws, 1)
+    got = host.combine_host(ranks, outs, list(ids), 1)
     assert torch.equal(got[0], want[0])
-    y = torch.tensor([values[0], values[0], values[1], values[1]], dtype=torch.float32)
-    reversed_sum, fused_sum = torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.float32)
+    y = torch.tensor([values[0], values[1]] * 3, dtype=torch.float32)  # by slot
+    zero = torch.zeros((), dtype=torch.float32)
+
+    def by_rank(order: list[int], fused: bool) -> float:
+        total = zero
+        for slots in ([0, 2, 4], [1, 3, 5]):  # the slots rank 0 holds, then rank 1's
+            acc = zero
+            for j in (s for s in order if s in slots):
+                acc = (weights[j].double() * y[j].double() + acc.double()).float() if fused else acc + weights[j] * y[j]
+            total = total + acc
+        return total.item()
+
+    one_sum = zero
     for j in range(k):
-        reversed_sum = reversed_sum + weights[k - 1 - j] * y[k - 1 - j]
-        fused_sum = (weights[j].double() * y[j].double() + fused_sum.double()).float()  # one rounding a step
-    assert len({want[0][0, 0].item(), reversed_sum.item(), fused_sum.item()}) == 3
+        one_sum = one_sum + weights[j] * y[j]
+    forward = list(range(k))
+    sums = {want[0][0, 0].item(), one_sum.item(), by_rank(forward[::-1], False), by_rank(forward, True)}
+    assert want[0][0, 0].item() == by_rank(forward, False)
+    assert len(sums) == 4, sums
 
 
 @needs_twin
@@ -186,15 +209,15 @@ def test_the_twin_refuses_ranks_whose_dtypes_differ():
     experts, k, hidden, max_tokens = 4, 2, 16, 4
     xs, ids, ws = random_case(2, [2, 3], hidden, experts, k, seed=3)
     with pytest.raises(symcomm.CudaError, match="symcomm_ep_dispatch_host"):
-        host.dispatch_host([xs[0].to(torch.float16), xs[1]], ids, experts, max_tokens)
-    ranks = host.dispatch_host(xs, ids, experts, max_tokens)
+        host.dispatch_host([xs[0].to(torch.float16), xs[1]], ids, list(ws), experts, max_tokens)
+    ranks = host.dispatch_host(xs, ids, list(ws), experts, max_tokens)
     outs = [torch.randn(r.recv.shape[0], hidden).to(dtype) for r, dtype in zip(ranks, (torch.float16, torch.bfloat16))]
     with pytest.raises(symcomm.CudaError, match="symcomm_ep_combine_host"):
-        host.combine_host(ranks, outs, list(ws), max_tokens)
+        host.combine_host(ranks, outs, list(ids), max_tokens)
     outs[0] = outs[0].to(torch.bfloat16)
     _, send_rows = world_dispatch(ids, experts, max_tokens)
     want = world_combine(ids, ws, send_rows, outs, experts)
-    assert all(torch.equal(g, w) for g, w in zip(host.combine_host(ranks, list(outs), list(ws), max_tokens), want))
+    assert all(torch.equal(g, w) for g, w in zip(host.combine_host(ranks, list(outs), list(ids), max_tokens), want))
 
 
 def test_fp8_blocks_round_trip_within_the_format():

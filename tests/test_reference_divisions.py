@@ -73,7 +73,9 @@ def _fp8() -> None:
 def _combine() -> None:
     values = _rows(6, 3 * 7168, 6, torch.float32).view(6, 3, 7168)
     weights = torch.rand(6, 3, generator=torch.Generator().manual_seed(7))
-    layout.combine_sum(values, weights, torch.ones(6, 3, dtype=torch.bool), torch.bfloat16)
+    ranks = torch.tensor([[0, 1, 0]] * 6)
+    for quant in (None, "fp8"):
+        layout.combine_by_rank(values, weights, torch.ones(6, 3, dtype=torch.bool), ranks, 2, torch.bfloat16, quant)
 
 
 REFERENCES = {"norm": lambda: _norm(None), "norm fp8": lambda: _norm("fp8"), "norm nvfp4": lambda: _norm("nvfp4"),

@@ -4,9 +4,10 @@ path over gloo, the reference the peer kernels are held to, NCCL's on GPUs).
 Dispatch: the layout in torch (symcomm/ep/layout.py), one all_gather of this rank's counts
 into the handle's table, the counts read on the host (one synchronisation: the byte counts of
 an all_to_allv live on the host), then one all_to_allv of the rows (quantized first when asked)
-with each row's destination and origin beside it, placed on arrival. Combine: one all_gather of
-what the ranks must agree on (quant, dtype, the handle's sizes), then the rows sent back the same
-way, grouped by their owner, and summed in slot order. The inner collectives are
+with each row's destination, origin and weight beside it, placed on arrival. Combine: one all_gather of
+what the ranks must agree on (quant, dtype, the handle's sizes), then each group of rows a rank
+holds added up there (symcomm/ep/layout.py, "Combine, by rank") and the partials sent back the same
+way, grouped by their owner, who adds them in rank order. The inner collectives are
 chosen by their own dispatch (or ``algo=`` forced one), and run without a second validation.
 
 Reading counts on the host cannot be captured in a CUDA graph: during a capture this path
@@ -87,12 +88,16 @@ class A2aDispatchPath(CompositePath):
         order = layout.entry_order(ids, valid, experts)[:sum(send)]
         tokens = order // k
         origin = (rank * call.max_tokens + tokens) * k + order % k
-        meta = torch.stack([rows.reshape(-1)[order].long(), origin], dim=1).to(torch.int32)
+        weight = layout.weight_bits(call.topk_weights.reshape(-1)[order]).long()
+        meta = torch.stack([rows.reshape(-1)[order].long(), origin, weight], dim=1).to(torch.int32)
         payload = [_bytes(t[tokens]) for t in self._encoded(call)]
         arrived = [t.new_empty((sum(recv), *t.shape[1:])) for t in (*payload, meta)]
         self._run_inner(make_all_to_allv([*payload, meta], arrived, send, recv), call.inner_algo)
         h.recv_src.fill_(-1)
-        self._place(call, arrived[-1][:, 0].long(), arrived[-1][:, 1], arrived[:-1])
+        meta = arrived[-1]
+        self._place(call, meta[:, 0].long(), meta[:, 1], arrived[:-1])
+        h.recv_group.copy_(layout.groups(meta[:, 1], meta[:, 0], meta[:, 2].view(torch.float32), h.world,
+                                         call.max_tokens, k))
 
     def _place_locally(self, call: DispatchCall, rows: torch.Tensor, valid: torch.Tensor) -> None:
         """One rank: every entry's row is known on the device, so the rows go straight to their
@@ -110,6 +115,8 @@ class A2aDispatchPath(CompositePath):
         rows_of = [_bytes(t) for t in self._encoded(call)]
         per_entry = [t.unsqueeze(1).expand(n, k, t.shape[1]).reshape(n * k, t.shape[1]) for t in rows_of]
         self._place(call, dst, origin, per_entry)
+        call.handle.recv_group.copy_(layout.groups(origin, dst, call.topk_weights.reshape(-1).float(), 1,
+                                                   call.max_tokens, k))
 
     @staticmethod
     def _place(call: DispatchCall, dst: torch.Tensor, origin: torch.Tensor, payload: list[torch.Tensor]) -> None:
@@ -149,30 +156,31 @@ class A2aCombinePath(CompositePath):
         h = call.handle
         n, k, world, hidden = h.tokens, h.topk, h.world, h.hidden
         valid = h.send_rows[:n] >= 0
-        if world == 1:  # every entry's row is here: gather them on the device, no count on the host
-            picked = call.expert_out[h.send_rows[:n].reshape(-1).clamp(min=0).long()]
-            values = fp8.dequantize_float(*fp8.quantize(picked)) if call.quant == "fp8" else picked.float()
-            call.out.copy_(layout.combine_sum(values.view(n, k, hidden), h.topk_weights, valid, h.dtype))
+        if world == 1:  # every group is here: the same sums on the device, no count on the host
+            place = (torch.cumsum(valid.int(), dim=1) - 1).clamp(min=0).long()  # an entry's place in its group
+            listed = h.recv_group[0, :n]
+            weights = listed[torch.arange(n, device=place.device)[:, None], place, 1].view(torch.float32)
+            values = call.expert_out[h.send_rows[:n].reshape(-1).clamp(min=0).long()].float().view(n, k, hidden)
+            ranks = torch.zeros_like(valid, dtype=torch.int64)
+            call.out.copy_(layout.combine_by_rank(values, weights, valid, ranks, 1, h.dtype, call.quant))
             return
         self._agree(call)
-        # Rows this rank serves, grouped by the rank that owns their token, in row order within
-        # a group: the order that rank's entries left it in (layout.entry_order).
-        src = h.recv_src[:int(h.expert_offsets[-1])]  # rows past the used ones hold stale origins
-        rows = (src >= 0).nonzero().flatten()
-        owner = src[rows].long() // (h.max_tokens * k)
-        rows = rows[torch.argsort(owner, stable=True)]
-        send = torch.bincount(owner, minlength=world).tolist()
-        order = layout.entry_order(h.topk_ids, valid, h.num_experts)[:int(valid.sum())]
-        dest = h.topk_ids.long().reshape(-1)[order] // (h.num_experts // world)
-        recv = torch.bincount(dest, minlength=world).tolist()
-        out_rows = call.expert_out[rows]
-        payload = list(fp8.quantize(out_rows)) if call.quant == "fp8" else [out_rows]
+        # The groups this rank holds, by the rank that owns the token, then by token: the order
+        # that rank expects their partials in.
+        listed = h.recv_group.view(world * h.max_tokens, k, 2)
+        held = (listed[:, 0, 0] >= 0).nonzero().flatten()
+        partial = layout.group_sums(call.expert_out, listed[held]).to(h.dtype)
+        send = torch.bincount(held // h.max_tokens, minlength=world).tolist()
+        ranks = h.topk_ids.long() // (h.num_experts // world)
+        present = torch.stack([(valid & (ranks == p)).any(dim=1) for p in range(world)])  # [W, n]
+        recv = present.sum(dim=1).tolist()
+        payload = list(fp8.quantize(partial)) if call.quant == "fp8" else [partial]
         arrived = [t.new_empty((sum(recv), *t.shape[1:])) for t in payload]
         self._run_inner(make_all_to_allv(payload, arrived, send, recv), call.inner_algo)
         values = fp8.dequantize_float(*arrived) if call.quant == "fp8" else arrived[0].float()
-        per_entry = torch.zeros(n * k, hidden, dtype=torch.float32, device=values.device)
-        per_entry[order] = values
-        call.out.copy_(layout.combine_sum(per_entry.view(n, k, hidden), h.topk_weights, valid, h.dtype))
+        partials = torch.zeros(world, n, hidden, dtype=torch.float32, device=values.device)
+        partials[present] = values  # rank by rank, tokens in order: the order they were sent in
+        call.out.copy_(layout.owner_sum(partials, present, h.dtype))
 
     def _agree(self, call: CombineCall) -> None:
         """Every rank's quant, dtype and the handle's sizes, compared before any row moves: each

@@ -5,10 +5,11 @@ exchanged on the device, so nothing waits for the host and every launch can be c
 They need CUDA, the peer runtime (world 2, 4, 6 or 8 on one host), at most 1,024 experts and a
 top-k of at most 32, rows of whole 16-byte vectors (NVFP4 and FP8 read bf16 or fp16), and every
 buffer peers write in a mapped symmetric pool region: the receive rows and scales, the handle's
-recv_src (dispatch) and its returned buffer (combine). The handle's table sits in the pool too
+recv_src and recv_group (dispatch) and its returned buffer (combine). The handle's table sits in the pool too
 (the a2a path's all-gather writes it), though here the kernel only copies the counts into it.
 Dispatch allocates them inside use_symmetric_memory, or takes them from ``out=``. Inputs (tokens,
-ids, weights, expert outputs) are read locally and may sit anywhere.
+ids, weights, expert outputs) are read locally and may sit anywhere; the weights travel with the
+dispatch to the experts' ranks, where combine adds each token's rows up before they cross back.
 """
 from __future__ import annotations
 
@@ -82,14 +83,18 @@ class PushDispatchPath(_EpPushPath):
         scales = self._where(call.recv_scales, session, self.CODE) if call.recv_scales is not None else (0, 0)
         src = self._where(h.recv_src, session, self.CODE)
         table = self._where(h.table, session, self.CODE)
+        group = self._where(h.recv_group, session, self.CODE)
+        weights = call.topk_weights
         gs_ptr, gs_value = fp4.launch_scale(call.gs) if call.gs is not None else (None, 0.0)
         a = _native.EpDispatchArgs(
             x=x.data_ptr(), dtype=_native.DTYPE_CODES[x.dtype], rows=x.shape[0], cols=x.shape[1],
-            topk_ids=ids.data_ptr(), ids_int64=int(ids.dtype == torch.int64), topk=h.topk,
+            topk_ids=ids.data_ptr(), ids_int64=int(ids.dtype == torch.int64), weights=weights.data_ptr(),
+            weights_dtype=_native.DTYPE_CODES[weights.dtype], topk=h.topk,
             num_experts=call.num_experts, max_tokens=call.max_tokens, align=call.align, capacity=call.capacity,
             quant=_native.EP_QUANT_CODES[call.quant], gs_ptr=gs_ptr, gs_value=gs_value, swizzle=int(call.swizzle),
             recv_slot=recv[0], recv_offset=recv[1], scales_slot=scales[0], scales_offset=scales[1],
             src_slot=src[0], src_offset=src[1], table_slot=table[0], table_offset=table[1],
+            group_slot=group[0], group_offset=group[1],
             send_rows=_i32(h.send_rows), expert_counts=_i32(call.expert_counts),
             expert_offsets=_i32(call.expert_offsets))
         code = context.lib.symcomm_ep_dispatch(context.ctx, ctypes.byref(a), stream)
@@ -116,11 +121,11 @@ class PushCombinePath(_EpPushPath):
         out = call.out if call.out.data_ptr() % 16 == 0 else torch.empty_like(call.out)
         a = _native.EpCombineArgs(
             expert_out=y.data_ptr(), dtype=_native.DTYPE_CODES[y.dtype], cols=h.hidden, capacity=h.capacity,
-            quant=_native.EP_QUANT_CODES[call.quant], recv_src=_i32(h.recv_src),
-            expert_offsets=_i32(h.expert_offsets), num_local=h.num_experts // h.world,
+            quant=_native.EP_QUANT_CODES[call.quant], recv_group=_i32(h.recv_group),
+            num_local=h.num_experts // h.world,
             returned_slot=returned[0], returned_offset=returned[1], max_tokens=h.max_tokens, topk=h.topk,
-            rows=h.tokens, send_rows=_i32(h.send_rows), weights=h.topk_weights.data_ptr(),
-            weights_dtype=_native.DTYPE_CODES[h.topk_weights.dtype], out=out.data_ptr())
+            rows=h.tokens, send_rows=_i32(h.send_rows), topk_ids=h.topk_ids.data_ptr(),
+            ids_int64=int(h.topk_ids.dtype == torch.int64), out=out.data_ptr())
         code = context.lib.symcomm_ep_combine(context.ctx, ctypes.byref(a), stream)
         if code:
             context.check("MoE combine launch", code)

@@ -101,8 +101,9 @@ class MoeSpec(OpSpec):
         h, k = self.hidden, self.topk
         cap = layout.capacity(world, max(tokens, 1), k, self.experts, 1)
         rows = max(cap * h * itemsize, cap * (h // 2 + h // 16), cap * (h + h // 32)) + _ALIGN  # rows, scales
-        return {"rows": _up(rows), "src": _up(cap * 4), "table": _up(world * (self.experts + 1) * 4),
-                "returned": _up(max(tokens, 1) * k * h * itemsize), "send_rows": _up(max(tokens, 1) * k * 4),
+        return {"rows": _up(rows), "src": _up(cap * 4), "group": _up(cap * k * 8),
+                "table": _up(world * (self.experts + 1) * 4),
+                "returned": _up(world * max(tokens, 1) * h * itemsize), "send_rows": _up(max(tokens, 1) * k * 4),
                 "counts": _up(self.experts * 4), "offsets": _up(self.experts * 4 + 4),
                 "expert_out": _up(cap * h * itemsize), "out": _up(max(tokens, 1) * h * itemsize)}
 
@@ -123,8 +124,8 @@ class MoeSpec(OpSpec):
         return [f"MoE: hidden {self.hidden}, top-{self.topk} of {self.experts} experts ({self.experts // world} per "
                 f"rank); size = one rank's tokens x {self.token_bytes(itemsize)} B (k rows each), count = tokens per rank; columns "
                 f"{', '.join(VARIANTS)}; the a2a columns run all_to_allv on --algo {path}",
-                f"MoE check: the combined tokens bit for bit against the same slot-order sum done locally from the "
-                f"decoded rows; {BASELINE} within bf16 rounding; busbw = algbw x 2(W-1)/W; in place is N/A: "
+                f"MoE check: the combined tokens bit for bit against the same by-rank sum (symcomm/ep/layout.py) "
+                f"done locally from the decoded rows; {BASELINE} within bf16 rounding; busbw = algbw x 2(W-1)/W; in place is N/A: "
                 f"dispatch and combine write buffers of their own"]
 
     # -- data ------------------------------------------------------------------------
@@ -160,6 +161,7 @@ class MoeSpec(OpSpec):
         gs = fp4.global_scale_for(every)  # the same on every rank without a collective
         bufs = self._carve(setup, tokens, world, dtype)
         valid = torch.ones(tokens, k, dtype=torch.bool, device=setup.device)
+        ranks = ids.long() // (self.experts // world)
 
         def decoded(quant: str | None, d: symcomm.Dispatched) -> torch.Tensor:
             if quant == "nvfp4":
@@ -174,8 +176,8 @@ class MoeSpec(OpSpec):
                 xs = fp4.dequantize(*fp4.quantize(xs, gs), gs, dtype)
             elif quant == "fp8":
                 xs = fp8.dequantize(*fp8.quantize(xs), dtype)
-            values = fp8.dequantize_float(*fp8.quantize(xs)) if combine_quant == "fp8" else xs.float()
-            return layout.combine_sum(values.unsqueeze(1).expand(tokens, k, h), weights, valid, dtype)
+            return layout.combine_by_rank(xs.float().unsqueeze(1).expand(tokens, k, h), weights, valid, ranks, world,
+                                          dtype, combine_quant)
 
         def case(variant: str, inplace: bool) -> Case | Refusal | None:
             if inplace:
@@ -252,8 +254,8 @@ class MoeSpec(OpSpec):
         offsets = i32("offsets", local + 1)
         handle = symcomm.EpHandle(i32("send_rows", t * k).view(t, k), i32("src", cap), offsets,
                                   i32("table", world * (self.experts + 1)).view(world, self.experts + 1),
-                                  bufs["returned"][:t * k * h * dtype.itemsize].view(t * k, h * dtype.itemsize),
-                                  ids, weights, self.experts, t, 1, dtype)
+                                  bufs["returned"][:world * t * h * dtype.itemsize].view(world * t, h * dtype.itemsize),
+                                  i32("group", cap * k * 2).view(cap, k, 2), ids, weights, self.experts, t, 1, dtype)
         return symcomm.Dispatched(recv, scales, i32("counts", local), offsets, handle, gs if quant == "nvfp4" else None)
 
     def _baseline(self, setup: Setup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,

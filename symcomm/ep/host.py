@@ -27,6 +27,7 @@ class HostRank:
     scales: torch.Tensor | None
     recv_src: torch.Tensor
     table: torch.Tensor
+    recv_group: torch.Tensor
     send_rows: torch.Tensor
     expert_counts: torch.Tensor
     expert_offsets: torch.Tensor
@@ -44,11 +45,11 @@ def _i32(t: torch.Tensor) -> ctypes._Pointer:
     return _c.cast(t.data_ptr(), _I32P)
 
 
-def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], num_experts: int, max_tokens: int,
-                  quant: str | None = None, global_scale: float = 1.0, align: int = 1,
+def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], weights: list[torch.Tensor], num_experts: int,
+                  max_tokens: int, quant: str | None = None, global_scale: float = 1.0, align: int = 1,
                   swizzle: bool = False) -> list[HostRank]:
-    """Every rank's buffers after one dispatch of rank r's tokens ``xs[r]`` with ``ids[r]``.
-    Unwritten bytes are 0xA5 (rows, scales) and -7 (recv_src)."""
+    """Every rank's buffers after one dispatch of rank r's tokens ``xs[r]`` with ``ids[r]`` and
+    ``weights[r]``. Unwritten bytes are 0xA5 (rows, scales) and -7 (recv_src, recv_group)."""
     world = len(xs)
     k = ids[0].shape[1]
     cap = layout.capacity(world, max_tokens, k, num_experts, align)
@@ -58,51 +59,55 @@ def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], num_experts: 
     ranks = []
     args = (_native.EpDispatchArgs * world)()
     for r in range(world):
-        x, i = xs[r].contiguous(), ids[r].contiguous()
-        if x.device.type != "cpu" or i.device.type != "cpu":
+        x, i, w = xs[r].contiguous(), ids[r].contiguous(), weights[r].contiguous()
+        if x.device.type != "cpu" or i.device.type != "cpu" or w.device.type != "cpu":
             raise ArgumentError("dispatch_host takes CPU tensors")
         rank = HostRank(_poisoned(rshape, rdtype), None if scales_spec is None else _poisoned(*scales_spec),
                         torch.full((cap,), -7, dtype=torch.int32), torch.zeros(world, num_experts + 1, dtype=torch.int32),
+                        torch.full((world, max_tokens, k, 2), -7, dtype=torch.int32),
                         torch.full((max_tokens, k), -7, dtype=torch.int32), torch.zeros(local, dtype=torch.int32),
                         torch.zeros(local + 1, dtype=torch.int32),
-                        torch.zeros(max_tokens * k, hidden * dtype.itemsize, dtype=torch.uint8))
+                        _poisoned((world * max_tokens, hidden * dtype.itemsize), torch.uint8))
         ranks.append(rank)
         a = args[r]
         a.x, a.dtype, a.rows, a.cols = x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[0], hidden
         a.topk_ids, a.ids_int64, a.topk = i.data_ptr(), int(i.dtype == torch.int64), k
+        a.weights, a.weights_dtype = w.data_ptr(), _native.DTYPE_CODES[w.dtype]
         a.num_experts, a.max_tokens, a.align, a.capacity = num_experts, max_tokens, align, cap
         a.quant, a.gs_value, a.swizzle = _native.EP_QUANT_CODES[quant], float(global_scale), int(swizzle)
         a.send_rows, a.expert_counts, a.expert_offsets = (_i32(rank.send_rows), _i32(rank.expert_counts),
                                                           _i32(rank.expert_offsets))
-        xs[r], ids[r] = x, i  # keep the contiguous copies alive through the call
+        xs[r], ids[r], weights[r] = x, i, w  # keep the contiguous copies alive through the call
     recv = (_c.c_void_p * world)(*(r.recv.data_ptr() for r in ranks))
     scales = (_c.c_void_p * world)(*((r.scales.data_ptr() if r.scales is not None else None) for r in ranks))
     src = (_I32P * world)(*(_i32(r.recv_src) for r in ranks))
     table = (_I32P * world)(*(_i32(r.table) for r in ranks))
+    group = (_I32P * world)(*(_i32(r.recv_group) for r in ranks))
     lib = fp4.host_lib()
-    _native.check(lib, "symcomm_ep_dispatch_host", lib.symcomm_ep_dispatch_host(world, args, recv, scales, src, table))
+    _native.check(lib, "symcomm_ep_dispatch_host",
+                  lib.symcomm_ep_dispatch_host(world, args, recv, scales, src, table, group))
     return ranks
 
 
-def combine_host(ranks: list[HostRank], expert_outs: list[torch.Tensor], weights: list[torch.Tensor],
-                 max_tokens: int, quant: str | None = None) -> list[torch.Tensor]:
-    """Every rank's combined tokens, after dispatch_host gave ``ranks``."""
+def combine_host(ranks: list[HostRank], expert_outs: list[torch.Tensor], ids: list[torch.Tensor], max_tokens: int,
+                 quant: str | None = None) -> list[torch.Tensor]:
+    """Every rank's combined tokens, after dispatch_host gave ``ranks`` for tokens picked by ``ids``
+    (the weights travelled with the dispatch)."""
     world = len(ranks)
     args = (_native.EpCombineArgs * world)()
     outs = []
     for r, rank in enumerate(ranks):
-        y, w = expert_outs[r].contiguous(), weights[r].contiguous()
-        n, k = w.shape
+        y, i = expert_outs[r].contiguous(), ids[r].contiguous()
+        n, k = i.shape
         out = torch.full((n, y.shape[1]), float("nan"), dtype=y.dtype)
         outs.append(out)
         a = args[r]
         a.expert_out, a.dtype, a.cols, a.capacity = y.data_ptr(), _native.DTYPE_CODES[y.dtype], y.shape[1], y.shape[0]
         a.quant = _native.EP_QUANT_CODES[quant]
-        a.recv_src, a.expert_offsets, a.num_local = _i32(rank.recv_src), _i32(rank.expert_offsets), len(
-            rank.expert_counts)
+        a.recv_group, a.num_local = _i32(rank.recv_group), len(rank.expert_counts)
         a.max_tokens, a.topk, a.rows, a.send_rows = max_tokens, k, n, _i32(rank.send_rows)
-        a.weights, a.weights_dtype, a.out = w.data_ptr(), _native.DTYPE_CODES[w.dtype], out.data_ptr()
-        expert_outs[r], weights[r] = y, w
+        a.topk_ids, a.ids_int64, a.out = i.data_ptr(), int(i.dtype == torch.int64), out.data_ptr()
+        expert_outs[r], ids[r] = y, i
     returned = (_c.c_void_p * world)(*(r.returned.data_ptr() for r in ranks))
     lib = fp4.host_lib()
     _native.check(lib, "symcomm_ep_combine_host", lib.symcomm_ep_combine_host(world, args, returned))

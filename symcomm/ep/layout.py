@@ -29,16 +29,28 @@ lives on rank ``i // (E/W)`` as its local expert ``i % (E/W)``.
   entries name distinct experts, at most E/W of them on one rank) plus ``E/W * (align - 1)`` of
   padding: every buffer is sized for that, equal on every rank, so nothing depends on counts
   known only on the device.
-- **Combine.** Token t's output is ``sum_j w[t, j] * y(t, j)`` over its valid entries, where
-  y(t, j) is the expert output row the entry came back as, in fp32: ``acc = +0.0``, then for
-  j = 0..k-1 in order ``acc = acc + w * y`` (a rounded multiply, then a rounded add: no fused
-  multiply-add), rounded once to the output dtype. A token with no valid entry gets zeros.
+- **Groups.** A token's valid entries that land on one rank form a *group* there.
+  ``recv_group[q, t]`` (int32 [W, max_tokens, k, 2] on every rank) lists the group of rank q's
+  token t as (row, fp32 bits of the entry's top-k weight, as dispatch read it) in slot order, then
+  (-1, 0) where the group has fewer than k entries. A token with no entry on the rank (and every
+  t from rank q's token count on) has (-1, 0) first. Slots after the (-1, 0) are not written.
+- **Combine, by rank.** The rank holding a group adds it up: its *partial* is
+  ``acc = +0.0``, then for the group's entries in slot order ``acc = acc + w * y`` in fp32 (a
+  rounded multiply, then a rounded add: no fused multiply-add), where y is the expert output
+  row the entry came back as and w the weight dispatch read; rounded once to the output dtype
+  (and with ``quant="fp8"``, encoded as block FP8 and decoded). The partial goes back to the
+  token's rank, one row per token and rank: the rank's own rows in slot order cross NVLink
+  once, summed, instead of once each. Token t's output is then ``acc = +0.0``, and for every
+  rank p holding a group of t, in rank order, ``acc = acc + partial_p`` in fp32, rounded once to
+  the output dtype. A token with no valid entry gets zeros. ``returned`` holds the partials
+  coming back to a rank: row ``p * max_tokens + t`` is rank p's for token t.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import fp4
+from . import fp8
 from .._native import DTYPE_CODES, EP_QUANT_CODES
 
 
@@ -130,16 +142,79 @@ def padding_rows(expert_counts: torch.Tensor, expert_offsets: torch.Tensor, capa
     return ~((rows >= starts[seg]) & (rows < filled_end[seg]))
 
 
-def combine_sum(values: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The combine's sum (module docstring) from the fp32 values [n, k, H] each entry came back
-    as: slots in order, a rounded multiply then a rounded add, rounded once to ``dtype``."""
-    n, k, h = values.shape
-    acc = torch.zeros(n, h, dtype=torch.float32, device=values.device)
-    w = weights.float()
-    for j in range(k):
-        term = w[:, j:j + 1] * values[:, j]
-        acc = torch.where(valid[:, j:j + 1], acc + term, acc)
+def weight_bits(weights: torch.Tensor) -> torch.Tensor:
+    """int32: the fp32 bits of each weight, as recv_group holds them."""
+    return weights.float().view(torch.int32)
+
+
+def groups(origin: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, world: int, max_tokens: int,
+           topk: int) -> torch.Tensor:
+    """recv_group (module docstring) of one rank from the entries it received: each one's origin
+    (``(q * max_tokens + t) * k + j``, or -1 for none), the row it landed in and its weight (fp32),
+    with no host synchronisation (a world of one captures it). Every slot a group leaves is (-1, 0)."""
+    device = origin.device
+    slots = world * max_tokens * topk
+    out = torch.full((slots + 1, 2), -1, dtype=torch.int32, device=device)  # the last: where no-entries go
+    out[:, 1] = 0
+    if origin.numel():
+        live = origin >= 0
+        order = torch.argsort(torch.where(live, origin.long(), torch.iinfo(torch.int64).max), stable=True)
+        origin, rows, weights, live = origin.long()[order], rows[order], weights[order], live[order]
+        group = origin // topk  # rank q's token t: q * max_tokens + t
+        first = torch.ones_like(live)
+        first[1:] = group[1:] != group[:-1]
+        index = torch.arange(len(group), device=device)
+        start = torch.cummax(torch.where(first, index, 0), 0).values  # each group together, in slot order
+        at = torch.where(live, group * topk + (index - start), slots)
+        out[at, 0] = rows.to(torch.int32)
+        out[at, 1] = weight_bits(weights)
+    return out[:slots].view(world, max_tokens, topk, 2)
+
+
+def group_sums(expert_out: torch.Tensor, listed: torch.Tensor) -> torch.Tensor:
+    """fp32 [G, H]: the partial (module docstring, "Combine, by rank") of each group in ``listed``
+    ([G, k, 2], recv_group entries that hold at least one row) from the expert output rows."""
+    rows, weights = listed[..., 0].long(), listed[..., 1].contiguous().view(torch.float32)
+    live = torch.cumprod((rows >= 0).int(), dim=1).bool()  # up to the first (-1, 0)
+    acc = torch.zeros(rows.shape[0], expert_out.shape[1], dtype=torch.float32, device=expert_out.device)
+    for j in range(rows.shape[1]):
+        y = expert_out[rows[:, j].clamp(min=0)].float()
+        acc = torch.where(live[:, j:j + 1], acc + weights[:, j:j + 1] * y, acc)
+    return acc
+
+
+def as_returned(partial: torch.Tensor, dtype: torch.dtype, quant: str | None) -> torch.Tensor:
+    """fp32: the values an owner adds for a partial: rounded to ``dtype``, and block FP8's round trip
+    with ``quant="fp8"``."""
+    rounded = partial.to(dtype)
+    return fp8.dequantize_float(*fp8.quantize(rounded)) if quant == "fp8" else rounded.float()
+
+
+def owner_sum(partials: torch.Tensor, present: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The tokens' outputs from the values of every rank's partial [W, n, H] (fp32, as returned)
+    where ``present`` [W, n] says rank p holds a group of token t: rank order, fp32, rounded once."""
+    acc = torch.zeros(partials.shape[1:], dtype=torch.float32, device=partials.device)
+    for p in range(partials.shape[0]):
+        acc = torch.where(present[p, :, None], acc + partials[p], acc)
     return acc.to(dtype)
+
+
+def combine_by_rank(values: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor, ranks: torch.Tensor, world: int,
+                    dtype: torch.dtype, quant: str | None) -> torch.Tensor:
+    """The combine (module docstring) of one rank's tokens from the fp32 values [n, k, H] each
+    entry came back as, its weights [n, k], which entries are valid and the rank holding each."""
+    n, k, h = values.shape
+    w = weights.float()
+    partials = torch.zeros(world, n, h, dtype=torch.float32, device=values.device)
+    present = torch.zeros(world, n, dtype=torch.bool, device=values.device)
+    for p in range(world):
+        acc = torch.zeros(n, h, dtype=torch.float32, device=values.device)
+        for j in range(k):
+            here = valid[:, j] & (ranks[:, j] == p)
+            acc = torch.where(here[:, None], acc + w[:, j:j + 1] * values[:, j], acc)
+            present[p] |= here
+        partials[p] = as_returned(acc, dtype, quant)
+    return owner_sum(partials, present, dtype)
 
 
 def swizzled_scale_index(rows: torch.Tensor, cols: int) -> torch.Tensor:

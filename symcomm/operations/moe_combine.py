@@ -1,10 +1,12 @@
-"""moe_combine as an operation (``Communicator.moe_combine``): bring every expert output row back to
-the rank that owns its token and add each token's rows, weighted by its top-k weights, in slot
-order (symcomm/ep/layout.py, "Combine": the same bits on every path, eager or replayed).
+"""moe_combine as an operation (``Communicator.moe_combine``): add each token's expert output rows,
+weighted by the top-k weights dispatch carried, first on each rank that holds some of them (in slot
+order), then the ranks' partial sums on the rank that owns the token (in rank order):
+symcomm/ep/layout.py, "Combine, by rank", the same bits on every path, eager or replayed. A token
+crosses back once per rank holding its experts, not once per expert.
 
 ``expert_out`` is [capacity, H] in the dispatched rows' layout (row r is the expert output of
 received row r; rows that hold no token are never used), in the dtype x had. ``quant="fp8"``
-sends the rows as block FP8 (symcomm/ep/fp8.py), half the bytes of bf16, and adds the
+sends the partial sums as block FP8 (symcomm/ep/fp8.py), half the bytes of bf16, and adds the
 dequantized values. Paths and ``algo=`` as moe_dispatch's (moe_dispatch.py); a handle from
 either path works on either.
 """
@@ -45,8 +47,8 @@ class CombineCall(Call):
 
 
 def fp8_returned(handle: EpHandle) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [max_tokens * k, H], scales float32 [max_tokens * k, H/128]): FP8 rows coming back
-    share handle.returned, the codes first, then the scales."""
+    """(codes [world * max_tokens, H], scales float32 [world * max_tokens, H/128]): FP8 partials
+    coming back share handle.returned, the codes first, then the scales."""
     rows, hidden = handle.returned.shape[0], handle.hidden
     flat = handle.returned.view(-1)
     codes = flat[:rows * hidden].view(rows, hidden).view(torch.float8_e4m3fn)
@@ -104,8 +106,9 @@ class MoeCombine(EpOperation):
                  out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
         self.refuse_gradient(expert_out, out)
         h = handle
-        got = _moe_combine(expert_out, h.topk_ids, h.topk_weights, h.send_rows, h.recv_src, h.expert_offsets, h.table,
-                           h.returned, h.num_experts, h.max_tokens, h.align, quant, comm.key, algo)
+        got = _moe_combine(expert_out, h.topk_ids, h.topk_weights, h.send_rows, h.recv_src, h.recv_group,
+                           h.expert_offsets, h.table, h.returned, h.num_experts, h.max_tokens, h.align, quant, comm.key,
+                           algo)
         return into(out, got)
 
 
@@ -116,11 +119,11 @@ MOE_COMBINE = MoeCombine()
 # included): an argument it mutates.
 @torch.library.custom_op(f"symcomm::{OP}", mutates_args=("returned",))
 def _moe_combine(expert_out: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 send_rows: torch.Tensor, recv_src: torch.Tensor, expert_offsets: torch.Tensor, table: torch.Tensor,
-                 returned: torch.Tensor, num_experts: int, max_tokens: int, align: int, quant: str | None,
-                 comm_key: int, algo: str) -> torch.Tensor:
-    handle = EpHandle(send_rows, recv_src, expert_offsets, table, returned, topk_ids, topk_weights, num_experts,
-                      max_tokens, align, expert_out.dtype)
+                 send_rows: torch.Tensor, recv_src: torch.Tensor, recv_group: torch.Tensor, expert_offsets: torch.Tensor,
+                 table: torch.Tensor, returned: torch.Tensor, num_experts: int, max_tokens: int, align: int,
+                 quant: str | None, comm_key: int, algo: str) -> torch.Tensor:
+    handle = EpHandle(send_rows, recv_src, expert_offsets, table, returned, recv_group, topk_ids, topk_weights,
+                      num_experts, max_tokens, align, expert_out.dtype)
     return lookup(comm_key).moe_combine(expert_out, handle, quant=quant, algo=algo)
 
 
@@ -128,6 +131,6 @@ ordered(_moe_combine)
 
 
 @_moe_combine.register_fake
-def _(expert_out, topk_ids, topk_weights, send_rows, recv_src, expert_offsets, table, returned, num_experts, max_tokens,
-      align, quant, comm_key, algo):
+def _(expert_out, topk_ids, topk_weights, send_rows, recv_src, recv_group, expert_offsets, table, returned,
+      num_experts, max_tokens, align, quant, comm_key, algo):
     return expert_out.new_empty((topk_ids.shape[0], expert_out.shape[1]))

@@ -54,21 +54,23 @@ OFFSETS_RULE = ("The peer path writes every rank's receive buffers at this rank'
 
 class EpHandle:
     """What combine needs of one dispatch: where each entry went (``send_rows``), where each
-    received row came from (``recv_src``), the counts table, the buffer expert outputs come back
-    to (``returned``), and the call's top-k ids and weights. Its buffers belong to the Dispatched
+    received row came from (``recv_src``) and which rows each rank's token has on this rank, with
+    their weights (``recv_group``), the counts table, the buffer partial sums come back to
+    (``returned``), and the call's top-k ids and weights. Its buffers belong to the Dispatched
     they came with: a later dispatch with ``out=`` that Dispatched overwrites them."""
 
-    __slots__ = ("send_rows", "recv_src", "expert_offsets", "table", "returned", "topk_ids", "topk_weights",
-                 "num_experts", "max_tokens", "align", "dtype", "world")
+    __slots__ = ("send_rows", "recv_src", "expert_offsets", "table", "returned", "recv_group", "topk_ids",
+                 "topk_weights", "num_experts", "max_tokens", "align", "dtype", "world")
 
     def __init__(self, send_rows: torch.Tensor, recv_src: torch.Tensor, expert_offsets: torch.Tensor,
-                 table: torch.Tensor, returned: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 num_experts: int, max_tokens: int, align: int, dtype: torch.dtype) -> None:
+                 table: torch.Tensor, returned: torch.Tensor, recv_group: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor, num_experts: int, max_tokens: int, align: int, dtype: torch.dtype) -> None:
         self.send_rows = send_rows  # int32 [max_tokens, k]; rows [:tokens] are this call's
         self.recv_src = recv_src  # int32 [capacity]; rows past expert_offsets[-1] are not written
         self.expert_offsets = expert_offsets  # int32 [E/W + 1], Dispatched.expert_offsets
         self.table = table  # int32 [world, num_experts + 1]: counts, and each rank's fingerprint
-        self.returned = returned  # uint8 [max_tokens * k, hidden * itemsize]
+        self.returned = returned  # uint8 [world * max_tokens, hidden * itemsize]: rank p's partial of token t at p*max_tokens+t
+        self.recv_group = recv_group  # int32 [world, max_tokens, k, 2]: symcomm/ep/layout.py's groups
         self.topk_ids, self.topk_weights = topk_ids, topk_weights
         self.num_experts, self.max_tokens, self.align, self.dtype = num_experts, max_tokens, align, dtype
         self.world = table.shape[0]
@@ -91,7 +93,8 @@ class EpHandle:
 
     def pool_buffers(self) -> list[tuple[str, torch.Tensor]]:
         """The buffers peers write into, by name (check mode compares their pool offsets)."""
-        return [("handle.recv_src", self.recv_src), ("handle.table", self.table), ("handle.returned", self.returned)]
+        return [("handle.recv_src", self.recv_src), ("handle.recv_group", self.recv_group), ("handle.table", self.table),
+                ("handle.returned", self.returned)]
 
     def __repr__(self) -> str:
         return (f"EpHandle(tokens={self.tokens}, topk={self.topk}, num_experts={self.num_experts}, "
@@ -302,8 +305,9 @@ class MoeDispatch(EpOperation):
         (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
         local = num_experts // world
         shapes = {"handle.recv_src": ((cap,), torch.int32),
+                  "handle.recv_group": ((world, max_tokens, k, 2), torch.int32),
                   "handle.table": ((world, num_experts + 1), torch.int32),
-                  "handle.returned": ((max_tokens * k, hidden * x.dtype.itemsize), torch.uint8),
+                  "handle.returned": ((world * max_tokens, hidden * x.dtype.itemsize), torch.uint8),
                   "handle.send_rows": ((max_tokens, k), torch.int32)}
         if out is not None:
             if not isinstance(out, Dispatched) or not isinstance(out.handle, EpHandle):
@@ -332,7 +336,8 @@ class MoeDispatch(EpOperation):
             counts = torch.empty(local, dtype=torch.int32, device=device)
             offsets = torch.empty(local + 1, dtype=torch.int32, device=device)
         handle = EpHandle(given["handle.send_rows"], given["handle.recv_src"], offsets, given["handle.table"],
-                          given["handle.returned"], ids, weights, num_experts, max_tokens, align, x.dtype)
+                          given["handle.returned"], given["handle.recv_group"], ids, weights, num_experts, max_tokens,
+                          align, x.dtype)
         return DispatchCall(x, ids, weights, num_experts, max_tokens, quant, gs, align, swizzle, recv, scales, counts,
                             offsets, handle)
 
@@ -375,9 +380,9 @@ class MoeDispatch(EpOperation):
                                 "buffers (pass out=None)")
         got = _moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, quant, *scale_args(global_scale),
                             align, swizzle, comm.key, algo)
-        recv, scales, counts, offsets, send_rows, recv_src, table, returned = got
-        handle = EpHandle(send_rows, recv_src, offsets, table, returned, topk_ids, topk_weights, num_experts,
-                          max_tokens, align, x.dtype)
+        recv, scales, counts, offsets, send_rows, recv_src, table, returned, recv_group = got
+        handle = EpHandle(send_rows, recv_src, offsets, table, returned, recv_group, topk_ids, topk_weights,
+                          num_experts, max_tokens, align, x.dtype)
         return Dispatched(recv, scales if quant is not None else None, counts, offsets, handle, global_scale)
 
 
@@ -409,7 +414,8 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
                                     swizzle=swizzle, algo=algo)
     h = got.handle
     scales = got.scales if got.scales is not None else x.new_empty((0,))
-    return [got.x, scales, got.expert_counts, got.expert_offsets, h.send_rows, h.recv_src, h.table, h.returned]
+    return [got.x, scales, got.expert_counts, got.expert_offsets, h.send_rows, h.recv_src, h.table, h.returned,
+            h.recv_group]
 
 
 ordered(_moe_dispatch)
@@ -428,4 +434,5 @@ def _(x, topk_ids, topk_weights, num_experts, max_tokens, quant, scale_value, sc
             x.new_empty((local,), dtype=i32), x.new_empty((local + 1,), dtype=i32),
             x.new_empty((max_tokens, k), dtype=i32), x.new_empty((cap,), dtype=i32),
             x.new_empty((world, num_experts + 1), dtype=i32),
-            x.new_empty((max_tokens * k, hidden * x.dtype.itemsize), dtype=torch.uint8)]
+            x.new_empty((world * max_tokens, hidden * x.dtype.itemsize), dtype=torch.uint8),
+            x.new_empty((world, max_tokens, k, 2), dtype=i32)]

@@ -2,8 +2,8 @@
 
 Every rank regenerates every rank's tokens and routing, so it can say what each received row
 must hold: the source row itself (bf16), or that row quantized by symcomm.ep.fp8 / symcomm.fp4
-(FP8, NVFP4), bit for bit. The combine is checked against symcomm.ep.layout.combine_sum of the
-same values, bit for bit, with an "expert" that scales each row by a factor of its expert, so a
+(FP8, NVFP4), bit for bit. The combine is checked against symcomm.ep.layout.combine_by_rank of
+the same values, bit for bit, with an "expert" that scales each row by a factor of its expert, so a
 row returned to the wrong slot shows. Tokens are normal-distributed (small values reach FP8's
 subnormals), and one case gives a rank no tokens at all.
 """
@@ -143,10 +143,9 @@ def _run(comm, tokens: int, hidden: int, quant, combine_quant, algo: str, zero_r
     mine = _decode(quant, *(fp8.quantize(x) if quant == "fp8" else fp4.quantize(x, gs) if quant == "nvfp4"
                             else (x, None)), gs, torch.bfloat16) if x.shape[0] else x
     values = (mine.float().unsqueeze(1) * _factor(ids).unsqueeze(2)).to(torch.bfloat16)
-    flat = values.reshape(-1, hidden)
-    back = fp8.dequantize_float(*fp8.quantize(flat)) if combine_quant == "fp8" and flat.shape[0] else flat.float()
-    want_out = layout.combine_sum(back.reshape(x.shape[0], K, hidden), weights,
-                                  torch.ones_like(ids, dtype=torch.bool), torch.bfloat16)
+    ranks = ids.long() // (E // comm.world_size)
+    want_out = layout.combine_by_rank(values.float(), weights, torch.ones_like(ids, dtype=torch.bool), ranks,
+                                      comm.world_size, torch.bfloat16, combine_quant)
     assert out.shape == x.shape
     assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)), \
         f"{what} combine={combine_quant}: " + _first_diffs(out.float(), want_out.float())

@@ -31,7 +31,7 @@ from test_sim_peer_gather import _each_rank, _map_region, _region_tensor
 
 # The loop reference lives beside the CPU tests, which hold the a2a path and the CPU twin to it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _ep_reference import encode, random_case, world_combine, world_dispatch  # noqa: E402
+from _ep_reference import encode, group_mismatches, random_case, world_combine, world_dispatch, world_groups  # noqa: E402
 
 # (tokens per rank, experts, top-k, align, quant, swizzle, hidden): zero-token ranks, one token,
 # top-k 1..8, 12 and 32 (past one group of the sum's loads), experts nobody picks (few tokens,
@@ -101,7 +101,8 @@ def _buffers(sim: SimWorld, tokens: int, hidden: int, k: int, experts: int, alig
     cap = layout.capacity(world, tokens, k, experts, align)
     (rshape, rdtype), scales_spec = received_shapes(cap, hidden, dtype, quant, swizzle)
     kinds = [(rshape, rdtype), scales_spec or ((16,), torch.uint8), ((cap,), torch.int32),
-             ((world, experts + 1), torch.int32), ((tokens * k, hidden * dtype.itemsize), torch.uint8)]
+             ((world, experts + 1), torch.int32), ((world * tokens, hidden * dtype.itemsize), torch.uint8),
+             ((world, tokens, k, 2), torch.int32)]
     per_kind = []
     for number, (shape, kind_dtype) in enumerate(kinds):
         raw = [_region_tensor(shape, torch.uint8 if kind_dtype.itemsize == 1 else kind_dtype, 0) for _ in range(world)]
@@ -112,7 +113,7 @@ def _buffers(sim: SimWorld, tokens: int, hidden: int, k: int, experts: int, alig
     for r in range(world):
         offsets = torch.zeros(local + 1, dtype=torch.int32, device="cuda")
         handle = EpHandle(torch.full((tokens, k), -7, dtype=torch.int32, device="cuda"), per_kind[2][r], offsets,
-                          per_kind[3][r], per_kind[4][r], None, None, experts, tokens, align, dtype)
+                          per_kind[3][r], per_kind[4][r], per_kind[5][r], None, None, experts, tokens, align, dtype)
         out.append(Dispatched(per_kind[0][r], per_kind[1][r] if scales_spec else None,
                               torch.zeros(local, dtype=torch.int32, device="cuda"), offsets, handle, None))
     return out
@@ -204,9 +205,12 @@ def test_peer_dispatch_and_combine_equal_the_reference(world, dedup):
 
             _each_rank(sim, streams, dispatch)
             received, send_rows = world_dispatch(ids, experts, max_tokens, align)
+            groups = world_groups(ids, ws, send_rows, experts, max_tokens)
             for r in range(world):
                 _check_received(got[r], received[r], xs, quant, gs_value, swizzle, hidden, f"{where} rank {r}")
                 assert torch.equal(got[r].handle.send_rows[:tokens[r]].cpu(), send_rows[r]), where
+                wrong = group_mismatches(got[r].handle.recv_group, groups[r])
+                assert not wrong, f"{where} rank {r}: recv_group {wrong[:3]}"
             # The dispatch met every block (the dedup path) exactly when the threshold says so.
             meetings = int(_dedups(dedup, received, world, _row_bytes(hidden, quant, dtype)))
             if dedup == "builtin" and i == len(CASES[world]) - 1:
@@ -405,7 +409,7 @@ def test_ranks_that_disagree_on_sizes_stop_before_any_row_moves():
         small = _buffers(sim, 1, hidden, k, experts, 1, None, False, torch.bfloat16)[1]
         h = small.handle
         small = small._replace(handle=EpHandle(h.send_rows, h.recv_src, h.expert_offsets, big[1].handle.table,
-                                               h.returned, None, None, experts, 1, 1, torch.bfloat16))
+                                               h.returned, h.recv_group, None, None, experts, 1, 1, torch.bfloat16))
         x = torch.randn(4, hidden, dtype=torch.bfloat16, device="cuda")
         ids = torch.ones(4, 1, dtype=torch.int64, device="cuda")
         w = torch.ones(4, 1, device="cuda")
@@ -458,7 +462,8 @@ def test_ranks_that_disagree_on_encoding_stop_at_once(differs):
             half = _buffers(sim, tokens, hidden, k, experts, 1, None, False, torch.float16)[1]
             h = half.handle
             bufs[1] = half._replace(handle=EpHandle(h.send_rows, h.recv_src, h.expert_offsets, bufs[1].handle.table,
-                                                    h.returned, None, None, experts, tokens, 1, torch.float16))
+                                                    h.returned, h.recv_group, None, None, experts, tokens, 1,
+                                                    torch.float16))
             xs[1] = xs[1].to(torch.float16)
             before = [b.handle.recv_src.clone() for b in bufs]
             outs = None
