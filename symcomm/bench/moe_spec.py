@@ -101,7 +101,7 @@ class MoeSpec(OpSpec):
         h, k = self.hidden, self.topk
         cap = layout.capacity(world, max(tokens, 1), k, self.experts, 1)
         rows = max(cap * h * itemsize, cap * (h // 2 + h // 16), cap * (h + h // 32)) + _ALIGN  # rows, scales
-        return {"rows": _up(rows), "src": _up(cap * 4), "group": _up(cap * k * 8),
+        return {"rows": _up(rows), "src": _up(cap * 4), "group": _up(world * max(tokens, 1) * k * 8),
                 "table": _up(world * (self.experts + 1) * 4),
                 "returned": _up(world * max(tokens, 1) * h * itemsize), "send_rows": _up(max(tokens, 1) * k * 4),
                 "counts": _up(self.experts * 4), "offsets": _up(self.experts * 4 + 4),
@@ -255,7 +255,8 @@ class MoeSpec(OpSpec):
         handle = symcomm.EpHandle(i32("send_rows", t * k).view(t, k), i32("src", cap), offsets,
                                   i32("table", world * (self.experts + 1)).view(world, self.experts + 1),
                                   bufs["returned"][:world * t * h * dtype.itemsize].view(world * t, h * dtype.itemsize),
-                                  i32("group", cap * k * 2).view(cap, k, 2), ids, weights, self.experts, t, 1, dtype)
+                                  i32("group", world * t * k * 2).view(world, t, k, 2), ids, weights, self.experts, t, 1,
+                                  dtype)
         return symcomm.Dispatched(recv, scales, i32("counts", local), offsets, handle, gs if quant == "nvfp4" else None)
 
     def _baseline(self, setup: Setup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
