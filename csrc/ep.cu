@@ -16,17 +16,19 @@
 // after a meeting of every block the receiver copies it into that token's other rows there
 // (expand_duplicates).
 //
-// Combine is one launch, ep_combine (many blocks). It meets the peers first, because the owners of
-// the tokens must have finished adding the previous combine's rows, which they read from the buffer
-// this call writes; that start barrier is skipped when a dispatch ran since the last combine, since
-// the dispatch's barriers already proved it (every rank reached them only after finishing the
-// combine before). The flag that records a dispatch (ep_dispatched) is the peer-push paths' own:
-// an a2a dispatch leaves it alone, and an a2a combine never reads `returned`. It writes each used
-// received row of expert_out (FP8-quantized on the way) into the owner's returned buffer at the
-// entry's slot, meets every block of every peer (meet_all_blocks: a block sums tokens whose rows
-// any peer block may have sent; the meeting's flags carry each rank's combine_mark, so ranks that
-// passed another quant or dtype stop there, before any sum), and adds each token's returned rows
-// in slot order, weighted, in fp32.
+// Dispatch also lists, on every rank, each source token's rows there with their top-k weights
+// (recv_group, symcomm/ep/layout.py's groups). Combine is one launch, ep_combine (many blocks). It
+// meets the peers first, because the owners of the tokens must have finished adding the previous
+// combine's partials, which they read from the buffer this call writes; that start barrier is
+// skipped when a dispatch ran since the last combine, since the dispatch's barriers already proved
+// it (every rank reached them only after finishing the combine before). The flag that records a
+// dispatch (ep_dispatched) is the peer-push paths' own: an a2a dispatch leaves it alone, and an a2a
+// combine never reads `returned`. It adds up each listed group of expert_out rows in slot order,
+// weighted, in fp32, and writes the rounded partial (FP8-quantized on the way) into the owner's
+// returned buffer, one row a token and rank; meets every block of every peer (meet_all_blocks: a
+// block sums tokens whose partials any peer block may have sent; the meeting's flags carry each
+// rank's combine_mark, so ranks that passed another quant or dtype stop there, before any sum);
+// and adds each token's partials in rank order, in fp32.
 //
 // No count ever reaches the host: the grids follow max_tokens and capacity, equal on every rank,
 // and the kernels read the counts on the device, so every launch can be captured in a graph.

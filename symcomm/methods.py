@@ -144,9 +144,10 @@ class OperationMethods:
                  algo: str = "auto") -> Dispatched:
         """MoE expert-parallel dispatch: send each token of ``x`` [tokens, H] to the ranks holding its
         ``topk_ids`` experts (rank p holds experts p*E/W ..), NVFP4- or FP8-quantized on the way
-        with ``quant``. Returns Dispatched(x, scales, expert_counts, expert_offsets, handle,
-        global_scale): the received rows grouped by local expert, for a grouped GEMM, and the
-        handle moe_combine() needs. ``max_tokens`` (the most tokens any rank passes, equal everywhere)
+        with ``quant``; the ``topk_weights`` travel with them, for moe_combine. Returns
+        Dispatched(x, scales, expert_counts, expert_offsets, handle, global_scale): the received
+        rows grouped by local expert, for a grouped GEMM, and the handle moe_combine() needs (it
+        keeps ``topk_ids``: leave that tensor as it is until the combine). ``max_tokens`` (the most tokens any rank passes, equal everywhere)
         sizes every buffer; ``out=`` reuses an earlier result's (symcomm/operations/moe_dispatch.py)."""
         if _is_compiling():
             return MOE_DISPATCH.compiled(self, x, topk_ids, topk_weights, num_experts, max_tokens, quant, global_scale,

@@ -203,6 +203,29 @@ def test_twin_combine_adds_by_rank_in_slot_order_without_fusing():
 
 
 @needs_twin
+def test_group_sums_never_follow_the_slots_after_a_list_ends():
+    """recv_group's slots after a group's (-1, 0) are never written (a peer-push dispatch leaves
+    what an earlier use of the pool left there), and the a2a combine may add up such a handle's
+    groups: rows there must not be read, however large."""
+    world, experts, k, hidden, max_tokens = 2, 8, 6, 16, 5
+    xs, ids, ws = random_case(world, [4, 3], hidden, experts, k, seed=11)
+    ranks = host.dispatch_host(list(xs), list(ids), list(ws), experts, max_tokens)
+    gen = torch.Generator().manual_seed(3)
+    for rank in ranks:
+        listed = rank.recv_group.view(world * max_tokens, k, 2)
+        held = listed[listed[:, 0, 0] >= 0]
+        ended = torch.cumprod((held[..., 0] >= 0).int(), dim=1) == 0  # at and after each list's (-1, 0)
+        after = ended & ~torch.cat([torch.zeros_like(ended[:, :1]), ~ended[:, :-1]], dim=1) & \
+            torch.cat([torch.zeros_like(ended[:, :1]), ended[:, :-1]], dim=1)  # strictly after it
+        assert after.any(), "the case should have groups shorter than k - 1"
+        clean, dirty = held.clone(), held.clone()
+        clean[after] = torch.tensor([-1, 0], dtype=torch.int32)
+        dirty[after] = torch.tensor([123456789, 0x3F800000], dtype=torch.int32)  # a row past any buffer, weight 1
+        y = torch.randn(rank.recv.shape[0], hidden, generator=gen).to(torch.bfloat16)
+        assert torch.equal(layout.group_sums(y, dirty), layout.group_sums(y, clean))
+
+
+@needs_twin
 def test_the_twin_refuses_ranks_whose_dtypes_differ():
     """fp16 and bf16 rows have the same bytes: the dispatch's fingerprint and the combine's mark
     (csrc/ep.cuh) carry the dtype, and the twin, like the kernels, refuses ranks that differ."""

@@ -24,7 +24,7 @@ lives on rank ``i // (E/W)`` as its local expert ``i % (E/W)``.
   in token order, lands on rank ``p = i // (E/W)`` at row
   ``expert_offsets_p[e] + sum_{q' < q} counts[q', i] + pos``. ``send_rows[t, j]`` is that row
   (``-1`` for a skipped entry), ``recv_src[row] = (q * max_tokens + t) * k + j`` names the
-  entry a row came from (``-1`` for rows not written), so combine can send it back.
+  entry a row came from (``-1`` for rows not written).
 - **Capacity.** A rank receives at most ``W * max_tokens * min(k, E/W)`` rows (a token's valid
   entries name distinct experts, at most E/W of them on one rank) plus ``E/W * (align - 1)`` of
   padding: every buffer is sized for that, equal on every rank, so nothing depends on counts
@@ -176,9 +176,10 @@ def group_sums(expert_out: torch.Tensor, listed: torch.Tensor) -> torch.Tensor:
     ([G, k, 2], recv_group entries that hold at least one row) from the expert output rows."""
     rows, weights = listed[..., 0].long(), listed[..., 1].contiguous().view(torch.float32)
     live = torch.cumprod((rows >= 0).int(), dim=1).bool()  # up to the first (-1, 0)
+    rows = torch.where(live, rows, 0)  # slots after it hold another dispatch's bytes: never an index
     acc = torch.zeros(rows.shape[0], expert_out.shape[1], dtype=torch.float32, device=expert_out.device)
     for j in range(rows.shape[1]):
-        y = expert_out[rows[:, j].clamp(min=0)].float()
+        y = expert_out[rows[:, j]].float()
         acc = torch.where(live[:, j:j + 1], acc + weights[:, j:j + 1] * y, acc)
     return acc
 

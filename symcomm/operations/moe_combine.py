@@ -46,16 +46,6 @@ class CombineCall(Call):
         self.inner_algo = "auto"
 
 
-def fp8_returned(handle: EpHandle) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [world * max_tokens, H], scales float32 [world * max_tokens, H/128]): FP8 partials
-    coming back share handle.returned, the codes first, then the scales."""
-    rows, hidden = handle.returned.shape[0], handle.hidden
-    flat = handle.returned.view(-1)
-    codes = flat[:rows * hidden].view(rows, hidden).view(torch.float8_e4m3fn)
-    scales = flat[rows * hidden:rows * hidden + rows * (hidden // fp8.BLOCK) * 4].view(torch.float32)
-    return codes, scales.view(rows, hidden // fp8.BLOCK)
-
-
 class MoeCombine(EpOperation):
     name = OP
     skips_empty = False  # a rank with no tokens still serves its experts' rows

@@ -1,6 +1,8 @@
 """moe_dispatch as an operation (``Communicator.moe_dispatch``): send every token to the ranks that
 hold its top-k experts, optionally quantized on the way, into receive buffers laid out by local
-expert for a grouped GEMM. symcomm/ep/layout.py defines where every row lands.
+expert for a grouped GEMM, with each entry's top-k weight listed beside it there (the handle's
+recv_group: combine adds a token's rows on their rank with the weights dispatch read).
+symcomm/ep/layout.py defines where every row lands.
 
 Its paths, in the order auto tries them: ``peer-push`` (symcomm/backends/ep_push.py: csrc/ep.cu's
 kernels exchange the counts on the device and write every row straight into the receiving rank's
