@@ -112,14 +112,7 @@ SYMCOMM_HD uint8_t nvfp4_block(const T* x, float gs, uint2* payload) {
 // ------------------------------------------------------------------ combine
 // acc + w * y as two roundings (no fused multiply-add): the rounding of symcomm/ep/layout.py's
 // partial sums, on the device as on the host.
-SYMCOMM_HD float weighted_add(float acc, float w, float y) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(acc, __fmul_rn(w, y));
-#else
-  const float term = w * y;
-  return acc + term;
-#endif
-}
+SYMCOMM_HD float weighted_add(float acc, float w, float y) { return add_rn(acc, mul_rn(w, y)); }
 
 // Eight values at p as stored (p 16-byte aligned on the device: 16- or 32-byte vector loads).
 template <typename T>
@@ -184,16 +177,6 @@ SYMCOMM_HD float weight_at(const void* w, symcomm_dtype_t dtype, int64_t i) {
 // of rank q's token t on this rank as (row, the fp32 bits of its weight) in slot order, ended by
 // (-1, 0) where fewer than topk; (-1, 0) first where the token sent nothing here.
 constexpr int kGroupPairs = 2;
-
-// a + b rounded once. A plain `+` of a product on the device becomes a fused multiply-add (nvcc
-// contracts by default), which the host twin and torch never do.
-SYMCOMM_HD float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
 
 // Values of T in a 16-byte unit, the piece one lane of the combine owns.
 template <typename T>
@@ -313,7 +296,7 @@ SYMCOMM_HD void owner_unit(const char* back, const Id* ids, const int32_t* send_
       for (int i = 0; i < kCombineUnit; ++i) y[i] = to_f32(raw[p][i]);
     }
 #pragma unroll
-    for (int i = 0; i < kCombineUnit; ++i) acc[i] = add_rn(acc[i], y[i]);
+    for (int i = 0; i < kCombineUnit; ++i) acc[i] = add_rn(acc[i], y[i]);  // a decoded FP8 value is a product: no fused add
   }
 }
 

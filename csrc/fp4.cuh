@@ -54,6 +54,42 @@ template <> SYMCOMM_HD float from_f32<float>(float v) { return v; }
 template <> SYMCOMM_HD __half from_f32<__half>(float v) { return __float2half_rn(v); }
 template <> SYMCOMM_HD __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// Correctly rounded fp32 operations, spelled out so that no compiler flag (contraction into an
+// FMA, fast-math division or square root) can make the device differ from the host. The host
+// halves are plain operators: setup.py builds with -ffp-contract=off so that the host compiler
+// does not fuse a mul_rn into the add_rn after it.
+SYMCOMM_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+SYMCOMM_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+SYMCOMM_HD float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+SYMCOMM_HD float sqrt_rn(float a) {
+#ifdef __CUDA_ARCH__
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
 namespace fp4 {
 
 constexpr int kBlock = 16;  // values per scale

@@ -82,41 +82,7 @@ struct alignas(16) Vec {
   T v[kVec];
 };
 
-// Correctly rounded fp32 operations, spelled out so that no compiler flag (contraction into an
-// FMA, fast-math division or square root) can make the device differ from the host. The host
-// halves are plain operators: setup.py builds with -ffp-contract=off so that the host compiler
-// does not fuse a mul_rn into the add_rn after it.
-SYMCOMM_HD float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-SYMCOMM_HD float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-SYMCOMM_HD float div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-SYMCOMM_HD float sqrt_rn(float a) {
-#ifdef __CUDA_ARCH__
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
+// add_rn, mul_rn, div_rn and sqrt_rn (fp4.cuh): correctly rounded on the device as on the host.
 
 // h = a + residual, in fp32, rounded once to T (in place on the a lanes).
 template <typename T>
