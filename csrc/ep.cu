@@ -83,7 +83,7 @@ __device__ __forceinline__ char* peer_buffer(char* mine, int rank) {
 struct Dispatch {
   const void* x;
   const void* ids;
-  int64_t rows, cols, max_tokens, capacity;
+  int64_t rows, cols, max_tokens;
   int topk, experts, local, align, swizzle;
   const float* gs_ptr;
   float gs_value;
@@ -102,7 +102,7 @@ struct Dispatch {
 
 struct Combine {
   const void* expert_out;
-  int64_t cols, capacity, max_tokens, rows;
+  int64_t cols, max_tokens, rows;
   int topk, num_local;
   const int32_t* recv_group;
   Buf returned;
@@ -538,9 +538,9 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     const int lead = __ffs(same) - 1;
     const int32_t lead_row = __shfl_sync(kFull, at_row, lead);
     const bool carries = !dedup || lead == lane || dest == s.rank;
-    char* const src_at = peer_buffer(lane_buf[1], dest);
-    int2* const group_at = reinterpret_cast<int2*>(peer_buffer(lane_buf[3], dest));
     if (item % unit_chunks == 0) {  // the token's first chunk (the same in every lane) writes its groups
+      char* const src_at = peer_buffer(lane_buf[1], dest);
+      int2* const group_at = reinterpret_cast<int2*>(peer_buffer(lane_buf[3], dest));
       const int64_t list = (int64_t(s.rank) * job.max_tokens + t) * job.topk;  // on every destination
       if (at_row >= 0) {
         reinterpret_cast<int32_t*>(src_at)[at_row] =
@@ -762,7 +762,7 @@ bool dispatch_job(const symcomm_ep_dispatch_args_t& a, int world, Dispatch* job)
   Dispatch& j = *job;
   j = Dispatch{};
   j.x = a.x, j.ids = a.topk_ids, j.rows = a.rows, j.cols = a.cols, j.max_tokens = a.max_tokens;
-  j.capacity = a.capacity, j.topk = a.topk, j.experts = a.num_experts, j.local = a.num_experts / world;
+  j.topk = a.topk, j.experts = a.num_experts, j.local = a.num_experts / world;
   j.align = a.align, j.swizzle = a.swizzle, j.gs_ptr = static_cast<const float*>(a.gs_ptr), j.gs_value = a.gs_value;
   j.recv = {a.recv_slot, a.recv_offset}, j.scales = {a.scales_slot, a.scales_offset};
   j.src = {a.src_slot, a.src_offset}, j.table = {a.table_slot, a.table_offset};
@@ -807,7 +807,7 @@ bool combine_job(const symcomm_ep_combine_args_t& a, Combine* job) {
   if (a.quant != SYMCOMM_EP_NONE && a.quant != SYMCOMM_EP_FP8) return false;
   Combine& j = *job;
   j = Combine{};
-  j.expert_out = a.expert_out, j.cols = a.cols, j.capacity = a.capacity, j.max_tokens = a.max_tokens;
+  j.expert_out = a.expert_out, j.cols = a.cols, j.max_tokens = a.max_tokens;
   j.rows = a.rows, j.topk = a.topk, j.num_local = a.num_local;
   j.recv_group = a.recv_group, j.returned = {a.returned_slot, a.returned_offset};
   j.send_rows = a.send_rows, j.ids = a.topk_ids, j.out = a.out;
