@@ -10,6 +10,7 @@
 #define SYMCOMM_EP_CUH_
 
 #include "fp4.cuh"
+#include "fp8.cuh"
 #include "symcomm.h"
 
 #include <cstdint>
@@ -18,7 +19,7 @@ namespace symcomm {
 namespace ep {
 
 constexpr int kFp8Block = 128;     // values per FP8 scale (symcomm/ep/fp8.py)
-constexpr int kFp8Unit = 8;        // values per lane: 16 lanes make one FP8 block
+constexpr int kFp8Unit = fp8::kUnit;  // values per lane: 16 lanes make one FP8 block
 constexpr int kCombineUnit = 8;    // values per lane in the combine's sum
 constexpr float kFp8Max = 448.0f;
 
@@ -82,18 +83,24 @@ SYMCOMM_HD float fp8_scale(uint32_t amax_bits) {
   return s > 0.0f ? s : 1.0f;
 }
 
-// Eight values' codes with the block's scale: one division each, saturated, every NaN 0x7F.
+// Eight values' codes with the block's scale (fp8.cuh: saturated, every NaN 0x7F).
 SYMCOMM_HD uint2 fp8_codes8(const float (&v)[kFp8Unit], float s) {
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < kFp8Unit; ++i) w[i >> 2] |= uint32_t(fp4::e4m3_saturate(v[i] / s)) << ((i & 3) * 8);
+  uint32_t w[2];
+#ifdef __CUDA_ARCH__
+  fp8::encode8(v, fp8::scale_of(s), w);
+#else
+  fp8::encode8_host(v, s, w);
+#endif
   return make_uint2(w[0], w[1]);
 }
 
 SYMCOMM_HD void fp8_values8(uint2 codes, float s, float (&y)[kFp8Unit]) {
+#ifdef __CUDA_ARCH__
+  fp8::decode8(codes, s, y);
+#else
   const uint32_t w[2] = {codes.x, codes.y};
-#pragma unroll
   for (int i = 0; i < kFp8Unit; ++i) y[i] = fp4::e4m3_value(uint8_t(w[i >> 2] >> ((i & 3) * 8))) * s;
+#endif
 }
 
 // ------------------------------------------------------------------ NVFP4 blocks

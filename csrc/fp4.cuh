@@ -6,8 +6,8 @@
 // is documented at the top of csrc/fp4.cu and in symcomm/fp4.py.
 //
 // The e2m1/e4m3 rounding is integer and fp32 logic, not sm_100's cvt instructions: the build
-// targets sm_90. (The normalisation's FP8 output, one e4m3 byte per value, does use sm_89's
-// e4m3 conversion on the device; rmsnorm.cuh's fp8_byte says why it gives these same bytes.)
+// targets sm_90. (FP8 values, one e4m3 byte each, do use sm_89's e4m3 conversions on the device:
+// fp8.cuh, which gives these same bytes.)
 #ifndef SYMCOMM_FP4_CUH_
 #define SYMCOMM_FP4_CUH_
 

@@ -223,7 +223,7 @@ void rmsnorm_on_host(const void* a, const void* residual, const void* weight, in
         std::memcpy(static_cast<Vec<T>*>(out) + row * nvec + j, &y, sizeof y);
       } else if (quant == kQuantFp8) {
         uint32_t words[2];
-        fp8_vec_host(yf, scale, words);
+        fp8::encode8_host(yf, scale, words);
         std::memcpy(static_cast<uint8_t*>(out) + (row * nvec + j) * 8, words, 8);  // little-endian
       } else {
         std::memcpy(&y_row[j * kVec], yf, sizeof yf);

@@ -34,10 +34,7 @@
 #define SYMCOMM_RMSNORM_CUH_
 
 #include "fp4.cuh"
-
-#ifdef __CUDACC__
-#include <cuda_fp8.h>
-#endif
+#include "fp8.cuh"
 
 namespace symcomm {
 namespace norm {
@@ -116,29 +113,6 @@ SYMCOMM_HD void normalize(const Vec<T>& h, const Vec<T>& w, float rinv, Vec<T>& 
   }
 }
 
-// e4m3_saturate's byte for v. On the GPU one cvt.rn.satfinite instruction gives the same byte
-// for every fp32 pattern but NaN, whose sign it keeps (tests/gpu_sim/test_fp8_cvt.py checks all
-// 2^32): the software rounding took about 15 dependent instructions a value, and a row is one
-// block's work, so FP8 output cost 3.4 us more than bf16 at every row count (world 1, H100).
-SYMCOMM_HD uint8_t fp8_byte(float v) {
-#ifdef __CUDA_ARCH__
-  const uint8_t c = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-  return v == v ? c : uint8_t(0x7F);
-#else
-  return fp4::e4m3_saturate(v);
-#endif
-}
-
-// FP8 e4m3 of y / scale for one vector, as 8 bytes in one little-endian word pair: the host
-// twin's code (the device has its own fp8_vec below, which gives the same bytes faster).
-inline void fp8_vec_host(const float (&yf)[kVec], float scale, uint32_t (&words)[2]) {
-  words[0] = words[1] = 0u;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    words[i >> 2] |= static_cast<uint32_t>(fp8_byte(div_rn(yf[i], scale))) << ((i & 3) * 8);
-  }
-}
-
 // Steps 2 and 3 on the CPU: partials[t] is thread t's step-1 sum.
 inline float block_sum_host(const float (&partials)[kThreads]) {
   float warp_sums[kWarps];
@@ -198,65 +172,6 @@ __device__ __forceinline__ float block_sum(float partial, float* smem) {
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) total = __fadd_rn(total, smem[w]);
   return total;
-}
-
-// FP8 output: e4m3(RN(y / scale)) without a division per value (the IEEE division is a call
-// behind a range check, one branch region per value in the sm_90 SASS). q = RN(y * RN(1 / scale)),
-// and the division runs only where q could give another byte:
-//   |q - RN(y / scale)| < 3 ulp of y / scale (two roundings of 2^-24 each, and RN's own), so at
-//   most 6 floats apart; the byte changes only across an e4m3 rounding midpoint, which for
-//   q >= 2^-6 (e4m3's normal range) has 0x80000 in its 20 low bits, 2^19 floats from either end
-//   of its binade. So q's byte is RN(y / scale)'s unless q's low bits are within 8 of 0x80000, or
-//   q is in [2^-12, 2^-6) (e4m3 subnormals, whose midpoints sit elsewhere; below 2^-12 both are
-//   far under 2^-10, half the least subnormal, and give a signed zero). Infinite y stays
-//   infinite and NaN stays NaN. Needs a scale whose reciprocal is a normal fp32 number (anything
-//   else divides). tests/gpu_sim/test_fp8_cvt.py compares it with the division for all 2^32 fp32
-//   values at nine scales.
-struct Fp8Scale {
-  float scale;
-  float inv;   // RN(1 / scale)
-  bool fast;   // inv is normal: the rule above holds
-};
-
-__device__ __forceinline__ Fp8Scale fp8_scale(float scale) {
-  const float inv = __frcp_rn(scale);
-  const uint32_t e = (__float_as_uint(inv) >> 23) & 0xFFu;
-  return Fp8Scale{scale, inv, e != 0u && e != 0xFFu};
-}
-
-__device__ __forceinline__ bool fp8_needs_division(float q) {
-  const uint32_t b = __float_as_uint(q) & 0x7FFFFFFFu;
-  const bool subnormal = b - 0x39800000u < 0x3C800000u - 0x39800000u;  // 2^-12 <= |q| < 2^-6
-  const bool near_midpoint = (b & 0xFFFFFu) - (0x80000u - 8u) <= 16u;
-  return subnormal || near_midpoint;
-}
-
-// fp8_vec's bytes: two values per conversion (cvt.rn.satfinite.e4m3x2), then a NaN's byte made
-// 0x7F whatever its sign, as fp8_byte (satfinite never gives 0x7F or 0xFF for a number).
-__device__ __forceinline__ void fp8_vec(const float (&yf)[kVec], const Fp8Scale& s, uint32_t (&words)[2]) {
-  float q[kVec];
-  bool divide = !s.fast;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    q[i] = __fmul_rn(yf[i], s.inv);
-    divide |= fp8_needs_division(q[i]);
-  }
-  if (divide) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) q[i] = __fdiv_rn(yf[i], s.scale);
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    uint32_t w = 0u;
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const uint32_t two = __nv_cvt_float2_to_fp8x2(make_float2(q[4 * k + 2 * p], q[4 * k + 2 * p + 1]),
-                                                    __NV_SATFINITE, __NV_E4M3);
-      w |= two << (16 * p);
-    }
-    const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;  // bytes 0x7F / 0xFF
-    words[k] = w & ~nan;
-  }
 }
 
 // The output's scale (FP8 dequant scale / NVFP4 global scale; 1 without quantization). Callers
@@ -319,8 +234,8 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const 
   const int64_t hidden = int64_t(nvec) * kVec;
   const float rinv = inv_rms(block_sum(acc, smem), hidden, eps);
   if (kStaged) wait_copies();
-  Fp8Scale fp8;
-  if (kQuant == kQuantFp8) fp8 = fp8_scale(scale);
+  fp8::Scale fp8_scale;
+  if (kQuant == kQuantFp8) fp8_scale = fp8::scale_of(scale);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     if (i % parts != part) continue;  // uniform over the block
@@ -334,7 +249,7 @@ __device__ __forceinline__ void rmsnorm_row(const Vec<T> (&h_in)[kIters], const 
     } else if (kQuant == kQuantFp8) {
       if (active) {
         uint32_t words[2];
-        fp8_vec(yf, fp8, words);
+        fp8::encode8(yf, fp8_scale, words);
         reinterpret_cast<uint2*>(out.y)[row * nvec + j] = make_uint2(words[0], words[1]);
       }
     } else {

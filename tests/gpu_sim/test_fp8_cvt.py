@@ -1,8 +1,9 @@
-"""The normalisation's FP8 output (csrc/rmsnorm.cuh, fp8_byte) uses the GPU's conversion
-instruction on the device and csrc/fp4.cuh's e4m3_saturate on the host, which the torch
-reference and the host entry points follow. Bit equality between the two is what lets the
-device keep the host's bytes, so it is checked for every one of the 2^32 fp32 patterns (NaNs,
-infinities, subnormals and ties included), on the GPU.
+"""FP8 on the device (csrc/fp8.cuh, used by the normalisation's FP8 output and the EP FP8
+dispatch and combine) uses the GPU's conversion instructions, and csrc/fp4.cuh's e4m3_saturate /
+e4m3_value on the host, which the torch references and the host entry points follow. Bit
+equality between the two is what lets the device keep the host's bytes, so it is checked for
+every one of the 2^32 fp32 patterns (NaNs, infinities, subnormals and ties included), and every
+code at 2^24 scales the other way, on the GPU.
 
 The check compiles a small kernel with CuPy (on the GPU image); without CuPy it skips, and
 fails under SYMCOMM_REQUIRE_GPU=1 like every GPU skip.
@@ -18,14 +19,14 @@ from _sim import cannot_run
 CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
 
 _KERNEL = r"""
-#include "rmsnorm.cuh"
+#include "fp8.cuh"
 extern "C" __global__ void count_mismatches(unsigned long long first, unsigned long long count,
                                             unsigned long long* mismatches, unsigned int* example) {
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
     const unsigned int bits = (unsigned int)(first + i);
     const float v = __uint_as_float(bits);
-    if (symcomm::norm::fp8_byte(v) != symcomm::fp4::e4m3_saturate(v)) {
+    if (symcomm::fp8::byte(v) != symcomm::fp4::e4m3_saturate(v)) {
       atomicAdd(mismatches, 1ull);
       atomicMin(example, bits);
     }
@@ -70,27 +71,27 @@ def test_the_check_sees_a_difference():
     assert int(mismatches[0]) > 0
 
 
-# rmsnorm.cuh's device fp8_vec multiplies by the scale's reciprocal and divides only where the
+# fp8.cuh's device encode8 multiplies by the scale's reciprocal and divides only where the
 # product could round to another byte than the quotient. Checked here against the division for
 # every fp32 pattern, eight consecutive patterns per vector, at scales with a normal reciprocal
 # (the fast path) and without one (everything divides).
 _FAST_KERNEL = r"""
-#include "rmsnorm.cuh"
+#include "fp8.cuh"
 extern "C" __global__ void fp8_vec_mismatches(float scale, unsigned long long first, unsigned long long vectors,
                                               unsigned long long* mismatches, unsigned int* example,
                                               unsigned long long* divided) {
-  const symcomm::norm::Fp8Scale s = symcomm::norm::fp8_scale(scale);
+  const symcomm::fp8::Scale s = symcomm::fp8::scale_of(scale);
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long v = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; v < vectors; v += stride) {
     float y[8];
     bool any = false;
     for (int k = 0; k < 8; ++k) {
       y[k] = __uint_as_float((unsigned int)(first + v * 8 + k));
-      any |= symcomm::norm::fp8_needs_division(__fmul_rn(y[k], s.inv));
+      any |= symcomm::fp8::needs_division(__fmul_rn(y[k], s.inv));
     }
     if (any || !s.fast) atomicAdd(divided, 1ull);
     unsigned int words[2];
-    symcomm::norm::fp8_vec(y, s, words);
+    symcomm::fp8::encode8(y, s, words);
     for (int k = 0; k < 8; ++k) {
       const unsigned char got = (unsigned char)(words[k >> 2] >> ((k & 3) * 8));
       if (got != symcomm::fp4::e4m3_saturate(__fdiv_rn(y[k], scale))) {
@@ -103,8 +104,10 @@ extern "C" __global__ void fp8_vec_mismatches(float scale, unsigned long long fi
 """
 
 # 2^-5 (the norm tests' scale), 448 / 6, values with long mantissas, extreme but normal
-# reciprocals, and three without one (fp32 subnormal scale, huge scale, FLT_MAX).
-FP8_SCALES = (2.0 ** -5, 448.0 / 6, 0.37, 1.7e-5, 6.5e4, 1e-30, 2.0 ** -130, 3.0e38, 3.4028234663852886e38)
+# reciprocals, a subnormal scale with a normal reciprocal (an EP block's amax / 448 can be one),
+# and three without one (fp32 subnormal scale, huge scale, FLT_MAX).
+FP8_SCALES = (2.0 ** -5, 448.0 / 6, 0.37, 1.7e-5, 6.5e4, 1e-30, 1.1e-38, 2.0 ** -130, 3.0e38,
+              3.4028234663852886e38)
 
 
 @pytest.mark.parametrize("scale", FP8_SCALES)
@@ -127,3 +130,54 @@ def test_device_fp8_vec_equals_division_for_every_fp32(scale):
     inv = 1.0 / float(cupy.float32(scale))  # the fp32 scale's reciprocal, unrounded
     fast = 2.0 ** -126 <= inv < 2.0 ** 128
     assert share < 0.1 if fast else share == 1.0, share
+
+
+# fp8.cuh's device decode8 (through fp16) against the host's e4m3_value(code) * scale: every code,
+# as both bytes of a pair, at every 256th fp32 pattern as the scale (2^24 scales: signs, zeros,
+# subnormals, infinities and NaNs among them). Bitwise, except that a NaN only has to be a NaN.
+_DECODE_KERNEL = r"""
+#include "fp8.cuh"
+extern "C" __global__ void decode8_mismatches(unsigned long long* mismatches, unsigned int* example) {
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 24) * 128;
+       i += stride) {
+    const float scale = __uint_as_float((unsigned int)(i >> 7) << 8 | 0x5Bu);
+    const unsigned int lo = (unsigned int)(i & 127) * 2, hi = lo + 1;  // the pair (lo, hi), then (hi, lo)
+    const unsigned int pair = lo | hi << 8 | hi << 16 | lo << 24;
+    float y[8];
+    symcomm::fp8::decode8(make_uint2(pair, pair ^ 0x80808080u), scale, y);
+    for (int k = 0; k < 8; ++k) {
+      const unsigned int word = k < 4 ? pair : pair ^ 0x80808080u;
+      const unsigned char code = (unsigned char)(word >> ((k & 3) * 8));
+      const float want = __fmul_rn(symcomm::fp4::e4m3_value(code), scale);
+      const bool same = (want != want) ? (y[k] != y[k]) : __float_as_uint(y[k]) == __float_as_uint(want);
+      if (!same) {
+        atomicAdd(mismatches, 1ull);
+        atomicMin(example, (unsigned int)code << 24 | ((unsigned int)(i >> 7) & 0xFFFFFFu));
+      }
+    }
+  }
+}
+"""
+
+
+def _decode_mismatches(code: str) -> tuple[int, int]:
+    cupy = _cupy()
+    module = cupy.RawModule(code=code, backend="nvcc", options=("-std=c++17", f"-I{CSRC}", "-arch=sm_90"))
+    mismatches = cupy.zeros(1, dtype=cupy.uint64)
+    example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
+    module.get_function("decode8_mismatches")((4096,), (256,), (mismatches, example))
+    cupy.cuda.runtime.deviceSynchronize()
+    return int(mismatches[0]), int(example[0])
+
+
+def test_device_fp8_decode8_equals_the_host_values():
+    count, example = _decode_mismatches(_DECODE_KERNEL)
+    assert count == 0, f"{count} values differ, the first (code << 24 | scale index) 0x{example:08x}"
+
+
+def test_the_decode_check_sees_a_difference():
+    """The check against a reference that rounds the scale's last bit away must fail."""
+    count, _ = _decode_mismatches(_DECODE_KERNEL.replace("symcomm::fp4::e4m3_value(code), scale)",
+                                                         "symcomm::fp4::e4m3_value(code), __uint_as_float(__float_as_uint(scale) ^ 1u))"))
+    assert count > 0

@@ -134,8 +134,8 @@ def test_new_residual_without_residual_is_a_copy(tokens):
 
 
 def test_fp8_output_division_fallback():
-    """Values whose quotient falls in e4m3's subnormal range take the exact division (rmsnorm.cuh's
-    fp8_vec); scales whose reciprocal is not a normal float divide everything."""
+    """Values whose quotient falls in e4m3's subnormal range take the exact division (fp8.cuh's
+    encode8); scales whose reciprocal is not a normal float divide everything."""
     dev = torch.device("cuda")
     a = _rows(64, 2048, torch.bfloat16, 3)
     a[:, ::7] *= 2.0 ** -11  # y / scale around 2^-12 .. 2^-6 in every vector
