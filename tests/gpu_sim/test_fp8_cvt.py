@@ -5,12 +5,17 @@ equality between the two is what lets the device keep the host's bytes, so it is
 every one of the 2^32 fp32 patterns (NaNs, infinities, subnormals and ties included), and every
 code at 2^24 scales the other way, on the GPU.
 
-The check compiles a small kernel with CuPy (on the GPU image); without CuPy it skips, and
-fails under SYMCOMM_REQUIRE_GPU=1 like every GPU skip.
+The checks compile small kernels with nvcc in the library's floating-point mode (subnormals kept:
+CuPy's own compilation adds -ftz=true, which flushes them in every fp32 instruction) and run them
+through CuPy; without nvcc or CuPy they skip, and fail under SYMCOMM_REQUIRE_GPU=1 like every GPU
+skip.
 """
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
+import subprocess
 
 import pytest
 
@@ -39,14 +44,32 @@ def _cupy():
     try:
         import cupy
     except ImportError as exc:
-        cannot_run(f"CuPy is needed to compile the check: {exc}")
+        cannot_run(f"CuPy is needed to run the check: {exc}")
     return cupy
 
 
-def test_device_fp8_byte_equals_the_host_rounding_for_every_fp32():
+def _nvcc() -> str:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    found = shutil.which("nvcc") or shutil.which(os.path.join(home, "bin", "nvcc"))
+    if found is None:
+        cannot_run("nvcc is needed to compile the check")
+    return found
+
+
+def _module(code: str, folder: pathlib.Path):
+    """``code`` compiled as the library's units are (-O3, sm_90, no -ftz) into ``folder``, which
+    must outlive the module (CuPy loads the file when a function is first asked for)."""
     cupy = _cupy()
-    module = cupy.RawModule(code=_KERNEL, backend="nvcc",
-                            options=("-std=c++17", f"-I{CSRC}", "-arch=sm_90"))
+    source, cubin = folder / "check.cu", folder / "check.cubin"
+    source.write_text(code)
+    subprocess.run([_nvcc(), "-O3", "-std=c++17", "-arch=sm_90", "-cubin", f"-I{CSRC}", "-o", str(cubin), str(source)],
+                   check=True, capture_output=True, text=True)
+    return cupy.RawModule(path=str(cubin))
+
+
+def test_device_fp8_byte_equals_the_host_rounding_for_every_fp32(tmp_path):
+    cupy = _cupy()
+    module = _module(_KERNEL, tmp_path)
     kernel = module.get_function("count_mismatches")
     mismatches = cupy.zeros(1, dtype=cupy.uint64)
     example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
@@ -57,12 +80,13 @@ def test_device_fp8_byte_equals_the_host_rounding_for_every_fp32():
     assert int(mismatches[0]) == 0, f"{int(mismatches[0])} patterns differ, the lowest 0x{int(example[0]):08x}"
 
 
-def test_the_check_sees_a_difference():
+def test_the_check_sees_a_difference(tmp_path):
     """The same kernel against a rounding that truncates instead: it must find mismatches, or
     the check above could pass without comparing anything."""
     cupy = _cupy()
     wrong = _KERNEL.replace("symcomm::fp4::e4m3_saturate(v)", "(unsigned char)(symcomm::fp4::e4m3_saturate(v) & 0xFE)")
-    module = cupy.RawModule(code=wrong, backend="nvcc", options=("-std=c++17", f"-I{CSRC}", "-arch=sm_90"))
+    assert wrong != _KERNEL
+    module = _module(wrong, tmp_path)
     mismatches = cupy.zeros(1, dtype=cupy.uint64)
     example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
     module.get_function("count_mismatches")((256,), (256,), (cupy.uint64(0x3F800000), cupy.uint64(1 << 20),
@@ -111,9 +135,9 @@ FP8_SCALES = (2.0 ** -5, 448.0 / 6, 0.37, 1.7e-5, 6.5e4, 1e-30, 1.1e-38, 2.0 ** 
 
 
 @pytest.mark.parametrize("scale", FP8_SCALES)
-def test_device_fp8_vec_equals_division_for_every_fp32(scale):
+def test_device_fp8_vec_equals_division_for_every_fp32(scale, tmp_path):
     cupy = _cupy()
-    module = cupy.RawModule(code=_FAST_KERNEL, backend="nvcc", options=("-std=c++17", f"-I{CSRC}", "-arch=sm_90"))
+    module = _module(_FAST_KERNEL, tmp_path)
     kernel = module.get_function("fp8_vec_mismatches")
     mismatches = cupy.zeros(1, dtype=cupy.uint64)
     divided = cupy.zeros(1, dtype=cupy.uint64)
@@ -161,9 +185,9 @@ extern "C" __global__ void decode8_mismatches(unsigned long long* mismatches, un
 """
 
 
-def _decode_mismatches(code: str) -> tuple[int, int]:
+def _decode_mismatches(code: str, folder: pathlib.Path) -> tuple[int, int]:
     cupy = _cupy()
-    module = cupy.RawModule(code=code, backend="nvcc", options=("-std=c++17", f"-I{CSRC}", "-arch=sm_90"))
+    module = _module(code, folder)
     mismatches = cupy.zeros(1, dtype=cupy.uint64)
     example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
     module.get_function("decode8_mismatches")((4096,), (256,), (mismatches, example))
@@ -171,13 +195,15 @@ def _decode_mismatches(code: str) -> tuple[int, int]:
     return int(mismatches[0]), int(example[0])
 
 
-def test_device_fp8_decode8_equals_the_host_values():
-    count, example = _decode_mismatches(_DECODE_KERNEL)
+def test_device_fp8_decode8_equals_the_host_values(tmp_path):
+    count, example = _decode_mismatches(_DECODE_KERNEL, tmp_path)
     assert count == 0, f"{count} values differ, the first (code << 24 | scale index) 0x{example:08x}"
 
 
-def test_the_decode_check_sees_a_difference():
-    """The check against a reference that rounds the scale's last bit away must fail."""
-    count, _ = _decode_mismatches(_DECODE_KERNEL.replace("symcomm::fp4::e4m3_value(code), scale)",
-                                                         "symcomm::fp4::e4m3_value(code), __uint_as_float(__float_as_uint(scale) ^ 1u))"))
+def test_the_decode_check_sees_a_difference(tmp_path):
+    """The check against a reference that flips the scale's last bit must fail."""
+    wrong = _DECODE_KERNEL.replace("symcomm::fp4::e4m3_value(code), scale)",
+                                   "symcomm::fp4::e4m3_value(code), __uint_as_float(__float_as_uint(scale) ^ 1u))")
+    assert wrong != _DECODE_KERNEL
+    count, _ = _decode_mismatches(wrong, tmp_path)
     assert count > 0
