@@ -1,5 +1,6 @@
-// NVFP4 and e4m3 encoding math shared by csrc/fp4.cu (the codec) and csrc/rmsnorm.cu (the
-// normalisation's quantized outputs), so both produce the same bytes from the same values.
+// NVFP4 and e4m3 encoding math shared by csrc/fp4.cu (the codec), csrc/rmsnorm.cu (the
+// normalisation's quantized outputs) and csrc/ep.cu (NVFP4 dispatch, FP8 through fp8.cuh), so
+// all produce the same bytes from the same values.
 //
 // Every function is __host__ __device__: the *_host entry points run the very same code on the
 // CPU, which is how CI (no GPU) checks it against symcomm/fp4.py's reference. The format itself

@@ -4,8 +4,9 @@
 // encode here, so the two give torch's bytes the same way (symcomm/rmsnorm.py, symcomm/ep/fp8.py).
 //
 // The host functions run fp4.cuh's integer rounding and are the CPU twins' code; the device
-// functions use sm_89's conversion instructions and give the same bytes and values for every
-// input, which tests/gpu_sim/test_fp8_cvt.py checks exhaustively on a GPU.
+// functions use sm_89's conversion instructions and give the same bytes and values, which
+// tests/gpu_sim/test_fp8_cvt.py checks on a GPU: byte() and encode8 for every fp32 value (encode8
+// at ten scales), decode8 for every code at 2^24 scales.
 #ifndef SYMCOMM_FP8_CUH_
 #define SYMCOMM_FP8_CUH_
 

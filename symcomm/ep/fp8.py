@@ -1,5 +1,6 @@
 """Block FP8 for expert parallelism: what dispatch(quant="fp8") sends and combine(quant="fp8")
-returns, defined here in plain torch (csrc/ep.cuh's fp8_block_* match it bit for bit).
+returns, defined here in plain torch (csrc/ep.cuh's fp8_scale, fp8_codes8 and fp8_values8, through
+csrc/fp8.cuh, match it bit for bit).
 
 - Rows [N, H] of bf16, fp16 or fp32, H a multiple of 128; all math in fp32.
 - Per block of 128 consecutive values along H: ``amax = max |x|`` (a NaN wins),

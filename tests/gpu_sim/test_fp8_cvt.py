@@ -57,14 +57,17 @@ def _nvcc() -> str:
 
 
 def _module(code: str, folder: pathlib.Path):
-    """``code`` compiled as the library's units are (-O3, sm_90, no -ftz) into ``folder``, which
-    must outlive the module (CuPy loads the file when a function is first asked for)."""
+    """``code`` compiled as the library's units are (-O3, setup.py's sm_90 code and compute_90
+    PTX, no -ftz) into ``folder``, which must outlive the module (CuPy loads the file when a
+    function is first asked for)."""
     cupy = _cupy()
-    source, cubin = folder / "check.cu", folder / "check.cubin"
+    source, binary = folder / "check.cu", folder / "check.fatbin"
     source.write_text(code)
-    subprocess.run([_nvcc(), "-O3", "-std=c++17", "-arch=sm_90", "-cubin", f"-I{CSRC}", "-o", str(cubin), str(source)],
-                   check=True, capture_output=True, text=True)
-    return cupy.RawModule(path=str(cubin))
+    built = subprocess.run([_nvcc(), "-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
+                            "-gencode=arch=compute_90,code=compute_90", "-fatbin", f"-I{CSRC}", "-o", str(binary),
+                            str(source)], capture_output=True, text=True)
+    assert built.returncode == 0, f"nvcc could not compile the check:\n{built.stderr}"
+    return cupy.RawModule(path=str(binary))
 
 
 def test_device_fp8_byte_equals_the_host_rounding_for_every_fp32(tmp_path):
@@ -101,7 +104,7 @@ def test_the_check_sees_a_difference(tmp_path):
 # (the fast path) and without one (everything divides).
 _FAST_KERNEL = r"""
 #include "fp8.cuh"
-extern "C" __global__ void fp8_vec_mismatches(float scale, unsigned long long first, unsigned long long vectors,
+extern "C" __global__ void encode8_mismatches(float scale, unsigned long long first, unsigned long long vectors,
                                               unsigned long long* mismatches, unsigned int* example,
                                               unsigned long long* divided) {
   const symcomm::fp8::Scale s = symcomm::fp8::scale_of(scale);
@@ -134,11 +137,11 @@ FP8_SCALES = (2.0 ** -5, 448.0 / 6, 0.37, 1.7e-5, 6.5e4, 1e-30, 1.1e-38, 2.0 ** 
               3.4028234663852886e38)
 
 
-@pytest.mark.parametrize("scale", FP8_SCALES)
-def test_device_fp8_vec_equals_division_for_every_fp32(scale, tmp_path):
+def _encode8_run(code: str, scale: float, folder: pathlib.Path) -> tuple[int, int, float]:
+    """(values whose byte differs from the division's, the lowest such pattern, the share of
+    vectors that divided) over every fp32 pattern at ``scale``."""
     cupy = _cupy()
-    module = _module(_FAST_KERNEL, tmp_path)
-    kernel = module.get_function("fp8_vec_mismatches")
+    kernel = _module(code, folder).get_function("encode8_mismatches")
     mismatches = cupy.zeros(1, dtype=cupy.uint64)
     divided = cupy.zeros(1, dtype=cupy.uint64)
     example = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
@@ -147,25 +150,52 @@ def test_device_fp8_vec_equals_division_for_every_fp32(scale, tmp_path):
         kernel((4096,), (256,), (cupy.float32(scale), cupy.uint64(first), cupy.uint64(chunk // 8), mismatches, example,
                                  divided))
     cupy.cuda.runtime.deviceSynchronize()
-    assert int(mismatches[0]) == 0, f"{int(mismatches[0])} values differ, the lowest pattern 0x{int(example[0]):08x}"
-    share = int(divided[0]) / (1 << 29)
+    return int(mismatches[0]), int(example[0]), int(divided[0]) / (1 << 29)
+
+
+@pytest.mark.parametrize("scale", FP8_SCALES)
+def test_device_fp8_encode8_equals_division_for_every_fp32(scale, tmp_path):
+    count, example, share = _encode8_run(_FAST_KERNEL, scale, tmp_path)
+    assert count == 0, f"{count} values differ, the lowest pattern 0x{example:08x}"
     # The fast path must be what runs for most vectors when the reciprocal is normal (NaNs, tiny
     # and huge values divide): else this test would compare the division with itself.
-    inv = 1.0 / float(cupy.float32(scale))  # the fp32 scale's reciprocal, unrounded
+    inv = 1.0 / float(_cupy().float32(scale))  # the fp32 scale's reciprocal, unrounded
     fast = 2.0 ** -126 <= inv < 2.0 ** 128
     assert share < 0.1 if fast else share == 1.0, share
 
 
+# An encoder that never divides: the product's byte, as encode8 without its fallback.
+_PRODUCT_ONLY = r"""
+__device__ void product_only(const float (&y)[8], const symcomm::fp8::Scale& s, unsigned int (&words)[2]) {
+  words[0] = words[1] = 0u;
+  for (int k = 0; k < 8; ++k) words[k >> 2] |= (unsigned int)symcomm::fp8::byte(__fmul_rn(y[k], s.inv)) << ((k & 3) * 8);
+}
+"""
+
+
+def test_the_encode8_check_sees_a_difference(tmp_path):
+    """The product alone must give other bytes than the division somewhere (at a scale whose
+    reciprocal is inexact), or the check above could not tell encode8 from it."""
+    naive = _FAST_KERNEL.replace('extern "C"', _PRODUCT_ONLY + 'extern "C"', 1)
+    naive = naive.replace("symcomm::fp8::encode8(y, s, words);", "product_only(y, s, words);")
+    assert "product_only(y, s, words);" in naive
+    count, _, _ = _encode8_run(naive, 448.0 / 6, tmp_path)
+    assert count > 0
+
+
 # fp8.cuh's device decode8 (through fp16) against the host's e4m3_value(code) * scale: every code,
-# as both bytes of a pair, at every 256th fp32 pattern as the scale (2^24 scales: signs, zeros,
-# subnormals, infinities and NaNs among them). Bitwise, except that a NaN only has to be a NaN.
+# as both bytes of a pair, at 2^24 scales: scale index i has the fp32 pattern i << 8 | (91 i mod
+# 256), so every sign and exponent with 2^15 mantissas each, including +-0, +-inf, 1.0 and every
+# power of two (i a multiple of 2^15), subnormals and NaNs. Bitwise, except that a NaN only has to
+# be a NaN.
 _DECODE_KERNEL = r"""
 #include "fp8.cuh"
 extern "C" __global__ void decode8_mismatches(unsigned long long* mismatches, unsigned int* example) {
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 24) * 128;
        i += stride) {
-    const float scale = __uint_as_float((unsigned int)(i >> 7) << 8 | 0x5Bu);
+    const unsigned int index = (unsigned int)(i >> 7);
+    const float scale = __uint_as_float(index << 8 | ((index * 0x5Bu) & 0xFFu));
     const unsigned int lo = (unsigned int)(i & 127) * 2, hi = lo + 1;  // the pair (lo, hi), then (hi, lo)
     const unsigned int pair = lo | hi << 8 | hi << 16 | lo << 24;
     float y[8];
@@ -177,7 +207,7 @@ extern "C" __global__ void decode8_mismatches(unsigned long long* mismatches, un
       const bool same = (want != want) ? (y[k] != y[k]) : __float_as_uint(y[k]) == __float_as_uint(want);
       if (!same) {
         atomicAdd(mismatches, 1ull);
-        atomicMin(example, (unsigned int)code << 24 | ((unsigned int)(i >> 7) & 0xFFFFFFu));
+        atomicMin(example, (unsigned int)code << 24 | index);
       }
     }
   }
@@ -197,7 +227,7 @@ def _decode_mismatches(code: str, folder: pathlib.Path) -> tuple[int, int]:
 
 def test_device_fp8_decode8_equals_the_host_values(tmp_path):
     count, example = _decode_mismatches(_DECODE_KERNEL, tmp_path)
-    assert count == 0, f"{count} values differ, the first (code << 24 | scale index) 0x{example:08x}"
+    assert count == 0, f"{count} values differ, the lowest (code << 24 | scale index) 0x{example:08x}"
 
 
 def test_the_decode_check_sees_a_difference(tmp_path):
