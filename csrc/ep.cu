@@ -710,14 +710,21 @@ __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slot
   if (first_held) send(first_item, first);
   for (int64_t item = first_item; item < items; item += kLookAhead * stride) {
     if (item != first_item) lists.load(job, item, items, stride, spans);
-#pragma unroll
-    for (int k = 0; k < kLookAhead; ++k) {  // unrolled: a run-time k would put lists.pair in local memory
+    // Rolled, the pair picked by selects (lists.pair[k] with a run-time k would be in local
+    // memory): unrolled, add_up and send were inlined five times, and the FP8 combine's kernel
+    // grew to 11,000 instructions and took 1.4x as long at 2048 tokens (bench/NOTES.md,
+    // thirty-fifth session).
+#pragma unroll 1
+    for (int k = 0; k < kLookAhead; ++k) {
       const int64_t at_item = item + k * stride;
+      int2 pair = lists.pair[0];
+#pragma unroll
+      for (int j = 1; j < kLookAhead; ++j) pair = k == j ? lists.pair[j] : pair;
       // The same in every lane: one group per warp. A group that holds no row here has nothing to
       // send; the first item went before the loop.
-      if ((k == 0 && item == first_item) || at_item >= items || __shfl_sync(kFull, lists.pair[k].x, 0) < 0) continue;
+      if ((k == 0 && item == first_item) || at_item >= items || __shfl_sync(kFull, pair.x, 0) < 0) continue;
       float acc[kCombineChunks][V];
-      add_up(at_item, lists.pair[k], acc);
+      add_up(at_item, pair, acc);
       send(at_item, acc);
     }
   }
