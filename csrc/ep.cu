@@ -712,8 +712,8 @@ __global__ void __launch_bounds__(kThreads) ep_combine(Sync s, const Peers* slot
     if (item != first_item) lists.load(job, item, items, stride, spans);
     // Rolled, the pair picked by selects (lists.pair[k] with a run-time k would be in local
     // memory): unrolled, add_up and send were inlined five times, and the FP8 combine's kernel
-    // grew to 11,000 instructions and took 1.4x as long at 2048 tokens (bench/NOTES.md,
-    // thirty-fifth session).
+    // grew to 11,000 instructions and took 1.7x as long at 2048 tokens (bench/NOTES.md,
+    // thirty-sixth session).
 #pragma unroll 1
     for (int k = 0; k < kLookAhead; ++k) {
       const int64_t at_item = item + k * stride;
