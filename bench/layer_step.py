@@ -381,10 +381,16 @@ def measure(layer: str, variant: str, args, device: torch.device,
 
 
 def ep_bytes(cfg: dp.MoEConfig, tokens: int, world: int) -> int:
-    """Symmetric memory one EP step's dispatch buffers take (symcomm/ep/layout.py's capacity)."""
+    """Symmetric memory one EP step's dispatch buffers take, at least: the received rows and their
+    origins (symcomm/ep/layout.py's capacity), each rank's group lists and returned partials
+    (world x tokens), the counts table, send_rows and the local experts' counts and offsets (the
+    shapes moe_dispatch gives them, symcomm/operations/moe_dispatch.py). The returned rows count
+    max(world, top_k) x tokens: never less than the world-2 runs verified with, which reserved
+    top_k x tokens of them."""
     cap = layout.capacity(world, tokens, cfg.top_k, cfg.experts, 1)
-    item = cfg.dtype.itemsize
-    return cap * (cfg.hidden * item + 4) + tokens * cfg.top_k * cfg.hidden * item + world * (cfg.experts + 1) * 4
+    item, k = cfg.dtype.itemsize, cfg.top_k
+    return (cap * (cfg.hidden * item + 4) + max(world, k) * tokens * cfg.hidden * item + world * tokens * k * 8
+            + world * (cfg.experts + 1) * 4 + tokens * k * 4 + (2 * cfg.experts + 1) * 4)
 
 
 def run(args, device: torch.device) -> list[dict]:
