@@ -182,6 +182,10 @@ if [[ $MODE == verify ]]; then
     ((rc == 0)) || { outcome=FAIL; detail+="exit $rc"; }
     vrecord tests_gpu "$outcome" "$detail" $((SECONDS - start)) "$cmd"
   }
+  # Benchmark columns that must run at every world the verification covers: a refused one prints
+  # N/A with exit 0 and #wrong 0, which would otherwise read as a pass. Other refusals (a path that
+  # serves another op, a size past a kernel's slot) are listed in the step's detail.
+  declare -A MUST_SERVE=([bench_moe]="peer-push peer-push+nvfp4 peer-push+fp8 peer-push:dispatch peer-push+nvfp4:dispatch")
   vrun() {  # vrun NAME LIMIT CMD...: passes on exit 0 and, where the output has nccl-tests' check lines, #wrong 0
     local name=$1 limit
     wanted "$name" || return 0
@@ -194,9 +198,16 @@ if [[ $MODE == verify ]]; then
     timeout "$limit" "$@" >"$log" 2>&1
     local rc=$? outcome=PASS detail
     local wrong; wrong=$(grep -oE 'Out of bounds values : [0-9]+' "$log" | awk '{s += $NF; n++} END {if (n) print s " wrong in " n " tables"}')
-    detail="exit $rc${wrong:+, $wrong}"
+    local refused; refused=$(grep -oE '^# [^ ]+ refused some calls' "$log" | awk '{print $2}' | sort -u | paste -sd' ' -)
+    detail="exit $rc${wrong:+, $wrong}${refused:+, refused some calls: $refused}"
+    local column missing=""
+    for column in ${MUST_SERVE[$name]:-}; do
+      [[ " $refused " == *" $column "* ]] && missing+=" $column"
+    done
     if ((rc != 0)) || [[ -n $wrong && ${wrong%% *} != 0 ]]; then
       outcome=FAIL; detail+=": $(grep -E 'Error|FAILED|error:' "$log" | grep -v '^\s*File' | tail -1 | cut -c1-160)"
+    elif [[ -n $missing ]]; then
+      outcome=FAIL; detail+=" (must serve:$missing)"
     fi
     ((rc == 124)) && detail+=" (timed out after $limit s)"
     vrecord "$name" "$outcome" "$detail" $((SECONDS - start)) "$*"
