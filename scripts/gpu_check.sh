@@ -182,10 +182,12 @@ if [[ $MODE == verify ]]; then
     ((rc == 0)) || { outcome=FAIL; detail+="exit $rc"; }
     vrecord tests_gpu "$outcome" "$detail" $((SECONDS - start)) "$cmd"
   }
-  # Benchmark columns that must run at every world the verification covers: a refused one prints
-  # N/A with exit 0 and #wrong 0, which would otherwise read as a pass. Other refusals (a path that
-  # serves another op, a size past a kernel's slot) are listed in the step's detail.
-  declare -A MUST_SERVE=([bench_moe]="peer-push peer-push+nvfp4 peer-push+fp8 peer-push:dispatch peer-push+nvfp4:dispatch")
+  # Benchmark columns that must run where symcomm's peer kernels serve the world (2, 4, 6, 8 ranks;
+  # at world 1 they refuse): a refused one prints N/A with exit 0 and #wrong 0, which would
+  # otherwise read as a pass. Other refusals (a path that serves another op, a size past a
+  # kernel's slot) are listed in the step's detail.
+  declare -A MUST_SERVE=()
+  [[ $W =~ ^[2468]$ ]] && MUST_SERVE[bench_moe]="peer-push peer-push+nvfp4 peer-push+fp8 peer-push:dispatch peer-push+nvfp4:dispatch"
   vrun() {  # vrun NAME LIMIT CMD...: passes on exit 0 and, where the output has nccl-tests' check lines, #wrong 0
     local name=$1 limit
     wanted "$name" || return 0
