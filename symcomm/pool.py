@@ -26,6 +26,21 @@ from .peers import Exchange
 GRANULE_SHIFT = 21
 REGION_GRANULE = 1 << GRANULE_SHIFT
 
+MIB = 1 << 20
+
+
+def segment_bytes(nbytes: int) -> int:
+    """What torch's caching allocator takes from the pool for one tensor of ``nbytes``: it asks
+    its backing allocator for whole segments, 2 MiB for requests up to 1 MiB, 20 MiB for those
+    below 10 MiB, and larger ones rounded up to 2 MiB (the constants
+    kSmallBuffer, kLargeBuffer and kRoundLarge in torch's caching allocator)."""
+    if nbytes <= MIB:
+        return 2 * MIB
+    if nbytes < 10 * MIB:
+        return 20 * MIB
+    return -(-nbytes // (2 * MIB)) * 2 * MIB
+
+
 class SegmentIndex:
     """Maps an address to the registered segment holding it, in O(1).
 

@@ -266,7 +266,8 @@ def test_pool_reservation_counts_the_allocators_segments():
     """torch's caching allocator takes 2 MiB segments for tensors up to 1 MiB, 20 MiB below
     10 MiB, and rounds larger ones to 2 MiB: the bench's pool must hold each buffer's segment
     (a 1.75 MiB send buffer beside a 44 MiB receive one once overflowed a pool sized by bytes)."""
-    from symcomm.bench.runner import pool_bytes, segment_bytes
+    from symcomm.bench.runner import pool_bytes
+    from symcomm.pool import segment_bytes
     mib = 1 << 20
     assert [segment_bytes(n) for n in (1, mib, mib + 1, 10 * mib - 1, 10 * mib, 10 * mib + 1)] == [
         2 * mib, 2 * mib, 20 * mib, 20 * mib, 10 * mib, 12 * mib]

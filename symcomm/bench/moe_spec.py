@@ -42,7 +42,7 @@ import symcomm
 from symcomm import fp4
 from symcomm.ep import fp8, layout
 from symcomm.operations.moe_dispatch import OP as DISPATCH_OP
-from symcomm.operations.moe_dispatch import received_shapes
+from symcomm.operations.moe_dispatch import QUANTS, BufferSpec, buffer_specs
 
 from . import check
 from .config import DATATYPES, BenchError
@@ -60,6 +60,7 @@ _COLUMNS = {"a2a": ("a2a", None, None, False), "a2a+nvfp4": ("a2a", "nvfp4", Non
 VARIANTS = (BASELINE, BUCKETS, *_COLUMNS)
 SHAPE_FLAGS = ("hidden", "topk", "experts")  # --hidden, --topk, --experts
 _ALIGN = 512  # every carved buffer starts on a pool allocation boundary
+_OF_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}  # a dtype of each itemsize
 
 
 def _up(n: int) -> int:
@@ -96,16 +97,23 @@ class MoeSpec(OpSpec):
     def bus_factor(self, world: int) -> float:
         return 2.0 * (world - 1) / world  # out in dispatch, back in combine
 
+    def _specs(self, tokens: int, world: int, dtype: torch.dtype, quant: str | None) -> dict[str, BufferSpec]:
+        """The dispatch's buffers for ``tokens`` tokens a rank (at least one: max_tokens >= 1)."""
+        return buffer_specs(world, max(tokens, 1), self.topk, self.experts, self.hidden, dtype, quant)
+
     def _pieces(self, tokens: int, world: int, itemsize: int) -> dict[str, int]:
-        """Bytes of every buffer one size uses, carved from the run's symmetric recv buffer."""
-        h, k = self.hidden, self.topk
-        cap = layout.capacity(world, max(tokens, 1), k, self.experts, 1)
-        rows = max(cap * h * itemsize, cap * (h // 2 + h // 16), cap * (h + h // 32)) + _ALIGN  # rows, scales
-        return {"rows": _up(rows), "src": _up(cap * 4), "group": _up(world * max(tokens, 1) * k * 8),
-                "table": _up(world * (self.experts + 1) * 4),
-                "returned": _up(world * max(tokens, 1) * h * itemsize), "send_rows": _up(max(tokens, 1) * k * 4),
-                "counts": _up(self.experts * 4), "offsets": _up(self.experts * 4 + 4),
-                "expert_out": _up(cap * h * itemsize), "out": _up(max(tokens, 1) * h * itemsize)}
+        """Bytes of every buffer one size uses, carved from the run's symmetric recv buffer: the
+        dispatch's (the received rows and their scales share "rows", sized for the largest quant),
+        the experts' output and the combined tokens."""
+        dtype = _OF_SIZE[itemsize]  # only byte counts are read
+        specs = {quant: self._specs(tokens, world, dtype, quant) for quant in QUANTS}
+        rows = max(_up(s["out.x"].nbytes) + (s["out.scales"].nbytes if "out.scales" in s else 0)
+                   for s in specs.values())
+        pieces = {"rows": _up(rows)}
+        pieces.update({name: _up(spec.nbytes) for name, spec in specs[None].items() if name != "out.x"})
+        cap, h, t = specs[None]["out.x"].shape[0], self.hidden, max(tokens, 1)
+        pieces.update({"expert_out": _up(cap * h * itemsize), "out": _up(t * h * itemsize)})
+        return pieces
 
     def validate(self, datatype: str) -> None:
         if DATATYPES[datatype][1] not in ("bfloat16", "float16"):
@@ -238,26 +246,20 @@ class MoeSpec(OpSpec):
     def _dispatched(self, bufs: dict[str, torch.Tensor], tokens: int, world: int, quant: str | None,
                     ids: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype, gs: Any) -> symcomm.Dispatched:
         """A Dispatched over the carved buffers, for out=: no allocation in the timed calls."""
-        h, k, t = self.hidden, self.topk, max(tokens, 1)
-        cap = layout.capacity(world, t, k, self.experts, 1)
-        (rshape, rdtype), scales_spec = received_shapes(cap, h, dtype, quant, False)
-        rows = bufs["rows"]
-        nrecv = rshape[0] * rshape[1] * rdtype.itemsize
-        recv = rows[:nrecv].view(rdtype).view(rshape)
-        scales = None
-        if scales_spec is not None:
-            start = _up(nrecv)
-            n = scales_spec[0][0] * scales_spec[0][1] * scales_spec[1].itemsize
-            scales = rows[start:start + n].view(scales_spec[1]).view(scales_spec[0])
-        local = self.experts // world
-        i32 = lambda name, n: bufs[name][:n * 4].view(torch.int32)  # noqa: E731
-        offsets = i32("offsets", local + 1)
-        handle = symcomm.EpHandle(i32("send_rows", t * k).view(t, k), i32("src", cap), offsets,
-                                  i32("table", world * (self.experts + 1)).view(world, self.experts + 1),
-                                  bufs["returned"][:world * t * h * dtype.itemsize].view(world * t, h * dtype.itemsize),
-                                  i32("group", world * t * k * 2).view(world, t, k, 2), ids, weights, self.experts, t, 1,
-                                  dtype)
-        return symcomm.Dispatched(recv, scales, i32("counts", local), offsets, handle, gs if quant == "nvfp4" else None)
+        specs = self._specs(tokens, world, dtype, quant)
+
+        def view(name: str, raw: torch.Tensor) -> torch.Tensor:
+            spec = specs[name]
+            return raw[:spec.nbytes].view(spec.dtype).view(spec.shape)
+
+        recv = view("out.x", bufs["rows"])
+        scales = view("out.scales", bufs["rows"][_up(recv.nbytes):]) if "out.scales" in specs else None
+        b = {name: view(name, bufs[name]) for name in specs if name not in ("out.x", "out.scales")}
+        handle = symcomm.EpHandle(b["handle.send_rows"], b["handle.recv_src"], b["out.expert_offsets"],
+                                  b["handle.table"], b["handle.returned"], b["handle.recv_group"], ids, weights,
+                                  self.experts, max(tokens, 1), 1, dtype)
+        return symcomm.Dispatched(recv, scales, b["out.expert_counts"], b["out.expert_offsets"], handle,
+                                  gs if quant == "nvfp4" else None)
 
     def _baseline(self, setup: Setup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   out: torch.Tensor) -> Callable[[], object]:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import symcomm
 from symcomm import about
+from symcomm.pool import segment_bytes
 
 from . import exchange, link, ops, plot, report
 from .config import BenchConfig, BenchError
@@ -30,18 +31,6 @@ from .timing import Timer
 
 _MIB = 1 << 20
 _POOL_SLACK = 8 * _MIB
-
-
-def segment_bytes(nbytes: int) -> int:
-    """What torch's caching allocator takes from the pool for one tensor of ``nbytes``: it asks
-    its backing allocator for whole segments, 2 MiB for requests up to 1 MiB, 20 MiB for those
-    below 10 MiB, and larger ones rounded up to 2 MiB (the constants
-    kSmallBuffer, kLargeBuffer and kRoundLarge in torch's caching allocator)."""
-    if nbytes <= _MIB:
-        return 2 * _MIB
-    if nbytes < 10 * _MIB:
-        return 20 * _MIB
-    return -(-nbytes // (2 * _MIB)) * 2 * _MIB
 
 
 def pool_bytes(buffer_sizes: Sequence[int]) -> int:

@@ -12,8 +12,7 @@ import torch
 
 from .. import _native, fp4
 from ..errors import ArgumentError
-from ..operations.moe_dispatch import received_shapes
-from . import layout
+from ..operations.moe_dispatch import BufferSpec, buffer_specs
 
 _c = ctypes
 _I32P = _c.POINTER(_c.c_int32)
@@ -34,11 +33,22 @@ class HostRank:
     returned: torch.Tensor
 
 
-def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _poisoned(spec: BufferSpec) -> torch.Tensor:
     """A new tensor whose every byte is 0xA5: what no write left behind shows."""
-    t = torch.empty(shape, dtype=dtype)
+    t = torch.empty(spec.shape, dtype=spec.dtype)
     t.view(torch.uint8).fill_(0xA5)
     return t
+
+
+_INDEX_LISTS = ("handle.recv_src", "handle.recv_group", "handle.send_rows")
+
+
+def _blank(name: str, spec: BufferSpec) -> torch.Tensor:
+    """Buffer ``name`` before a dispatch: 0xA5 bytes where rows land, -7 in the index lists,
+    zeros in the counts."""
+    if name in ("out.x", "out.scales", "handle.returned"):
+        return _poisoned(spec)
+    return torch.full(spec.shape, -7 if name in _INDEX_LISTS else 0, dtype=spec.dtype)
 
 
 def _i32(t: torch.Tensor) -> ctypes._Pointer:
@@ -52,22 +62,19 @@ def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], weights: list
     ``weights[r]``. Unwritten bytes are 0xA5 (rows, scales) and -7 (recv_src, recv_group)."""
     world = len(xs)
     k = ids[0].shape[1]
-    cap = layout.capacity(world, max_tokens, k, num_experts, align)
-    hidden, dtype = xs[0].shape[1], xs[0].dtype
-    (rshape, rdtype), scales_spec = received_shapes(cap, hidden, dtype, quant, swizzle)
-    local = num_experts // world
+    hidden = xs[0].shape[1]
+    specs = buffer_specs(world, max_tokens, k, num_experts, hidden, xs[0].dtype, quant, swizzle, align)
+    cap = specs["out.x"].shape[0]
     ranks = []
     args = (_native.EpDispatchArgs * world)()
     for r in range(world):
         x, i, w = xs[r].contiguous(), ids[r].contiguous(), weights[r].contiguous()
         if x.device.type != "cpu" or i.device.type != "cpu" or w.device.type != "cpu":
             raise ArgumentError("dispatch_host takes CPU tensors")
-        rank = HostRank(_poisoned(rshape, rdtype), None if scales_spec is None else _poisoned(*scales_spec),
-                        torch.full((cap,), -7, dtype=torch.int32), torch.zeros(world, num_experts + 1, dtype=torch.int32),
-                        torch.full((world, max_tokens, k, 2), -7, dtype=torch.int32),
-                        torch.full((max_tokens, k), -7, dtype=torch.int32), torch.zeros(local, dtype=torch.int32),
-                        torch.zeros(local + 1, dtype=torch.int32),
-                        _poisoned((world * max_tokens, hidden * dtype.itemsize), torch.uint8))
+        b = {name: _blank(name, spec) for name, spec in specs.items()}
+        rank = HostRank(b["out.x"], b.get("out.scales"), b["handle.recv_src"], b["handle.table"],
+                        b["handle.recv_group"], b["handle.send_rows"], b["out.expert_counts"],
+                        b["out.expert_offsets"], b["handle.returned"])
         ranks.append(rank)
         a = args[r]
         a.x, a.dtype, a.rows, a.cols = x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[0], hidden

@@ -22,6 +22,7 @@ are not written.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -32,6 +33,7 @@ from ..base import Call, capturing
 from ..dispatch import Choice
 from ..ep import fp8, layout
 from ..errors import ArgumentError, DtypeError
+from ..pool import segment_bytes
 from ..registry import lookup
 from .autograd import no_backward, ordered, records
 from .base import CallContext, Dispatcher, Operation, scale_args
@@ -159,14 +161,79 @@ def row_bytes(hidden: int, dtype: torch.dtype, quant: str | None) -> int:
     return hidden // 2 if quant == "nvfp4" else hidden if quant == "fp8" else hidden * dtype.itemsize
 
 
-def received_shapes(capacity: int, hidden: int, dtype: torch.dtype, quant: str | None,
-                    swizzle: bool) -> tuple[tuple[tuple[int, ...], torch.dtype], tuple[tuple[int, ...], torch.dtype] | None]:
-    """((shape, dtype) of the received rows, and of their scales or None)."""
+class BufferSpec(NamedTuple):
+    """The shape and dtype of one buffer a dispatch writes."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidden: int, dtype: torch.dtype,
+                 quant: str | None = None, swizzle: bool = False, align: int = 1) -> dict[str, BufferSpec]:
+    """Every buffer one dispatch writes, named as errors and check mode name them, in the order
+    build allocates them: inside use_symmetric_memory that order sets their pool offsets. The
+    counts table comes first: its shape depends on the world and the experts alone, so ranks
+    that passed other sizes still meet in it, and the fingerprints there stop them all before
+    any row lands at an offset only one of them thinks right. ``moe_dispatch_nbytes`` sizes the
+    pool for them."""
+    cap = layout.capacity(world, max_tokens, topk, num_experts, align)
+    i32 = torch.int32
+    specs = {"handle.table": BufferSpec((world, num_experts + 1), i32)}
     if quant == "nvfp4":
-        return ((capacity, hidden // 2), torch.uint8), (fp4.scales_shape(capacity, hidden, swizzle), torch.float8_e4m3fn)
-    if quant == "fp8":
-        return ((capacity, hidden), torch.float8_e4m3fn), ((capacity, hidden // fp8.BLOCK), torch.float32)
-    return ((capacity, hidden), dtype), None
+        specs["out.x"] = BufferSpec((cap, hidden // 2), torch.uint8)
+        specs["out.scales"] = BufferSpec(fp4.scales_shape(cap, hidden, swizzle), torch.float8_e4m3fn)
+    elif quant == "fp8":
+        specs["out.x"] = BufferSpec((cap, hidden), torch.float8_e4m3fn)
+        specs["out.scales"] = BufferSpec((cap, hidden // fp8.BLOCK), torch.float32)
+    else:
+        specs["out.x"] = BufferSpec((cap, hidden), dtype)
+    local = num_experts // world
+    specs.update({"handle.recv_src": BufferSpec((cap,), i32),
+                  "handle.recv_group": BufferSpec((world, max_tokens, topk, 2), i32),
+                  "handle.returned": BufferSpec((world * max_tokens, hidden * dtype.itemsize), torch.uint8),
+                  "handle.send_rows": BufferSpec((max_tokens, topk), i32),
+                  "out.expert_counts": BufferSpec((local,), i32),
+                  "out.expert_offsets": BufferSpec((local + 1,), i32)})
+    return specs
+
+
+def moe_dispatch_nbytes(world: int, max_tokens: int, topk: int, num_experts: int, hidden: int,
+                        dtype: torch.dtype = torch.bfloat16, quant: str | None = None, swizzle: bool = False,
+                        align: int = 1) -> int:
+    """Symmetric pool that ``moe_dispatch``'s buffers take, at most, for these arguments on
+    ``world`` ranks: each buffer as the caching allocator's segment for it (``pool.segment_bytes``).
+    Give it to ``Communicator(symmetric_capacity=...)``, with what else the pool holds, before
+    allocating the buffers inside ``use_symmetric_memory``."""
+    world = validate.count("world", world, 1, 1 << 16)
+    max_tokens = validate.count("max_tokens", max_tokens, 1, 1 << 31)
+    num_experts = validate.count("num_experts", num_experts, 1, 1 << 20)
+    topk = validate.count("topk", topk, 1, num_experts)
+    align = validate.count("align", align, 1, MAX_ALIGN)
+    if num_experts % world:
+        raise ArgumentError(f"num_experts ({num_experts}) must be a multiple of world ({world})")
+    if quant not in QUANTS:
+        raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
+    if dtype not in DTYPES:
+        raise DtypeError(f"dtype must be bfloat16, float16 or float32, got {dtype}")
+    check_quant_dtype(quant, dtype, "rows")
+    hidden = validate.count("hidden", hidden, 1, 1 << 24)
+    block = {"nvfp4": fp4.BLOCK, "fp8": fp8.BLOCK}.get(quant, 1)
+    if hidden % block:
+        raise ArgumentError(f"hidden ({hidden}) must be a multiple of {block} for quant={quant!r} (its scale blocks)")
+    if not isinstance(swizzle, bool) or (swizzle and quant != "nvfp4"):
+        raise ArgumentError(f"swizzle must be a bool, True only with quant='nvfp4', got {swizzle!r}")
+    specs = buffer_specs(world, max_tokens, topk, num_experts, hidden, dtype, quant, swizzle, align)
+    return sum(segment_bytes(spec.nbytes) for spec in specs.values())
+
+
+def buffer_of(got: Dispatched, name: str) -> torch.Tensor | None:
+    """The tensor ``buffer_specs`` calls ``name`` in a Dispatched ("out.x", "handle.table", ...)."""
+    owner, field = name.split(".")
+    return getattr(got if owner == "out" else got.handle, field)
 
 
 def check_quant_dtype(quant: str | None, dtype: torch.dtype, name: str) -> None:
@@ -302,44 +369,23 @@ class MoeDispatch(EpOperation):
             raise ArgumentError("swizzle=True lays out NVFP4 block scales: it needs quant='nvfp4'")
         if device.type == "cpu" and (problem := check_ids_on_host(ids, num_experts)) is not None:
             raise ArgumentError(problem)
-        cap = layout.capacity(world, max_tokens, k, num_experts, align)
-        validate.check_extent("the receive buffer", cap, x)
-        (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
-        local = num_experts // world
-        shapes = {"handle.recv_src": ((cap,), torch.int32),
-                  "handle.recv_group": ((world, max_tokens, k, 2), torch.int32),
-                  "handle.table": ((world, num_experts + 1), torch.int32),
-                  "handle.returned": ((world * max_tokens, hidden * x.dtype.itemsize), torch.uint8),
-                  "handle.send_rows": ((max_tokens, k), torch.int32)}
+        specs = buffer_specs(world, max_tokens, k, num_experts, hidden, x.dtype, quant, swizzle, align)
+        validate.check_extent("the receive buffer", specs["out.x"].shape[0], x)
         if out is not None:
             if not isinstance(out, Dispatched) or not isinstance(out.handle, EpHandle):
                 raise ArgumentError(f"out must be a Dispatched (an earlier dispatch's result), got {type(out).__name__}")
-            recv = _given("out.x", out.x, rshape, rdtype, device)
-            scales = None
-            if scales_spec is not None:
-                scales = _given("out.scales", out.scales, *scales_spec, device)
-            counts = _given("out.expert_counts", out.expert_counts, (local,), torch.int32, device)
-            offsets = _given("out.expert_offsets", out.expert_offsets, (local + 1,), torch.int32, device)
-            h = out.handle
-            given = {name: _given(f"out.{name}", getattr(h, name.split(".")[1]), shape, dtype, device)
-                     for name, (shape, dtype) in shapes.items()}
+            bufs = {name: _given(name if name.startswith("out.") else f"out.{name}", buffer_of(out, name),
+                                 spec.shape, spec.dtype, device) for name, spec in specs.items()}
         else:
-            # The buffers peers write first, in a fixed order and with shapes equal on every rank,
-            # so inside use_symmetric_memory they take equal pool offsets. The counts table comes
-            # first: its shape depends on the world and the experts alone, so ranks that passed
-            # other sizes still meet in it, and the fingerprints there stop them all before any
-            # row lands at an offset that only one of them thinks right. (The a2a path all-gathers
-            # the counts into it; peer-push exchanges them in context memory and copies them here.)
-            table = torch.empty(shapes["handle.table"][0], dtype=torch.int32, device=device)
-            recv = torch.empty(rshape, dtype=rdtype, device=device)
-            scales = None if scales_spec is None else torch.empty(scales_spec[0], dtype=scales_spec[1], device=device)
-            given = {name: torch.empty(shape, dtype=dtype, device=device) if name != "handle.table" else table
-                     for name, (shape, dtype) in shapes.items()}
-            counts = torch.empty(local, dtype=torch.int32, device=device)
-            offsets = torch.empty(local + 1, dtype=torch.int32, device=device)
-        handle = EpHandle(given["handle.send_rows"], given["handle.recv_src"], offsets, given["handle.table"],
-                          given["handle.returned"], given["handle.recv_group"], ids, weights, num_experts, max_tokens,
-                          align, x.dtype)
+            # In buffer_specs' order, with shapes equal on every rank, so that inside
+            # use_symmetric_memory they take equal pool offsets. (The a2a path all-gathers the
+            # counts into the table; peer-push exchanges them in context memory and copies them there.)
+            bufs = {name: torch.empty(spec.shape, dtype=spec.dtype, device=device) for name, spec in specs.items()}
+        handle = EpHandle(bufs["handle.send_rows"], bufs["handle.recv_src"], bufs["out.expert_offsets"],
+                          bufs["handle.table"], bufs["handle.returned"], bufs["handle.recv_group"], ids, weights,
+                          num_experts, max_tokens, align, x.dtype)
+        recv, scales, counts, offsets = (bufs.get(name) for name in ("out.x", "out.scales", "out.expert_counts",
+                                                                     "out.expert_offsets"))
         return DispatchCall(x, ids, weights, num_experts, max_tokens, quant, gs, align, swizzle, recv, scales, counts,
                             offsets, handle)
 
@@ -382,7 +428,7 @@ class MoeDispatch(EpOperation):
                                 "buffers (pass out=None)")
         got = _moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, quant, *scale_args(global_scale),
                             align, swizzle, comm.key, algo)
-        recv, scales, counts, offsets, send_rows, recv_src, table, returned, recv_group = got
+        recv, scales, counts, offsets, send_rows, recv_src, table, returned, recv_group = got  # OP_OUTPUTS
         handle = EpHandle(send_rows, recv_src, offsets, table, returned, recv_group, topk_ids, topk_weights,
                           num_experts, max_tokens, align, x.dtype)
         return Dispatched(recv, scales if quant is not None else None, counts, offsets, handle, global_scale)
@@ -406,6 +452,10 @@ def pool_signature(op: str, call: Call, named: list[tuple[str, torch.Tensor]], d
 
 MOE_DISPATCH = MoeDispatch()
 
+# What the custom op returns, in order ("out.scales" is empty without a quant): buffer_specs' names.
+OP_OUTPUTS = ("out.x", "out.scales", "out.expert_counts", "out.expert_offsets", "handle.send_rows", "handle.recv_src",
+              "handle.table", "handle.returned", "handle.recv_group")
+
 
 @torch.library.custom_op(f"symcomm::{OP}", mutates_args=())
 def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
@@ -414,10 +464,8 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     got = lookup(comm_key).moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens, quant=quant,
                                     global_scale=scale if scale is not None else scale_value, align=align,
                                     swizzle=swizzle, algo=algo)
-    h = got.handle
-    scales = got.scales if got.scales is not None else x.new_empty((0,))
-    return [got.x, scales, got.expert_counts, got.expert_offsets, h.send_rows, h.recv_src, h.table, h.returned,
-            h.recv_group]
+    got_all = (buffer_of(got, name) for name in OP_OUTPUTS)
+    return [x.new_empty((0,)) if t is None else t for t in got_all]  # None: no scales without a quant
 
 
 ordered(_moe_dispatch)
@@ -425,16 +473,7 @@ ordered(_moe_dispatch)
 
 @_moe_dispatch.register_fake
 def _(x, topk_ids, topk_weights, num_experts, max_tokens, quant, scale_value, scale, align, swizzle, comm_key, algo):
-    world = lookup(comm_key).world_size
-    hidden, k = x.shape[1], topk_ids.shape[1]
-    cap = layout.capacity(world, max_tokens, k, num_experts, align)
-    (rshape, rdtype), scales_spec = received_shapes(cap, hidden, x.dtype, quant, swizzle)
-    local = num_experts // world
-    i32 = torch.int32
-    return [x.new_empty(rshape, dtype=rdtype),
-            x.new_empty((0,)) if scales_spec is None else x.new_empty(scales_spec[0], dtype=scales_spec[1]),
-            x.new_empty((local,), dtype=i32), x.new_empty((local + 1,), dtype=i32),
-            x.new_empty((max_tokens, k), dtype=i32), x.new_empty((cap,), dtype=i32),
-            x.new_empty((world, num_experts + 1), dtype=i32),
-            x.new_empty((world * max_tokens, hidden * x.dtype.itemsize), dtype=torch.uint8),
-            x.new_empty((world, max_tokens, k, 2), dtype=i32)]
+    specs = buffer_specs(lookup(comm_key).world_size, max_tokens, topk_ids.shape[1], num_experts, x.shape[1],
+                         x.dtype, quant, swizzle, align)
+    specs.setdefault("out.scales", BufferSpec((0,), x.dtype))
+    return [x.new_empty(specs[name].shape, dtype=specs[name].dtype) for name in OP_OUTPUTS]

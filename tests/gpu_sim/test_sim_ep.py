@@ -22,9 +22,9 @@ from _sim import SimWorld
 from symcomm import DtypeError, fp4
 from symcomm.backends.ep_push import PushCombinePath, PushDispatchPath
 from symcomm.dispatch import Router, builtin_table
-from symcomm.ep import fp8, layout
+from symcomm.ep import fp8
 from symcomm.operations import ALL_TO_ALLV, MOE_COMBINE, MOE_DISPATCH
-from symcomm.operations.moe_dispatch import PUSH, Dispatched, EpHandle, received_shapes
+from symcomm.operations.moe_dispatch import PUSH, Dispatched, EpHandle, buffer_specs, row_bytes
 from symcomm.peer.context import ABORT_MISMATCH, ABORT_TIMEOUT
 from symcomm.peer.setup import SharedContext
 from test_sim_peer_gather import _each_rank, _map_region, _region_tensor
@@ -98,11 +98,10 @@ def _buffers(sim: SimWorld, tokens: int, hidden: int, k: int, experts: int, alig
     """Per rank, every buffer of a dispatch, the ones peers write each alone in its granules and
     mapped into a slot per kind, as pool regions would be."""
     world = sim.world
-    cap = layout.capacity(world, tokens, k, experts, align)
-    (rshape, rdtype), scales_spec = received_shapes(cap, hidden, dtype, quant, swizzle)
-    kinds = [(rshape, rdtype), scales_spec or ((16,), torch.uint8), ((cap,), torch.int32),
-             ((world, experts + 1), torch.int32), ((world * tokens, hidden * dtype.itemsize), torch.uint8),
-             ((world, tokens, k, 2), torch.int32)]
+    specs = buffer_specs(world, tokens, k, experts, hidden, dtype, quant, swizzle, align)
+    scales_spec = specs.get("out.scales")
+    kinds = [specs["out.x"], scales_spec or ((16,), torch.uint8)] + [
+        specs[name] for name in ("handle.recv_src", "handle.table", "handle.returned", "handle.recv_group")]
     per_kind = []
     for number, (shape, kind_dtype) in enumerate(kinds):
         raw = [_region_tensor(shape, torch.uint8 if kind_dtype.itemsize == 1 else kind_dtype, 0) for _ in range(world)]
@@ -160,17 +159,13 @@ DEDUP = {"builtin": None, "always": 0, "never": 1 << 40}
 BUILTIN_DEDUP_BYTES = 4 << 20  # csrc/ep.cu's kDedupFromBytes
 
 
-def _row_bytes(hidden: int, quant, dtype: torch.dtype) -> int:
-    """Bytes of one received row (the dispatch's rows on the wire, scales aside)."""
-    (shape, row_dtype), _ = received_shapes(1, hidden, dtype, quant, False)
-    return shape[1] * row_dtype.itemsize
 
 
-def _dedups(dedup: str, received, world: int, row_bytes: int) -> bool:
+def _dedups(dedup: str, received, world: int, row_size: int) -> bool:
     """Whether a dispatch sends each token once per peer: every rank's valid entries against the
     threshold times the world (csrc/ep.cu's decision, from the counts table every rank sees)."""
     entries = sum(sum(rec.counts) for rec in received)
-    builtin = -(-BUILTIN_DEDUP_BYTES // row_bytes)
+    builtin = -(-BUILTIN_DEDUP_BYTES // row_size)
     threshold = builtin if DEDUP[dedup] is None else DEDUP[dedup]
     return world > 1 and entries >= threshold * world
 
@@ -212,7 +207,7 @@ def test_peer_dispatch_and_combine_equal_the_reference(world, dedup):
                 wrong = group_mismatches(got[r].handle.recv_group, groups[r])
                 assert not wrong, f"{where} rank {r}: recv_group {wrong[:3]}"
             # The dispatch met every block (the dedup path) exactly when the threshold says so.
-            meetings = int(_dedups(dedup, received, world, _row_bytes(hidden, quant, dtype)))
+            meetings = int(_dedups(dedup, received, world, row_bytes(hidden, dtype, quant)))
             if dedup == "builtin" and i == len(CASES[world]) - 1:
                 assert meetings == 1, f"{where}: the last case is meant to pass the built-in threshold"
             assert [sim.meetings(r) for r in range(world)] == [meetings] * world, f"{where} {dedup}"
@@ -270,7 +265,7 @@ def test_calls_that_dedup_and_calls_that_do_not_interleave():
             use(dedup)
             _each_rank(sim, streams, step)
             check(f"eager {dedup}")
-            meetings += 1 + int(_dedups(dedup, received, world, _row_bytes(hidden, None, torch.bfloat16)))
+            meetings += 1 + int(_dedups(dedup, received, world, row_bytes(hidden, torch.bfloat16, None)))
             assert [sim.meetings(r) for r in range(world)] == [meetings] * world, dedup
         graphs, captured = {}, {}
         for dedup in ("always", "never"):
