@@ -54,7 +54,6 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import symcomm  # noqa: E402
 from symcomm.bench import torch_symm  # noqa: E402
-from symcomm.ep import layout  # noqa: E402
 
 import dp_moe_step as dp  # noqa: E402
 import ep_moe_step as ep  # noqa: E402
@@ -381,16 +380,8 @@ def measure(layer: str, variant: str, args, device: torch.device,
 
 
 def ep_bytes(cfg: dp.MoEConfig, tokens: int, world: int) -> int:
-    """Symmetric memory one EP step's dispatch buffers take, at least: the received rows and their
-    origins (symcomm/ep/layout.py's capacity), each rank's group lists and returned partials
-    (world x tokens), the counts table, send_rows and the local experts' counts and offsets (the
-    shapes moe_dispatch gives them, symcomm/operations/moe_dispatch.py). The returned rows count
-    max(world, top_k) x tokens: never less than the world-2 runs verified with, which reserved
-    top_k x tokens of them."""
-    cap = layout.capacity(world, tokens, cfg.top_k, cfg.experts, 1)
-    item, k = cfg.dtype.itemsize, cfg.top_k
-    return (cap * (cfg.hidden * item + 4) + max(world, k) * tokens * cfg.hidden * item + world * tokens * k * 8
-            + world * (cfg.experts + 1) * 4 + tokens * k * 4 + (2 * cfg.experts + 1) * 4)
+    """Symmetric memory one EP step takes: its dispatch buffers, allocated once (EPMoELayer)."""
+    return symcomm.moe_dispatch_nbytes(world, tokens, cfg.top_k, cfg.experts, cfg.hidden, cfg.dtype)
 
 
 def run(args, device: torch.device) -> list[dict]:

@@ -13,7 +13,7 @@ from . import fp4, rmsnorm
 from .memory import use_symmetric_memory
 from .operations.all_gatherv_fp4 import Fp4Choice, Fp4Gathered
 from .operations.all_reduce_rmsnorm import NormChoice
-from .operations.moe_dispatch import Dispatched, EpHandle
+from .operations.moe_dispatch import Dispatched, EpHandle, moe_dispatch_nbytes
 from .rmsnorm import NormedResult
 from .tensor_parallel import copy_to_tp_region, reduce_from_tp_region
 
@@ -23,5 +23,5 @@ __all__ = [
     "ArgumentError", "Choice", "CommClosedError", "CommTimeoutError", "Communicator", "CudaError", "Dispatched",
     "DtypeError", "EpHandle", "Fp4Choice", "Fp4Gathered", "NcclError", "NcclUnavailableError", "NormChoice",
     "NormedResult", "PeerMismatchError", "SymcommError", "SymmetricMemoryError", "copy_to_tp_region", "fp4",
-    "reduce_from_tp_region", "rmsnorm", "use_symmetric_memory",
+    "moe_dispatch_nbytes", "reduce_from_tp_region", "rmsnorm", "use_symmetric_memory",
 ]

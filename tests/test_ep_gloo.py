@@ -15,6 +15,7 @@ import symcomm
 from _ep_reference import encode, group_mismatches, random_case, world_combine, world_dispatch, world_groups
 from _spawn import run_world
 from symcomm import fp4
+from symcomm.pool import segment_bytes
 
 WORLDS = (2, 3)
 
@@ -322,6 +323,11 @@ def _single_rank(rank, world):
                                   torch.empty(0, 3), 5, max_tokens=7, quant=quant,
                                   global_scale=2.0 if quant == "nvfp4" else None)
         assert empty.expert_offsets.tolist() == [0] * 6
+        h = empty.handle
+        held = [empty.x, empty.scales, empty.expert_counts, empty.expert_offsets, h.send_rows, h.recv_src, h.table,
+                h.returned, h.recv_group]
+        assert symcomm.moe_dispatch_nbytes(1, 7, 3, 5, 128, torch.bfloat16, quant) == sum(
+            segment_bytes(t.nbytes) for t in held if t is not None), quant
         y = torch.zeros(empty.x.shape[0], 128, dtype=torch.bfloat16)
         assert comm.moe_combine(y, empty.handle).shape == (0, 128)
         for align in (1, 4):
@@ -346,6 +352,34 @@ def _single_rank(rank, world):
 
 def test_a_world_of_one_places_rows_on_the_device():
     run_world(_single_rank, 1, timeout_s=120)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"world": 3}, symcomm.ArgumentError, r"num_experts \(256\) must be a multiple of world \(3\)"),
+    ({"max_tokens": 0}, symcomm.ArgumentError, "max_tokens must be an int from 1"),
+    ({"topk": 257}, symcomm.ArgumentError, "topk must be an int from 1 to 256"),
+    ({"quant": "int8"}, symcomm.ArgumentError, "quant must be None, 'nvfp4' or 'fp8'"),
+    ({"quant": "fp8", "hidden": 7200}, symcomm.ArgumentError, r"hidden \(7200\) must be a multiple of 128"),
+    ({"quant": "nvfp4", "dtype": torch.float32}, symcomm.DtypeError, "takes bfloat16 or float16"),
+    ({"dtype": torch.int8}, symcomm.DtypeError, "dtype must be bfloat16, float16 or float32"),
+    ({"swizzle": True}, symcomm.ArgumentError, "True only with quant='nvfp4'"),
+    ({"align": 0}, symcomm.ArgumentError, "align must be an int from 1"),
+])
+def test_dispatch_pool_size_names_the_bad_argument(change, error, match):
+    args = {"world": 2, "max_tokens": 16, "topk": 8, "num_experts": 256, "hidden": 7168, **change}
+    with pytest.raises(error, match=match):
+        symcomm.moe_dispatch_nbytes(**args)
+
+
+def test_dispatch_pool_size_grows_with_tokens_and_shrinks_with_quantization():
+    """At hidden 7168, top-8 of 256 on 2 ranks and 1,024 tokens: 16,384 received rows (224 MiB in
+    bf16, 63 in NVFP4 with its scales, 115.5 in FP8 with its scales) beside 28 MiB of returned
+    partials, which stay bf16; doubling max_tokens doubles both."""
+    size = lambda **kw: symcomm.moe_dispatch_nbytes(2, 1024, 8, 256, 7168, **kw)  # noqa: E731
+    bf16 = size()
+    assert 252 << 20 <= bf16 <= 270 << 20
+    assert 0.40 < size(quant="nvfp4") / bf16 < 0.48 and 0.60 < size(quant="fp8") / bf16 < 0.70
+    assert 1.9 < symcomm.moe_dispatch_nbytes(2, 2048, 8, 256, 7168) / bf16 < 2.1
 
 
 def test_nccl_symm_declines_every_all_to_allv_the_empty_one_included():
