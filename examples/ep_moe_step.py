@@ -13,8 +13,9 @@ One step:
 The dispatch's buffers are allocated once, inside ``symcomm.use_symmetric_memory(comm)``, by a
 dispatch of no tokens sized for the most tokens any rank will pass (``max_tokens``); every step
 passes them back as ``out=``. Their shapes are equal on every rank, so they sit at equal pool
-offsets, which the peer-memory path needs, and a CUDA graph captured over a step keeps them. On
-the CPU (gloo) the context is a no-op and the same code runs the a2a path.
+offsets, which the peer-memory path needs, and a CUDA graph captured over a step keeps them; the
+pool is sized for them with ``symcomm.moe_dispatch_nbytes``. On the CPU (gloo) the context is a
+no-op and the same code runs the a2a path.
 
 The receive buffer holds every row ``max_tokens`` tokens a rank could bring, which at decode is
 far more than arrive. The grouped GEMMs skip rows past the last group, but the elementwise work
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 
 import symcomm
 from symcomm import fp4
+from symcomm.communicator import DEFAULT_SYMMETRIC_CAPACITY
 from symcomm.ep import fp8, layout
 
 from dp_moe_step import MoEConfig, MoEWeights, experts_of, padded_input, step_counts, step_input
@@ -289,9 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = MoEConfig(hidden=args.hidden or (128 if small else 2048),
                     experts=args.experts or (2 if small else 4) * world, top_k=args.top_k,
                     ffn=args.ffn or (32 if small else 1024), seed=args.seed)
+    max_tokens = args.max_tokens or (5 if small else 64)
+    # The dispatch's buffers beside what the default pool leaves for the rest (graphs, the
+    # collectives' outputs): at 8 ranks, 2048 tokens, top-8 and hidden 7168 they alone take 2 GiB.
+    pool = DEFAULT_SYMMETRIC_CAPACITY + symcomm.moe_dispatch_nbytes(
+        world, max_tokens, cfg.top_k, cfg.experts, cfg.hidden, cfg.dtype, QUANTS[args.quant])
     return run_example("ep_moe_step", lambda comm: run_checks(
-        comm, cfg, args.max_tokens or (5 if small else 64), modes_for(args, device), steps=args.steps,
-        seed=args.seed, quant=QUANTS[args.quant]))
+        comm, cfg, max_tokens, modes_for(args, device), steps=args.steps, seed=args.seed,
+        quant=QUANTS[args.quant]), symmetric_capacity=pool)
 
 
 if __name__ == "__main__":

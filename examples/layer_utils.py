@@ -122,10 +122,12 @@ def checks_in_modes(layer: object, capacity: int, modes: tuple[str, ...], checke
     return checks
 
 
-def run_example(title: str, checks_for) -> int:
-    """One example's main: a Communicator over the initialised group, ``checks_for(comm)``, the
-    report, and teardown whatever happens. Returns the exit status."""
-    comm = symcomm.Communicator()
+def run_example(title: str, checks_for, symmetric_capacity: int | None = None) -> int:
+    """One example's main: a Communicator over the initialised group (its symmetric pool of
+    ``symmetric_capacity`` bytes, symcomm's default if None), ``checks_for(comm)``, the report,
+    and teardown whatever happens. Returns the exit status."""
+    comm = symcomm.Communicator() if symmetric_capacity is None else symcomm.Communicator(
+        symmetric_capacity=symmetric_capacity)
     try:
         passed = report(title, checks_for(comm), comm)
     finally:
