@@ -195,6 +195,24 @@ def _bad_inputs(rank, world):
     for args, kwargs, error, pattern in cases:
         with pytest.raises(error, match=pattern):
             comm.moe_dispatch(*args, **kwargs)
+    # moe_dispatch_nbytes refuses the same sizes, with the same rule (a pool sized for arguments
+    # the dispatch then refuses, or the reverse, would surface only at the first step)
+    wide_ids, wide_w = torch.zeros(3, 3 * world, dtype=torch.int64), torch.ones(3, 3 * world)
+    for rows, topk_ids, topk_weights, sizes, error, pattern in [
+        (x, ids, w, dict(num_experts=E + 1, max_tokens=4), A, "multiple of the world size"),
+        (x, wide_ids, wide_w, dict(num_experts=E, max_tokens=4), A, "only"),
+        (x, ids, w, dict(num_experts=E, max_tokens=None), A, "max_tokens is required"),
+        (x, ids, w, dict(num_experts=E, max_tokens=1 << 30), A, r"must stay below 2\*\*31"),
+        (x, ids, w, dict(num_experts=E, max_tokens=4, quant="int4"), A, "quant must be None"),
+        (x, ids, w, dict(num_experts=E, max_tokens=4, quant="fp8"), A, "multiple of 128 for FP8"),
+        (x.float(), ids, w, dict(num_experts=E, max_tokens=4, quant="fp8"), D, "takes bfloat16 or float16"),
+        (x, ids, w, dict(num_experts=E, max_tokens=4, swizzle=True), A, "swizzle=True lays out NVFP4"),
+        (x, ids, w, dict(num_experts=E, max_tokens=4, align=0), A, "align must be an int"),
+    ]:
+        with pytest.raises(error, match=pattern):
+            comm.moe_dispatch(rows, topk_ids, topk_weights, **sizes)
+        with pytest.raises(error, match=pattern):
+            symcomm.moe_dispatch_nbytes(world, topk=topk_ids.shape[1], hidden=H, dtype=rows.dtype, **sizes)
     got = comm.moe_dispatch(x, ids, w, E, max_tokens=4)  # nothing was half-sent: the ranks still agree
     with pytest.raises(A, match=r"out.x has shape"):
         comm.moe_dispatch(x, ids, w, E, max_tokens=5, out=got)
@@ -355,14 +373,15 @@ def test_a_world_of_one_places_rows_on_the_device():
 
 
 @pytest.mark.parametrize("change, error, match", [
-    ({"world": 3}, symcomm.ArgumentError, r"num_experts \(256\) must be a multiple of world \(3\)"),
+    ({"world": 3}, symcomm.ArgumentError, r"num_experts \(256\) must be a multiple of the world size \(3\)"),
     ({"max_tokens": 0}, symcomm.ArgumentError, "max_tokens must be an int from 1"),
-    ({"topk": 257}, symcomm.ArgumentError, "topk must be an int from 1 to 256"),
+    ({"topk": 257}, symcomm.ArgumentError, r"top-k is 257 experts per token, but there are only 256"),
+    ({"max_tokens": 1 << 27}, symcomm.ArgumentError, r"must stay below 2\*\*31"),
     ({"quant": "int8"}, symcomm.ArgumentError, "quant must be None, 'nvfp4' or 'fp8'"),
-    ({"quant": "fp8", "hidden": 7200}, symcomm.ArgumentError, r"hidden \(7200\) must be a multiple of 128"),
+    ({"quant": "fp8", "hidden": 7200}, symcomm.ArgumentError, r"hidden size of rows \(7200\) must be a multiple of 128"),
     ({"quant": "nvfp4", "dtype": torch.float32}, symcomm.DtypeError, "takes bfloat16 or float16"),
     ({"dtype": torch.int8}, symcomm.DtypeError, "dtype must be bfloat16, float16 or float32"),
-    ({"swizzle": True}, symcomm.ArgumentError, "True only with quant='nvfp4'"),
+    ({"swizzle": True}, symcomm.ArgumentError, "swizzle=True lays out NVFP4 block scales"),
     ({"align": 0}, symcomm.ArgumentError, "align must be an int from 1"),
 ])
 def test_dispatch_pool_size_names_the_bad_argument(change, error, match):
@@ -371,29 +390,15 @@ def test_dispatch_pool_size_names_the_bad_argument(change, error, match):
         symcomm.moe_dispatch_nbytes(**args)
 
 
-def test_dispatch_pool_size_grows_with_tokens_and_shrinks_with_quantization():
-    """At hidden 7168, top-8 of 256 on 2 ranks and 1,024 tokens: 16,384 received rows (224 MiB in
-    bf16, 63 in NVFP4 with its scales, 115.5 in FP8 with its scales) beside 28 MiB of returned
-    partials, which stay bf16; doubling max_tokens doubles both."""
-    size = lambda **kw: symcomm.moe_dispatch_nbytes(2, 1024, 8, 256, 7168, **kw)  # noqa: E731
-    bf16 = size()
-    assert 252 << 20 <= bf16 <= 270 << 20
-    assert 0.40 < size(quant="nvfp4") / bf16 < 0.48 and 0.60 < size(quant="fp8") / bf16 < 0.70
-    assert 1.9 < symcomm.moe_dispatch_nbytes(2, 2048, 8, 256, 7168) / bf16 < 2.1
-
-
-def test_nccl_symm_declines_every_all_to_allv_the_empty_one_included():
-    """An all_to_allv's bytes are this rank's own: nccl-symm's answer must not depend on them,
-    or an idle rank would be told yes where its peers are told no."""
-    from _gpu_like import FAKE_NCCL, Pool
-
-    from symcomm.backends.nccl_symm import NcclSymmPath
-    from symcomm.operations.all_to_allv import make_all_to_allv
-    path = NcclSymmPath()
-    path.attach(FAKE_NCCL, 2, 0, torch.device("cpu"))
-    path._granules = Pool().granules
-    empty = make_all_to_allv([torch.empty(0, 4)], [torch.empty(0, 4)], [0, 0], [0, 0])
-    busy = make_all_to_allv([torch.ones(3, 4)], [torch.empty(3, 4)], [0, 3], [0, 3])
-    assert empty.nbytes == 0 and busy.nbytes
-    for call in (empty, busy):
-        assert "no all-to-all" in path.why_not(call)
+def test_dispatch_pool_size_is_each_buffers_allocator_segment():
+    """Hand-counted, each buffer's segment (2 MiB up to 1 MiB, 20 MiB below 10 MiB, whole 2 MiB
+    above). 2 ranks, 1,024 tokens, top-8 of 256, hidden 7168: 16,384 received rows (224 MiB in
+    bf16; 56 MiB NVFP4 + 7 MiB scales -> a 20 MiB segment; 112 MiB FP8 + 3.5 MiB scales -> 20), 28
+    MiB of returned partials in bf16, and six small buffers at 2 MiB each (the counts table,
+    recv_src, recv_group, send_rows, the local counts and offsets)."""
+    size = lambda **kw: symcomm.moe_dispatch_nbytes(2, 1024, 8, 256, 7168, **kw) >> 20  # noqa: E731
+    assert (size(), size(quant="nvfp4"), size(quant="fp8")) == (224 + 28 + 12, 56 + 20 + 28 + 12, 112 + 20 + 28 + 12)
+    # 8 ranks, 128 tokens, NVFP4 with swizzled scales and align=128: 8 * 128 * 8 + 32 * 127 = 12,256
+    # rows (41.9 MiB -> 42), the scales padded to 12,288 x 448 (5.25 MiB -> 20), 1,024 returned
+    # rows (14 MiB), six small buffers (12).
+    assert symcomm.moe_dispatch_nbytes(8, 128, 8, 256, 7168, torch.bfloat16, "nvfp4", True, 128) >> 20 == 42 + 20 + 14 + 12

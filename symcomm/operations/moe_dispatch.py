@@ -174,7 +174,8 @@ class BufferSpec(NamedTuple):
 
 def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidden: int, dtype: torch.dtype,
                  quant: str | None = None, swizzle: bool = False, align: int = 1) -> dict[str, BufferSpec]:
-    """Every buffer one dispatch writes, named as errors and check mode name them, in the order
+    """Every buffer one dispatch writes, named as check mode names them (errors about ``out=`` put
+    ``out.`` before a handle's: ``out.handle.table``), in the order
     build allocates them: inside use_symmetric_memory that order sets their pool offsets. The
     counts table comes first: its shape depends on the world and the experts alone, so ranks
     that passed other sizes still meet in it, and the fingerprints there stop them all before
@@ -201,32 +202,61 @@ def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidde
     return specs
 
 
+class Sizes(NamedTuple):
+    """A dispatch's sizes, validated (``check_sizes``)."""
+
+    num_experts: int
+    max_tokens: int
+    align: int
+
+
+def check_sizes(world: int, topk: int, hidden: int, dtype: torch.dtype, num_experts: object, max_tokens: object,
+                quant: object, swizzle: object, align: object, rows: str = "x") -> Sizes:
+    """The rules on a dispatch's sizes that no tensor decides, which ``moe_dispatch`` and
+    ``moe_dispatch_nbytes`` both apply, so the two accept the same arguments. ``rows`` names the
+    dispatched rows in messages (``x`` for moe_dispatch)."""
+    num_experts = validate.count("num_experts", num_experts, 1, 1 << 20)
+    if num_experts % world:
+        raise ArgumentError(f"num_experts ({num_experts}) must be a multiple of the world size ({world}): "
+                            f"each rank holds num_experts / world experts")
+    if topk > num_experts:
+        raise ArgumentError(f"top-k is {topk} experts per token, but there are only {num_experts}")
+    max_tokens = _max_tokens_arg(max_tokens)
+    if world * max_tokens * topk >= 1 << 31:
+        raise ArgumentError(f"world ({world}) x max_tokens ({max_tokens}) x k ({topk}) must stay below 2**31 "
+                            f"(entries are numbered in int32)")
+    align = validate.count("align", align, 1, MAX_ALIGN)
+    if quant not in QUANTS:
+        raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
+    check_quant_dtype(quant, dtype, rows)
+    block = {"nvfp4": fp4.BLOCK, "fp8": fp8.BLOCK}.get(quant)
+    if block is not None and hidden % block:
+        raise ArgumentError(f"the hidden size of {rows} ({hidden}) must be a multiple of {block} for "
+                            f"{quant.upper()} blocks")
+    if not isinstance(swizzle, bool):
+        raise ArgumentError(f"swizzle must be a bool, got {type(swizzle).__name__}")
+    if swizzle and quant != "nvfp4":
+        raise ArgumentError("swizzle=True lays out NVFP4 block scales: it needs quant='nvfp4'")
+    return Sizes(num_experts, max_tokens, align)
+
+
 def moe_dispatch_nbytes(world: int, max_tokens: int, topk: int, num_experts: int, hidden: int,
                         dtype: torch.dtype = torch.bfloat16, quant: str | None = None, swizzle: bool = False,
                         align: int = 1) -> int:
     """Symmetric pool that ``moe_dispatch``'s buffers take, at most, for these arguments on
-    ``world`` ranks: each buffer as the caching allocator's segment for it (``pool.segment_bytes``).
-    Give it to ``Communicator(symmetric_capacity=...)``, with what else the pool holds, before
-    allocating the buffers inside ``use_symmetric_memory``."""
-    world = validate.count("world", world, 1, 1 << 16)
-    max_tokens = validate.count("max_tokens", max_tokens, 1, 1 << 31)
-    num_experts = validate.count("num_experts", num_experts, 1, 1 << 20)
-    topk = validate.count("topk", topk, 1, num_experts)
-    align = validate.count("align", align, 1, MAX_ALIGN)
-    if num_experts % world:
-        raise ArgumentError(f"num_experts ({num_experts}) must be a multiple of world ({world})")
-    if quant not in QUANTS:
-        raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
+    ``world`` ranks (pass the dispatch's own ``quant``, ``swizzle`` and ``align``): each buffer as
+    the segment torch's caching allocator takes for it (``pool.segment_bytes``, which assumes the
+    allocator's default rounding: a PYTORCH_CUDA_ALLOC_CONF that rounds sizes up further takes
+    more). Give it to ``Communicator(symmetric_capacity=...)``, with what else the pool holds,
+    before allocating the buffers inside ``use_symmetric_memory``. It refuses what moe_dispatch
+    refuses, with the same messages (``check_sizes``)."""
+    world = validate.count("world", world, 1, 1 << 31)
+    topk = validate.count("topk", topk, 1, 1 << 31)
+    hidden = validate.count("hidden", hidden, 1, 1 << 62)
     if dtype not in DTYPES:
         raise DtypeError(f"dtype must be bfloat16, float16 or float32, got {dtype}")
-    check_quant_dtype(quant, dtype, "rows")
-    hidden = validate.count("hidden", hidden, 1, 1 << 24)
-    block = {"nvfp4": fp4.BLOCK, "fp8": fp8.BLOCK}.get(quant, 1)
-    if hidden % block:
-        raise ArgumentError(f"hidden ({hidden}) must be a multiple of {block} for quant={quant!r} (its scale blocks)")
-    if not isinstance(swizzle, bool) or (swizzle and quant != "nvfp4"):
-        raise ArgumentError(f"swizzle must be a bool, True only with quant='nvfp4', got {swizzle!r}")
-    specs = buffer_specs(world, max_tokens, topk, num_experts, hidden, dtype, quant, swizzle, align)
+    sizes = check_sizes(world, topk, hidden, dtype, num_experts, max_tokens, quant, swizzle, align, rows="rows")
+    specs = buffer_specs(world, sizes.max_tokens, topk, sizes.num_experts, hidden, dtype, quant, swizzle, sizes.align)
     return sum(segment_bytes(spec.nbytes) for spec in specs.values())
 
 
@@ -335,22 +365,10 @@ class MoeDispatch(EpOperation):
             raise DtypeError(f"topk_weights must be float32, bfloat16 or float16, got {weights.dtype}")
         if tuple(weights.shape) != (n, k):
             raise ArgumentError(f"topk_weights must have topk_ids' shape {(n, k)}, got {tuple(weights.shape)}")
-        num_experts = validate.count("num_experts", num_experts, 1, 1 << 20)
-        if num_experts % world:
-            raise ArgumentError(f"num_experts ({num_experts}) must be a multiple of the world size ({world}): "
-                                f"each rank holds num_experts / world experts")
-        if k > num_experts:
-            raise ArgumentError(f"topk_ids picks {k} experts per token, but there are only {num_experts}")
-        max_tokens = _max_tokens_arg(max_tokens)
+        num_experts, max_tokens, align = check_sizes(world, k, hidden, x.dtype, num_experts, max_tokens, quant,
+                                                     swizzle, align)
         if n > max_tokens:
             raise ArgumentError(f"x has {n} tokens, more than max_tokens ({max_tokens})")
-        if world * max_tokens * k >= 1 << 31:
-            raise ArgumentError(f"world ({world}) x max_tokens ({max_tokens}) x k ({k}) must stay below 2**31 "
-                                f"(entries are numbered in int32)")
-        align = validate.count("align", align, 1, MAX_ALIGN)
-        if quant not in QUANTS:
-            raise ArgumentError(f"quant must be None, 'nvfp4' or 'fp8', got {quant!r}")
-        check_quant_dtype(quant, x.dtype, "x")
         gs = None
         if quant == "nvfp4":
             fp4.check_rows(x)
@@ -363,10 +381,6 @@ class MoeDispatch(EpOperation):
                 fp8.check_rows(x)
             if global_scale is not None:
                 raise ArgumentError(f"global_scale is NVFP4's; quant={quant!r} takes none")
-        if not isinstance(swizzle, bool):
-            raise ArgumentError(f"swizzle must be a bool, got {type(swizzle).__name__}")
-        if swizzle and quant != "nvfp4":
-            raise ArgumentError("swizzle=True lays out NVFP4 block scales: it needs quant='nvfp4'")
         if device.type == "cpu" and (problem := check_ids_on_host(ids, num_experts)) is not None:
             raise ArgumentError(problem)
         specs = buffer_specs(world, max_tokens, k, num_experts, hidden, x.dtype, quant, swizzle, align)
@@ -428,10 +442,12 @@ class MoeDispatch(EpOperation):
                                 "buffers (pass out=None)")
         got = _moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, quant, *scale_args(global_scale),
                             align, swizzle, comm.key, algo)
-        recv, scales, counts, offsets, send_rows, recv_src, table, returned, recv_group = got  # OP_OUTPUTS
-        handle = EpHandle(send_rows, recv_src, offsets, table, returned, recv_group, topk_ids, topk_weights,
-                          num_experts, max_tokens, align, x.dtype)
-        return Dispatched(recv, scales if quant is not None else None, counts, offsets, handle, global_scale)
+        bufs = dict(zip(OP_OUTPUTS, got))
+        handle = EpHandle(bufs["handle.send_rows"], bufs["handle.recv_src"], bufs["out.expert_offsets"],
+                          bufs["handle.table"], bufs["handle.returned"], bufs["handle.recv_group"], topk_ids,
+                          topk_weights, num_experts, max_tokens, align, x.dtype)
+        return Dispatched(bufs["out.x"], bufs["out.scales"] if quant is not None else None, bufs["out.expert_counts"],
+                          bufs["out.expert_offsets"], handle, global_scale)
 
 
 def pool_signature(op: str, call: Call, named: list[tuple[str, torch.Tensor]], dtype: torch.dtype,
@@ -464,8 +480,8 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     got = lookup(comm_key).moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens, quant=quant,
                                     global_scale=scale if scale is not None else scale_value, align=align,
                                     swizzle=swizzle, algo=algo)
-    got_all = (buffer_of(got, name) for name in OP_OUTPUTS)
-    return [x.new_empty((0,)) if t is None else t for t in got_all]  # None: no scales without a quant
+    outputs = (buffer_of(got, name) for name in OP_OUTPUTS)
+    return [x.new_empty((0,)) if t is None else t for t in outputs]  # None: no scales without a quant
 
 
 ordered(_moe_dispatch)
