@@ -60,7 +60,7 @@ _COLUMNS = {"a2a": ("a2a", None, None, False), "a2a+nvfp4": ("a2a", "nvfp4", Non
 VARIANTS = (BASELINE, BUCKETS, *_COLUMNS)
 SHAPE_FLAGS = ("hidden", "topk", "experts")  # --hidden, --topk, --experts
 _ALIGN = 512  # every carved buffer starts on a pool allocation boundary
-_OF_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}  # a dtype of each itemsize
+_DTYPE_OF_ITEMSIZE = {1: torch.uint8, 2: torch.float16, 4: torch.float32}  # for byte counts
 
 
 def _up(n: int) -> int:
@@ -105,14 +105,14 @@ class MoeSpec(OpSpec):
         """Bytes of every buffer one size uses, carved from the run's symmetric recv buffer: the
         dispatch's (the received rows and their scales share "rows", sized for the largest quant),
         the experts' output and the combined tokens."""
-        dtype = _OF_SIZE[itemsize]  # only byte counts are read
+        dtype = _DTYPE_OF_ITEMSIZE[itemsize]  # only byte counts are read
         specs = {quant: self._specs(tokens, world, dtype, quant) for quant in QUANTS}
         rows = max(_up(s["out.x"].nbytes) + (s["out.scales"].nbytes if "out.scales" in s else 0)
                    for s in specs.values())
         pieces = {"rows": _up(rows)}
         pieces.update({name: _up(spec.nbytes) for name, spec in specs[None].items() if name != "out.x"})
         cap, h, t = specs[None]["out.x"].shape[0], self.hidden, max(tokens, 1)
-        pieces.update({"expert_out": _up(cap * h * itemsize), "out": _up(t * h * itemsize)})
+        pieces.update({"expert_out": _up(cap * h * itemsize), "combined": _up(t * h * itemsize)})
         return pieces
 
     def validate(self, datatype: str) -> None:
@@ -190,7 +190,7 @@ class MoeSpec(OpSpec):
         def case(variant: str, inplace: bool) -> Case | Refusal | None:
             if inplace:
                 return None
-            out = bufs["out"]
+            out = bufs["combined"]
             if variant in (BASELINE, BUCKETS):
                 call = (self._baseline if variant == BASELINE else self._buckets)(setup, x, ids, weights, out)
                 value = (mine.view(tokens, h).double() * weights.double().sum(1, keepdim=True)).reshape(-1)
@@ -238,9 +238,9 @@ class MoeSpec(OpSpec):
             views[name] = raw[at:at + nbytes]
             at += nbytes
         h = self.hidden
-        cap = layout.capacity(world, max(tokens, 1), self.topk, self.experts, 1)
+        cap = self._specs(tokens, world, dtype, None)["out.x"].shape[0]
         views["expert_out"] = views["expert_out"][:cap * h * dtype.itemsize].view(dtype).view(cap, h)
-        views["out"] = views["out"][:tokens * h * dtype.itemsize].view(dtype).view(tokens, h)
+        views["combined"] = views["combined"][:tokens * h * dtype.itemsize].view(dtype).view(tokens, h)
         return views
 
     def _dispatched(self, bufs: dict[str, torch.Tensor], tokens: int, world: int, quant: str | None,
@@ -254,11 +254,11 @@ class MoeSpec(OpSpec):
 
         recv = view("out.x", bufs["rows"])
         scales = view("out.scales", bufs["rows"][_up(recv.nbytes):]) if "out.scales" in specs else None
-        b = {name: view(name, bufs[name]) for name in specs if name not in ("out.x", "out.scales")}
-        handle = symcomm.EpHandle(b["handle.send_rows"], b["handle.recv_src"], b["out.expert_offsets"],
-                                  b["handle.table"], b["handle.returned"], b["handle.recv_group"], ids, weights,
-                                  self.experts, max(tokens, 1), 1, dtype)
-        return symcomm.Dispatched(recv, scales, b["out.expert_counts"], b["out.expert_offsets"], handle,
+        held = {name: view(name, bufs[name]) for name in specs if name not in ("out.x", "out.scales")}
+        handle = symcomm.EpHandle(held["handle.send_rows"], held["handle.recv_src"], held["out.expert_offsets"],
+                                  held["handle.table"], held["handle.returned"], held["handle.recv_group"], ids,
+                                  weights, self.experts, max(tokens, 1), 1, dtype)
+        return symcomm.Dispatched(recv, scales, held["out.expert_counts"], held["out.expert_offsets"], handle,
                                   gs if quant == "nvfp4" else None)
 
     def _baseline(self, setup: Setup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,

@@ -40,15 +40,15 @@ def _poisoned(spec: BufferSpec) -> torch.Tensor:
     return t
 
 
-_INDEX_LISTS = ("handle.recv_src", "handle.recv_group", "handle.send_rows")
+# Every buffer's value before a dispatch: 0xA5 bytes (None) where rows land, -7 in the index lists,
+# zeros in the counts. A buffer buffer_specs gains must be given one here (KeyError otherwise).
+_BLANK = {"handle.table": 0, "out.x": None, "out.scales": None, "handle.recv_src": -7, "handle.recv_group": -7,
+          "handle.returned": None, "handle.send_rows": -7, "out.expert_counts": 0, "out.expert_offsets": 0}
 
 
 def _blank(name: str, spec: BufferSpec) -> torch.Tensor:
-    """Buffer ``name`` before a dispatch: 0xA5 bytes where rows land, -7 in the index lists,
-    zeros in the counts."""
-    if name in ("out.x", "out.scales", "handle.returned"):
-        return _poisoned(spec)
-    return torch.full(spec.shape, -7 if name in _INDEX_LISTS else 0, dtype=spec.dtype)
+    fill = _BLANK[name]
+    return _poisoned(spec) if fill is None else torch.full(spec.shape, fill, dtype=spec.dtype)
 
 
 def _i32(t: torch.Tensor) -> ctypes._Pointer:
@@ -59,7 +59,8 @@ def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], weights: list
                   max_tokens: int, quant: str | None = None, global_scale: float = 1.0, align: int = 1,
                   swizzle: bool = False) -> list[HostRank]:
     """Every rank's buffers after one dispatch of rank r's tokens ``xs[r]`` with ``ids[r]`` and
-    ``weights[r]``. Unwritten bytes are 0xA5 (rows, scales) and -7 (recv_src, recv_group)."""
+    ``weights[r]``. Unwritten bytes keep _BLANK's values (0xA5 in rows, scales and returned; -7
+    in recv_src, recv_group and send_rows)."""
     world = len(xs)
     k = ids[0].shape[1]
     hidden = xs[0].shape[1]
@@ -71,10 +72,10 @@ def dispatch_host(xs: list[torch.Tensor], ids: list[torch.Tensor], weights: list
         x, i, w = xs[r].contiguous(), ids[r].contiguous(), weights[r].contiguous()
         if x.device.type != "cpu" or i.device.type != "cpu" or w.device.type != "cpu":
             raise ArgumentError("dispatch_host takes CPU tensors")
-        b = {name: _blank(name, spec) for name, spec in specs.items()}
-        rank = HostRank(b["out.x"], b.get("out.scales"), b["handle.recv_src"], b["handle.table"],
-                        b["handle.recv_group"], b["handle.send_rows"], b["out.expert_counts"],
-                        b["out.expert_offsets"], b["handle.returned"])
+        blank = {name: _blank(name, spec) for name, spec in specs.items()}
+        rank = HostRank(blank["out.x"], blank.get("out.scales"), blank["handle.recv_src"], blank["handle.table"],
+                        blank["handle.recv_group"], blank["handle.send_rows"], blank["out.expert_counts"],
+                        blank["out.expert_offsets"], blank["handle.returned"])
         ranks.append(rank)
         a = args[r]
         a.x, a.dtype, a.rows, a.cols = x.data_ptr(), _native.DTYPE_CODES[x.dtype], x.shape[0], hidden

@@ -159,8 +159,6 @@ DEDUP = {"builtin": None, "always": 0, "never": 1 << 40}
 BUILTIN_DEDUP_BYTES = 4 << 20  # csrc/ep.cu's kDedupFromBytes
 
 
-
-
 def _dedups(dedup: str, received, world: int, row_size: int) -> bool:
     """Whether a dispatch sends each token once per peer: every rank's valid entries against the
     threshold times the world (csrc/ep.cu's decision, from the counts table every rank sees)."""
