@@ -174,13 +174,12 @@ class BufferSpec(NamedTuple):
 
 def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidden: int, dtype: torch.dtype,
                  quant: str | None = None, swizzle: bool = False, align: int = 1) -> dict[str, BufferSpec]:
-    """Every buffer one dispatch writes, named as check mode names them (errors about ``out=`` put
-    ``out.`` before a handle's: ``out.handle.table``), in the order
-    build allocates them: inside use_symmetric_memory that order sets their pool offsets. The
-    counts table comes first: its shape depends on the world and the experts alone, so ranks
-    that passed other sizes still meet in it, and the fingerprints there stop them all before
-    any row lands at an offset only one of them thinks right. ``moe_dispatch_nbytes`` sizes the
-    pool for them."""
+    """Every buffer one dispatch writes, named as check mode names them (errors about ``out=``
+    put ``out.`` before a handle's: ``out.handle.table``), in the order build allocates them:
+    inside use_symmetric_memory that order sets their pool offsets. The counts table comes
+    first: its shape depends on the world and the experts alone, so ranks that passed other
+    sizes still meet in it, and the fingerprints there stop them all before any row lands at an
+    offset only one of them thinks right. ``moe_dispatch_nbytes`` sizes the pool for them."""
     cap = layout.capacity(world, max_tokens, topk, num_experts, align)
     i32 = torch.int32
     specs = {"handle.table": BufferSpec((world, num_experts + 1), i32)}
