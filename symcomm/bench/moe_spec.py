@@ -32,6 +32,7 @@ summary says why, and a2a-buckets is the baseline there; -G 0 times every column
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -97,7 +98,7 @@ class MoeSpec(OpSpec):
     def bus_factor(self, world: int) -> float:
         return 2.0 * (world - 1) / world  # out in dispatch, back in combine
 
-    def _specs(self, tokens: int, world: int, dtype: torch.dtype, quant: str | None) -> dict[str, BufferSpec]:
+    def _specs(self, tokens: int, world: int, dtype: torch.dtype, quant: str | None) -> Mapping[str, BufferSpec]:
         """The dispatch's buffers for ``tokens`` tokens a rank (at least one: max_tokens >= 1)."""
         return buffer_specs(world, max(tokens, 1), self.topk, self.experts, self.hidden, dtype, quant)
 

@@ -22,8 +22,10 @@ are not written.
 """
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -172,14 +174,17 @@ class BufferSpec(NamedTuple):
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+@functools.lru_cache(maxsize=64)
 def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidden: int, dtype: torch.dtype,
-                 quant: str | None = None, swizzle: bool = False, align: int = 1) -> dict[str, BufferSpec]:
+                 quant: str | None = None, swizzle: bool = False, align: int = 1) -> Mapping[str, BufferSpec]:
     """Every buffer one dispatch writes, named as check mode names them (errors about ``out=``
     put ``out.`` before a handle's: ``out.handle.table``), in the order build allocates them:
     inside use_symmetric_memory that order sets their pool offsets. The counts table comes
     first: its shape depends on the world and the experts alone, so ranks that passed other
     sizes still meet in it, and the fingerprints there stop them all before any row lands at an
-    offset only one of them thinks right. ``moe_dispatch_nbytes`` sizes the pool for them."""
+    offset only one of them thinks right. ``moe_dispatch_nbytes`` sizes the pool for them.
+    Cached, and so read-only: every call of a step asks for the same sizes, and building the
+    table took about 3 us a call (timeit, on a CPU), most of what it first added to build."""
     cap = layout.capacity(world, max_tokens, topk, num_experts, align)
     i32 = torch.int32
     specs = {"handle.table": BufferSpec((world, num_experts + 1), i32)}
@@ -198,7 +203,7 @@ def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidde
                   "handle.send_rows": BufferSpec((max_tokens, topk), i32),
                   "out.expert_counts": BufferSpec((local,), i32),
                   "out.expert_offsets": BufferSpec((local + 1,), i32)})
-    return specs
+    return types.MappingProxyType(specs)
 
 
 class Sizes(NamedTuple):
@@ -261,8 +266,8 @@ def moe_dispatch_nbytes(world: int, max_tokens: int, topk: int, num_experts: int
 
 def buffer_of(got: Dispatched, name: str) -> torch.Tensor | None:
     """The tensor ``buffer_specs`` calls ``name`` in a Dispatched ("out.x", "handle.table", ...)."""
-    owner, field = name.split(".")
-    return getattr(got if owner == "out" else got.handle, field)
+    _, on_out, field = _WHERE[name]
+    return getattr(got if on_out else got.handle, field)
 
 
 def check_quant_dtype(quant: str | None, dtype: torch.dtype, name: str) -> None:
@@ -387,8 +392,8 @@ class MoeDispatch(EpOperation):
         if out is not None:
             if not isinstance(out, Dispatched) or not isinstance(out.handle, EpHandle):
                 raise ArgumentError(f"out must be a Dispatched (an earlier dispatch's result), got {type(out).__name__}")
-            bufs = {name: _given(name if name.startswith("out.") else f"out.{name}", buffer_of(out, name),
-                                 spec.shape, spec.dtype, device) for name, spec in specs.items()}
+            bufs = {name: _given(_WHERE[name][0], buffer_of(out, name), spec.shape, spec.dtype, device)
+                    for name, spec in specs.items()}
         else:
             # In buffer_specs' order, with shapes equal on every rank, so that inside
             # use_symmetric_memory they take equal pool offsets. (The a2a path all-gathers the
@@ -470,6 +475,10 @@ MOE_DISPATCH = MoeDispatch()
 # What the custom op returns, in order ("out.scales" is empty without a quant): buffer_specs' names.
 OP_OUTPUTS = ("out.x", "out.scales", "out.expert_counts", "out.expert_offsets", "handle.send_rows", "handle.recv_src",
               "handle.table", "handle.returned", "handle.recv_group")
+# Each buffer's name in errors about out=, whether the Dispatched holds it (or its handle), and
+# the field: worked out once, since build looks them up on every call with out=.
+_WHERE = {name: (name if name.startswith("out.") else f"out.{name}", name.startswith("out."), name.split(".")[1])
+          for name in OP_OUTPUTS}
 
 
 @torch.library.custom_op(f"symcomm::{OP}", mutates_args=())
@@ -490,5 +499,5 @@ ordered(_moe_dispatch)
 def _(x, topk_ids, topk_weights, num_experts, max_tokens, quant, scale_value, scale, align, swizzle, comm_key, algo):
     specs = buffer_specs(lookup(comm_key).world_size, max_tokens, topk_ids.shape[1], num_experts, x.shape[1],
                          x.dtype, quant, swizzle, align)
-    specs.setdefault("out.scales", BufferSpec((0,), x.dtype))
-    return [x.new_empty(specs[name].shape, dtype=specs[name].dtype) for name in OP_OUTPUTS]
+    none = BufferSpec((0,), x.dtype)  # the op's empty scales without a quant
+    return [x.new_empty(spec.shape, dtype=spec.dtype) for spec in (specs.get(name, none) for name in OP_OUTPUTS)]
