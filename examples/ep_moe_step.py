@@ -294,11 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     max_tokens = args.max_tokens or (5 if small else 64)
     # The dispatch's buffers beside what the default pool leaves for the rest (graphs, the
     # collectives' outputs): at 8 ranks, 2048 tokens, top-8 and hidden 7168 they alone take 2 GiB.
-    pool = None if cfg.experts % world else DEFAULT_SYMMETRIC_CAPACITY + symcomm.moe_dispatch_nbytes(
-        world, max_tokens, cfg.top_k, cfg.experts, cfg.hidden, cfg.dtype, QUANTS[args.quant])  # None: EPMoELayer says why
+    # (Nothing where --experts does not divide among the ranks: EPMoELayer says so in the example's words.)
+    extra = 0 if cfg.experts % world else symcomm.moe_dispatch_nbytes(
+        world, max_tokens, cfg.top_k, cfg.experts, cfg.hidden, cfg.dtype, QUANTS[args.quant])
     return run_example("ep_moe_step", lambda comm: run_checks(
         comm, cfg, max_tokens, modes_for(args, device), steps=args.steps, seed=args.seed,
-        quant=QUANTS[args.quant]), symmetric_capacity=pool)
+        quant=QUANTS[args.quant]), symmetric_capacity=DEFAULT_SYMMETRIC_CAPACITY + extra)
 
 
 if __name__ == "__main__":

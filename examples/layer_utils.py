@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import symcomm
+from symcomm.communicator import DEFAULT_SYMMETRIC_CAPACITY
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -122,12 +123,11 @@ def checks_in_modes(layer: object, capacity: int, modes: tuple[str, ...], checke
     return checks
 
 
-def run_example(title: str, checks_for, symmetric_capacity: int | None = None) -> int:
-    """One example's main: a Communicator over the initialised group (its symmetric pool of
-    ``symmetric_capacity`` bytes, symcomm's default if None), ``checks_for(comm)``, the report,
-    and teardown whatever happens. Returns the exit status."""
-    comm = symcomm.Communicator() if symmetric_capacity is None else symcomm.Communicator(
-        symmetric_capacity=symmetric_capacity)
+def run_example(title: str, checks_for, symmetric_capacity: int = DEFAULT_SYMMETRIC_CAPACITY) -> int:
+    """One example's main: a Communicator over the initialised group (a symmetric pool of
+    ``symmetric_capacity`` bytes), ``checks_for(comm)``, the report, and teardown whatever
+    happens. Returns the exit status."""
+    comm = symcomm.Communicator(symmetric_capacity=symmetric_capacity)
     try:
         passed = report(title, checks_for(comm), comm)
     finally:
