@@ -194,38 +194,99 @@ __device__ __forceinline__ Encoded encode_unit(const RowUnit& r, bool mine, floa
   return out;
 }
 
-// One pass of a counting warp over its 32-entry chunks, in token order. Lanes naming the same
-// expert rank themselves by lane (match_any) after what the warp numbered so far (`running`,
-// [expert], this warp's row of the shared table), and the lowest of them adds their number.
-// `visit(e, key, before)` gets each entry of the run, `before` the entries of its expert ahead
-// of it in the warp's run plus the row's starting value. The first chunk's keys are passed in
-// (`first_key`, loaded once); later chunks' are read again, 4 chunks' at a time, so that a long
-// run waits for one round trip per 4 chunks rather than per chunk.
-template <typename Id, typename Visit>
-__device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, int64_t hi, int first_key,
-                                               int32_t* running, Visit&& visit) {
+// Entry e's expert as this entry's own id says: the expert, or -1 past the entries or out of range.
+template <typename Id>
+__device__ __forceinline__ int raw_key(const Id* ids, int64_t e, int64_t entries, int experts) {
+  if (e < 0 || e >= entries) return -1;
+  const int64_t id = static_cast<int64_t>(ids[e]);
+  return id >= 0 && id < experts ? int(id) : -1;
+}
+
+// ep::entry_key of lane l's entry e (chunk base + l) from the raw keys of its chunk (`here`) and
+// of the 32 entries before it (`before`): -1 where an earlier slot of the same token names the
+// same expert. The earlier slots come by shuffle (top-k <= 32, so they lie in these 64 entries);
+// entry_key loads them one after another, a round trip each, and every block counts and numbers
+// every entry of the rank (bench/NOTES.md, thirtieth and thirty-eighth sessions). Every lane of
+// the warp calls it.
+__device__ __forceinline__ int first_slot_key(int here, int before, int64_t e, int topk) {
+  const int lane = threadIdx.x % 32, slot = int(e % topk);
+  bool repeated = false;
+  for (int d = 1; d < topk; ++d) {  // the same trip count in every lane
+    const int from = (lane - d) & 31;
+    const int in_chunk = __shfl_sync(kFull, here, from), in_before = __shfl_sync(kFull, before, from);
+    repeated |= d <= slot && (lane >= d ? in_chunk : in_before) == here;
+  }
+  return repeated ? -1 : here;
+}
+
+// The raw keys of a counting warp's first chunk and of the 32 entries before it, loaded once.
+struct FirstChunk {
+  int here, before;
+};
+
+// Runs `step(e, key)` over a counting warp's 32-entry chunks of [lo, hi), in token order, with
+// every lane of the warp (e = this lane's entry, key = ep::entry_key of it, or -1 past hi). The
+// first chunk's raw keys are passed in (`first`, loaded once); later chunks' are read again, 4
+// chunks' at a time, each group's loads issued before the group ahead of it is stepped through.
+template <typename Id, typename Step>
+__device__ __forceinline__ void each_chunk(const Dispatch& job, int64_t lo, int64_t hi, FirstChunk first, Step&& step) {
   constexpr int kAhead = 4;
   const int lane = threadIdx.x % 32;
   const Id* ids = static_cast<const Id*>(job.ids);
+  const int64_t entries = job.rows * job.topk;
+  int before = first.before;  // the raw keys of the 32 entries before the group's first chunk
+  int raw[kAhead];             // the group's raw keys, loaded while the group before was stepped through
+#pragma unroll
+  for (int k = 0; k < kAhead; ++k)
+    raw[k] = k == 0 ? first.here : lo + 32 * k < hi ? raw_key(ids, lo + 32 * k + lane, entries, job.experts) : -1;
   for (int64_t group = lo; group < hi; group += 32 * kAhead) {
-    int key[kAhead];
+    int next[kAhead];
 #pragma unroll
     for (int k = 0; k < kAhead; ++k) {
-      const int64_t e = group + 32 * k + lane;
-      key[k] = group == lo && k == 0 ? first_key : e < hi ? ep::entry_key(ids, e, job.topk, job.experts) : -1;
+      const int64_t chunk = group + 32 * (kAhead + k);
+      next[k] = chunk < hi ? raw_key(ids, chunk + lane, entries, job.experts) : -1;
     }
 #pragma unroll
     for (int k = 0; k < kAhead; ++k) {
       if (group + 32 * k >= hi) break;  // the same in every lane
-      const unsigned same = __match_any_sync(kFull, key[k]);
-      const int32_t before = key[k] >= 0 ? running[key[k]] : 0;
-      __syncwarp();
-      if (key[k] >= 0 && lane == __ffs(same) - 1) running[key[k]] = before + __popc(same);
-      __syncwarp();
       const int64_t e = group + 32 * k + lane;
-      if (e < hi) visit(e, key[k], key[k] >= 0 ? before + __popc(same & ((1u << lane) - 1)) : -1);
+      const int key = first_slot_key(raw[k], k == 0 ? before : raw[k - 1], e, job.topk);
+      step(e, e < hi ? key : -1);
     }
+    before = raw[kAhead - 1];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) raw[k] = next[k];
   }
+}
+
+// The counting pass: each entry adds one to its expert's counter of this warp (`running`,
+// [expert], this warp's row of the shared table). Only the totals matter here, so a shared-memory
+// atomic does it; numbering in token order (number_entries) costs several times the instructions,
+// and every block counts every entry of the rank.
+template <typename Id>
+__device__ __forceinline__ void count_entries(const Dispatch& job, int64_t lo, int64_t hi, FirstChunk first,
+                                              int32_t* running) {
+  each_chunk<Id>(job, lo, hi, first, [&](int64_t, int key) {
+    if (key >= 0) atomicAdd(running + key, 1);
+  });
+}
+
+// The numbering pass over the same chunks. Lanes naming the same expert rank themselves by lane
+// (match_any) after what the warp numbered so far (`running`), and the lowest of them adds their
+// number. `visit(e, key, before)` gets each entry of the run, `before` the entries of its expert
+// ahead of it in the warp's run plus the row's starting value.
+template <typename Id, typename Visit>
+__device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, int64_t hi, FirstChunk first,
+                                               int32_t* running, Visit&& visit) {
+  const int lane = threadIdx.x % 32;
+  each_chunk<Id>(job, lo, hi, first, [&](int64_t e, int key) {
+    const unsigned same = __match_any_sync(kFull, key);
+    const int32_t before_here = key >= 0 ? running[key] : 0;
+    __syncwarp();
+    if (key >= 0 && lane == __ffs(same) - 1) running[key] = before_here + __popc(same);
+    __syncwarp();
+    if (e < hi) visit(e, key, key >= 0 ? before_here + __popc(same & ((1u << lane) - 1)) : -1);
+  });
 }
 
 // A token bound for several experts of one peer crosses NVLink once (dispatch's sending lanes,
@@ -409,7 +470,8 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   }
   int32_t* const src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
   int32_t* const table_here = reinterpret_cast<int32_t*>(at(slots, job.table, s.rank));
-  const int first_key = lo < hi && lo + lane < hi ? ep::entry_key(ids, lo + lane, job.topk, E) : -1;
+  const FirstChunk first_chunk{lo < hi ? raw_key(ids, lo + lane, entries, E) : -1,
+                               lo < hi ? raw_key(ids, lo - 32 + lane, entries, E) : -1};
   for (int i = threadIdx.x; i < counting * E; i += blockDim.x) table[i] = 0;
   if (warp == warps - 1) {  // counts too when every warp does
     const Peers* const used[] = {slots + job.table.slot, slots + job.src.slot, slots + job.recv.slot,
@@ -421,7 +483,7 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   if (epoch == 0 || !mapped) return;
   // Counts: each warp's run, then the exclusive prefix over warps, which is the token order of the
   // whole rank since the runs follow warp order.
-  if (warp < counting) number_entries<Id>(job, lo, hi, first_key, table + warp * E, [](int64_t, int, int32_t) {});
+  if (warp < counting) count_entries<Id>(job, lo, hi, first_chunk, table + warp * E);
   __syncthreads();
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
     int32_t sum = 0;
@@ -534,13 +596,15 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   }
   __syncthreads();
   // Each entry's row on its destination: the warp numbers its run again from its prefix. Every
-  // block writes send_rows (the same values); the first chunk's rows stay in lanes for the cache.
+  // block writes send_rows (the same values); the first chunk's rows and keys stay in lanes for the
+  // cache.
   int32_t first_row = -1;
+  int first_key = -1;
   if (warp < counting)
-    number_entries<Id>(job, lo, hi, first_key, table + warp * E, [&](int64_t e, int key, int32_t pos) {
+    number_entries<Id>(job, lo, hi, first_chunk, table + warp * E, [&](int64_t e, int key, int32_t pos) {
       const int32_t r = key >= 0 ? base[key] + pos : -1;  // < capacity: the fingerprints agree
       job.send_rows[e] = r;
-      if (e - lo < 32) first_row = r;
+      if (e - lo < 32) first_row = r, first_key = key;
     });
   __syncthreads();
   if (warp < counting && lo + lane < hi && lo + lane < kRowCache) {
