@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 38, one H200, call 2: the same three trees as call 1 (old = main, new = the words scale
+# copy, layout = new + session 30's layout patch), dispatch alone on FOUR simulated ranks (where
+# ptxas reports the layout patch's extra spill), then two more rounds at two ranks for the decode
+# sizes. Not NVLink timing.
+set -uo pipefail
+OUT=$1; export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+S=$OUT/s2; mkdir -p $S; SECONDS=0
+git status --short | grep -v "^?? diag" > $S/status.txt
+python3 -m pip install --no-build-isolation --no-deps -e . >$S/build.log 2>&1; echo "build rc $? at ${SECONDS}s"
+for t in old layout; do mkdir -p diag/w38/$t/build/nvcc-cache diag/w38/$t/symcomm/_native && cp build/nvcc-cache/* diag/w38/$t/build/nvcc-cache/ && for o in diag/w38/objs/$t/*.gz; do gunzip -c $o > diag/w38/$t/build/nvcc-cache/$(basename $o .gz); done; done
+for t in old layout; do (cd diag/w38/$t && python3 setup.py build_ext --inplace >$S/build_$t.log 2>&1; echo "$t build rc $? at ${SECONDS}s"); done
+NEW=$PWD
+run() {  # world, tokens..., into time.txt
+  local world=$1; shift
+  for t in new old layout; do
+    [ $SECONDS -gt 500 ] && return
+    dir=$NEW; [ $t != new ] && dir=$NEW/diag/w38/$t
+    (cd $dir && WORLD=$world QUANTS=none,nvfp4,fp8 PYTHONPATH=$dir timeout 90 python3 $NEW/diag/w38/ep_time38.py $t "$@" >>$S/time.txt 2>&1); echo "$t w$world rc $? at ${SECONDS}s"
+  done
+  tar -czf $OUT/s2.tgz -C $OUT s2
+}
+for round in 1 2; do run 4 1 64 512 2048; done
+for round in 1 2; do run 2 1 8 64; done
+run 4 1 64 512 2048
+python3 - $S/time.txt <<'PY' | tee $S/summary.txt
+import re, sys, collections, statistics
+rows = collections.defaultdict(lambda: collections.defaultdict(list))
+for line in open(sys.argv[1]):
+    m = re.match(r"(\w+) w(\d) tokens\s+(\d+) dispatch (\S+)\s*:\s+(\S+)", line)
+    if m:
+        rows[(int(m.group(2)), m.group(4), int(m.group(3)))][m.group(1)].append(float(m.group(5)))
+trees = ["old", "new", "layout"]
+print("world quant tokens | " + " | ".join(trees) + " | new/old layout/old (medians of rounds)")
+for key in sorted(rows):
+    med = {t: statistics.median(rows[key][t]) for t in trees if rows[key].get(t)}
+    ratio = " ".join(f"{med[t] / med['old']:.3f}" if t in med and 'old' in med else "-" for t in ("new", "layout"))
+    print(f"w{key[0]} {key[1]:6s} {key[2]:5d} | " + " | ".join(" ".join(f"{x:.1f}" for x in rows[key].get(t, [])) or "-" for t in trees) + f" | {ratio}")
+PY
+tar -czf $OUT/s2.tgz -C $OUT s2 && rm -rf $S
