@@ -289,20 +289,6 @@ __device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, 
   });
 }
 
-// A token bound for several experts of one peer crosses NVLink once (dispatch's sending lanes,
-// past kDedupFromBytes): its first entry for that rank (the lead) gets the row, each other entry
-// gets only a marker in recv_src, -2 - (lead row * topk + slot), and once every block of every
-// rank has met, the receiving rank copies the lead's row (and scales) into each marked row and
-// puts the entry's origin back in recv_src. At world 2 with top-8 a token's rows for the peer
-// fall from about 4 to 1.
-//
-// Each block takes blockDim rows spread over the grid at a time: every thread loads one recv_src
-// word, a thread that finds a marker lists its row in shared memory and loads the lead's origin,
-// and then the whole block copies the listed rows, 4 pieces a thread in flight, so that a decode
-// call's few rows take a round trip or two rather than one per 4 x 512 bytes of a row. The thread
-// that listed a row restores its word after the block's copies, so no thread reads a half-restored
-// one; lead rows hold origins and are never marked, so the origin loaded early is final.
-// `list` is shared memory for 2 * blockDim ints (the layout's table, no longer used by then).
 // The scales of expand_duplicates' n listed rows (`list`: marked row, lead row), copied from the
 // lead's in 4-byte words, kAhead of them in flight a thread. An NVFP4 row's 4 consecutive scales
 // from a multiple of 4 lie together in both layouts (the swizzled one keeps a row's 4 columns of
@@ -361,6 +347,20 @@ __device__ __forceinline__ void copy_scales(const Dispatch& job, char* scales, c
   }
 }
 
+// A token bound for several experts of one peer crosses NVLink once (dispatch's sending lanes,
+// past kDedupFromBytes): its first entry for that rank (the lead) gets the row, each other entry
+// gets only a marker in recv_src, -2 - (lead row * topk + slot), and once every block of every
+// rank has met, the receiving rank copies the lead's row (and scales) into each marked row and
+// puts the entry's origin back in recv_src. At world 2 with top-8 a token's rows for the peer
+// fall from about 4 to 1.
+//
+// Each block takes blockDim rows spread over the grid at a time: every thread loads one recv_src
+// word, a thread that finds a marker lists its row in shared memory and loads the lead's origin,
+// and then the whole block copies the listed rows, 4 pieces a thread in flight, so that a decode
+// call's few rows take a round trip or two rather than one per 4 x 512 bytes of a row. The thread
+// that listed a row restores its word after the block's copies, so no thread reads a half-restored
+// one; lead rows hold origins and are never marked, so the origin loaded early is final.
+// `list` is shared memory for 2 * blockDim ints (the layout's table, no longer used by then).
 template <int Q>
 __device__ void expand_duplicates(const Dispatch& job, char* recv, char* scales, int32_t* src, int64_t used,
                                   int32_t* list) {
@@ -450,10 +450,11 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   const int64_t unit_chunks = (job.units + 31) / 32, items = job.rows * unit_chunks;
   const int64_t first_item = int64_t(blockIdx.x) * warps + warp;
   // Loads that need nothing from the layout, issued in one round trip with the epoch's and first
-  // used after the layout: this warp's first row unit, its first chunk's keys, the global scale,
-  // the peers' buffers (lane r < W holds rank r's; a lane takes its destination's by shuffle) and
-  // every Signal block. The kernels that wrote them have completed once begin_epoch's wait
-  // returns (launch.cuh); no peer pointer is dereferenced before slots_ready has passed.
+  // used after the layout: this warp's first row unit, the raw keys of its first chunk and of the
+  // 32 entries before it (each_chunk), the global scale, the peers' buffers (lane r < W holds rank
+  // r's; a lane takes its destination's by shuffle) and every Signal block. The kernels that wrote
+  // them have completed once begin_epoch's wait returns (launch.cuh); no peer pointer is
+  // dereferenced before slots_ready has passed.
   const EpochWords epoch_words = begin_epoch(s);
   const float gs = Q == SYMCOMM_EP_NVFP4 ? (job.gs_ptr != nullptr ? *job.gs_ptr : job.gs_value) : 0.0f;
   RowUnit first_unit{};
