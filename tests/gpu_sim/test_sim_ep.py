@@ -38,12 +38,15 @@ from _ep_reference import encode, group_mismatches, random_case, world_combine, 
 # many experts), alignment, the three encodings, and thousands of entries (a counting warp's run
 # of many 32-entry chunks, and entries past the dispatch's shared cache of rows). The last case of
 # each world passes the built-in dedup threshold (4 MiB of rows per rank: about 300 rows of hidden
-# 7168); the cases of small rows reach dedup only at DEDUP's "always".
+# 7168); the cases of small rows reach dedup only at DEDUP's "always". Every third case but the
+# last repeats experts within tokens (an entry naming its token's expert again sends nothing), and
+# hidden 144 gives NVFP4 rows nine scales, a short last group of the swizzled layout's four.
 CASES = {
     2: [((0, 5), 4, 1, 1, None, False, 256), ((7, 3), 8, 2, 4, "nvfp4", False, 256),
         ((1, 9), 16, 8, 1, "fp8", False, 256), ((4, 0), 6, 3, 128, "nvfp4", True, 7168),
         ((3, 2), 32, 12, 1, None, False, 256), ((700, 651), 256, 8, 1, None, False, 128),
-        ((260, 300), 32, 5, 1, "nvfp4", False, 144), ((48, 44), 256, 8, 1, None, False, 7168)],
+        ((260, 300), 32, 5, 1, "nvfp4", False, 144), ((5, 6), 16, 4, 1, "nvfp4", True, 144),
+        ((48, 44), 256, 8, 1, None, False, 7168)],
     4: [((3, 0, 5, 1), 8, 4, 1, None, False, 7168), ((0, 0, 2, 0), 64, 7, 2, "fp8", False, 128),
         ((6, 6, 6, 6), 16, 5, 1, "nvfp4", False, 512), ((2, 9, 1, 4), 4, 3, 8, None, False, 136),
         ((2, 1, 0, 3), 64, 32, 1, "fp8", False, 256), ((300, 0, 530, 129), 64, 8, 2, "fp8", False, 128),
@@ -174,8 +177,9 @@ def test_peer_dispatch_and_combine_equal_the_reference(world, dedup):
     for i, (tokens, experts, k, align, quant, swizzle, hidden) in enumerate(CASES[world]):
         dtype = torch.float16 if i % 2 else torch.bfloat16
         max_tokens = max(tokens) + 1
+        repeat = 0.25 if i % 3 == 1 and i < len(CASES[world]) - 1 else 0.0
         xs, ids, ws = random_case(world, list(tokens), hidden, experts, k, seed=world * 31 + i, dtype=dtype,
-                                  ids_dtype=torch.int32 if i % 2 else torch.int64)
+                                  ids_dtype=torch.int32 if i % 2 else torch.int64, repeat=repeat)
         amax = max((float(x.float().abs().max()) for x in xs if x.numel()), default=1.0)
         gs_value = 448.0 * 6 / amax
         # NVFP4's global scale as a float on even cases, a device tensor (read by the kernel) on odd ones
