@@ -184,7 +184,8 @@ def buffer_specs(world: int, max_tokens: int, topk: int, num_experts: int, hidde
     sizes still meet in it, and the fingerprints there stop them all before any row lands at an
     offset only one of them thinks right. ``moe_dispatch_nbytes`` sizes the pool for them.
     Cached, and so read-only: every call of a step asks for the same sizes, and building the
-    table took about 3 us a call (timeit, on a CPU), most of what it first added to build."""
+    table anew was most of what it first added to build's host time (bench/NOTES.md,
+    thirty-seventh session)."""
     cap = layout.capacity(world, max_tokens, topk, num_experts, align)
     i32 = torch.int32
     specs = {"handle.table": BufferSpec((world, num_experts + 1), i32)}
