@@ -290,13 +290,15 @@ __device__ __forceinline__ void number_entries(const Dispatch& job, int64_t lo, 
 }
 
 // The scales of expand_duplicates' n listed rows (`list`: marked row, lead row), copied from the
-// lead's in 4-byte words, kAhead of them in flight a thread. An NVFP4 row's 4 consecutive scales
-// from a multiple of 4 lie together in both layouts (the swizzled one keeps a row's 4 columns of
-// a tile in one word, fp4.cuh; the row-major one when a row's count is a multiple of 4); a last
-// group of fewer, or a row-major row of another count, goes byte by byte, so only a row's own
-// scales are written, as the dispatch writes them. One byte a thread at a time, the NVFP4 copy
-// was a chain of dependent loads, 448 a row at hidden 7168 (bench/NOTES.md, thirty-eighth
-// session: 7% of the NVFP4 dispatch at 2048 tokens on two simulated ranks, 11% at four).
+// lead's. Where a row's NVFP4 scale count is a multiple of 4, every 4 consecutive scales from a
+// multiple of 4 lie together in both layouts (the swizzled one keeps a row's 4 columns of a tile
+// in one word, fp4.cuh), and FP8's scales are fp32: those go in 4-byte words, kAhead in flight a
+// thread. Other counts (hidden not a multiple of 64) go byte by byte, so only a row's own scales
+// are written, as the dispatch writes them. One byte a thread at a time, the NVFP4 copy was a
+// chain of dependent loads, 448 a row at hidden 7168 (bench/NOTES.md, thirty-eighth session: 7%
+// of the NVFP4 dispatch at 2048 tokens on two simulated ranks, 11% at four). Only a word and its
+// destination stay live across the loads: with the byte counts as well, the 1024-thread dispatch
+// spilled (bench/NOTES.md, thirty-ninth session).
 template <int Q>
 __device__ __forceinline__ void copy_scales(const Dispatch& job, char* scales, const int32_t* list, int n) {
   if constexpr (Q != SYMCOMM_EP_NONE) {
@@ -306,8 +308,7 @@ __device__ __forceinline__ void copy_scales(const Dispatch& job, char* scales, c
     const int64_t padded_cols = fp4::padded_cols(job.cols / fp4::kBlock);
     // Words of one row's scales: groups of 4 NVFP4 scales, or FP8's fp32 scales one a word.
     const int per_row = int(Q == SYMCOMM_EP_NVFP4 ? (units + 3) / 4 : job.cols / ep::kFp8Block);
-    const bool whole_words =
-        Q == SYMCOMM_EP_FP8 || ((job.swizzle || units % 4 == 0) && reinterpret_cast<uintptr_t>(scales) % 4 == 0);
+    const bool whole_words = Q == SYMCOMM_EP_FP8 || (units % 4 == 0 && reinterpret_cast<uintptr_t>(scales) % 4 == 0);
     // Byte offset of word w of row r, and the scales it holds (4 but for a last NVFP4 group).
     const auto word_at = [&](int64_t r, int w) -> int64_t {
       if constexpr (Q == SYMCOMM_EP_FP8) return (r * per_row + w) * 4;
@@ -315,33 +316,28 @@ __device__ __forceinline__ void copy_scales(const Dispatch& job, char* scales, c
     };
     const auto width = [&](int w) { return Q == SYMCOMM_EP_FP8 ? 4 : int(units - 4 * w < 4 ? units - 4 * w : 4); };
     const int items = n * per_row;
-    for (int i0 = threadIdx.x; i0 < items; i0 += kAhead * threads) {
-      uint32_t v[kAhead];
-      int64_t to[kAhead];
-      int bytes[kAhead];
+    if (whole_words) {
+      for (int i0 = threadIdx.x; i0 < items; i0 += kAhead * threads) {
+        uint32_t v[kAhead];
+        int64_t to[kAhead];
 #pragma unroll
-      for (int k = 0; k < kAhead; ++k) {
-        const int i = i0 + k * threads, m = i / per_row, w = i - m * per_row;
-        v[k] = 0;
-        bytes[k] = i < items ? width(w) : 0;
-        if (bytes[k] == 0) continue;
-        const int64_t from = word_at(list[2 * m + 1], w);
-        to[k] = word_at(list[2 * m], w);
-        if (bytes[k] == 4 && whole_words) {
-          v[k] = *reinterpret_cast<const uint32_t*>(scales + from);
-        } else {
-          for (int j = 0; j < bytes[k]; ++j)
-            v[k] |= uint32_t(reinterpret_cast<const uint8_t*>(scales)[from + j]) << (8 * j);
+        for (int k = 0; k < kAhead; ++k) {
+          const int i = i0 + k * threads, m = i / per_row, w = i - m * per_row;
+          to[k] = -1;
+          if (i >= items) continue;
+          v[k] = *reinterpret_cast<const uint32_t*>(scales + word_at(list[2 * m + 1], w));
+          to[k] = word_at(list[2 * m], w);
         }
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k)
+          if (to[k] >= 0) *reinterpret_cast<uint32_t*>(scales + to[k]) = v[k];
       }
-#pragma unroll
-      for (int k = 0; k < kAhead; ++k) {
-        if (bytes[k] == 4 && whole_words) {
-          *reinterpret_cast<uint32_t*>(scales + to[k]) = v[k];
-        } else {
-          for (int j = 0; j < bytes[k]; ++j)
-            reinterpret_cast<uint8_t*>(scales)[to[k] + j] = uint8_t(v[k] >> (8 * j));
-        }
+    } else {
+      for (int i = threadIdx.x; i < items; i += threads) {
+        const int m = i / per_row, w = i - m * per_row;
+        const int64_t from = word_at(list[2 * m + 1], w), to = word_at(list[2 * m], w);
+        for (int j = 0; j < width(w); ++j)
+          reinterpret_cast<uint8_t*>(scales)[to + j] = reinterpret_cast<const uint8_t*>(scales)[from + j];
       }
     }
   }
