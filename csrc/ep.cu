@@ -4,9 +4,10 @@
 //
 // Dispatch is one launch, ep_dispatch (many blocks). Every block counts this rank's valid entries
 // per expert and numbers them in token order, writes this rank's counts row into every rank's
-// counts table (context memory, in the Signal blocks), and meets the peers (kMid: every row has
-// landed, its writer released it before arriving, and every rank got here only after finishing
-// its earlier work, so the pool buffers the rows go to are free). Each block then turns the table
+// counts table of its block index (context memory, in the Signal blocks), each word stamped with
+// the call's number, and waits until every peer's row of its own table carries the stamp (the
+// meeting, kMid: every rank got here only after finishing its earlier work, so the pool buffers
+// the rows go to are free). Each block then turns the table
 // into rows: each entry's row on its destination (send_rows), and, in block 0, this rank's receive
 // layout, a copy of the table in the handle, and -1 in the padding rows of its recv_src. Then the
 // blocks write every token, quantized on the way, into the receive buffers of its entries' ranks,
@@ -114,19 +115,20 @@ struct Combine {
 };
 
 // ------------------------------------------------------------------ dispatch
-// One launch, ep_dispatch, in two phases that a barrier with the peers separates.
+// One launch, ep_dispatch, in two phases that a meeting with the peers separates.
 //
 // Layout, in every block. This rank's valid entries are counted per expert and numbered in token
-// order; every block writes this rank's counts row (the same values) into every rank's counts
-// table, and the blocks meet their peers' (kMid). Block b's barrier proves only that the peers'
-// block b got there, which is why every block writes the whole row: any block past its barrier
-// holds every peer's counts, and turns the table into rows itself, with the same arithmetic as
-// every other block. That costs each block a few shared-memory passes, where a layout kernel of
-// its own cost a launch, a prologue, and the row phase's wait for both; a decode call is
-// latency-bound, one memory round trip after another, so the phase keeps them few: only as many
-// warps count as there are 32-entry chunks, the slot check runs in the last warp (one that does
-// not count unless every warp does), the fingerprints and counts come in one pass, and the first
-// row unit each warp sends is loaded before the layout starts.
+// order; block b writes this rank's counts row (the same values from every block) into every
+// rank's table b, its words stamped, and waits for the peers' rows of its own (kMid). That proves
+// only that the peers' block b got there, which is why every block writes the whole row: any
+// block past the wait holds every peer's counts, and turns the table into rows itself, with the
+// same arithmetic as every other block. That costs each block a few shared-memory passes, where
+// a layout kernel of its own cost a launch, a prologue, and the row phase's wait for both; a
+// decode call is latency-bound, one memory round trip after another, so the phase keeps them few:
+// only as many warps count as there are 32-entry chunks, the slot check runs in the last warp
+// (one that does not count unless every warp does), the stamped words carry the meeting, the
+// fingerprints and the counts in one pass, and the first row unit each warp sends is loaded
+// before the layout starts.
 //
 // Rows. Every lane's unit of one token row (chunk c of 32 units), encoded once, is stored into
 // each valid entry's destination row with its origin in the destination's recv_src; then the
@@ -417,6 +419,23 @@ __device__ void expand_duplicates(const Dispatch& job, char* recv, char* scales,
   }
 }
 
+// Waits until a counts-table word (`seen`, loaded from `word`) carries this call's stamp. False
+// once this rank gave up: this thread's bound expired (`since`: when it began waiting, 0 until
+// then, shared by all its words so that one bound covers them) or another thread did.
+__device__ __forceinline__ bool stamped(const Sync& s, const uint64_t* word, uint64_t& seen, uint32_t stamp, int peer,
+                                        uint64_t& since) {
+  while (uint32_t(seen >> 32) != stamp) {
+    if (since == 0) since = now_ns();
+    if (has_given_up(s)) return false;
+    if (now_ns() - since > s.timeout_ns) {
+      give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kMid, peer));
+      return false;
+    }
+    seen = *reinterpret_cast<const volatile uint64_t*>(word);
+  }
+  return true;
+}
+
 template <int Q, typename T, typename Id, int W>
 __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Peers* slots, Dispatch job) {
   // [warp][expert]: counts, then each warp's running row numbers; then each counting warp's first
@@ -431,6 +450,7 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   __shared__ int32_t used_rows;    // rows of this rank's receive layout
   __shared__ int32_t valid_total;  // valid entries of every rank: what the dedup decision reads
   __shared__ uint64_t meeting;     // meet_all_blocks' number, for a call that dedups
+  __shared__ uint32_t call;        // this block's dispatch number: the stamp of its counts-table words
   __shared__ Signal* signal_at[kMaxRanks];  // every rank's Signal block, which holds its counts table
   constexpr int64_t kRowCache = kLayoutInts / 2;
   const int E = job.experts, warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -461,9 +481,11 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
 #pragma unroll
   for (int k = 0; k < 4; ++k) lane_buf[k] = lane < W ? at(slots, buffers[k], lane) : nullptr;
   if (threadIdx.x < W) signal_at[threadIdx.x] = reinterpret_cast<Signal*>(of_rank<W>(s.signals.ptr, int(threadIdx.x)));
+  uint32_t calls_before = 0;
   if (threadIdx.x == 0) {
     meeting = next_meeting(s);
     valid_total = 0;
+    calls_before = *reinterpret_cast<volatile uint32_t*>(&own_signal(s)->ep_calls[blockIdx.x]);
   }
   int32_t* const src_here = reinterpret_cast<int32_t*>(at(slots, job.src, s.rank));
   int32_t* const table_here = reinterpret_cast<int32_t*>(at(slots, job.table, s.rank));
@@ -476,7 +498,12 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     const bool ready = slots_ready(s, used, W);
     if (lane == 0) mapped = ready;
   }
-  const uint64_t epoch = end_epoch(s, epoch_words);  // its CTA barrier also publishes the zeros and `mapped`
+  if (threadIdx.x == 0) {
+    // Never 0, the tables' first contents; a stale word holds the previous call's number.
+    call = calls_before + 1 == 0 ? 1 : calls_before + 1;
+    own_signal(s)->ep_calls[blockIdx.x] = call;
+  }
+  const uint64_t epoch = end_epoch(s, epoch_words);  // its CTA barrier publishes the zeros, `mapped`, `call`
   if (epoch == 0 || !mapped) return;
   // Counts: each warp's run, then the exclusive prefix over warps, which is the token order of the
   // whole rank since the runs follow warp order.
@@ -492,47 +519,67 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     counts[id] = sum;
   }
   __syncthreads();
-  // This rank's row of every rank's counts table: its counts, then its fingerprint (one more
-  // column), the same values from every block. The tables are context memory, in the Signal
-  // blocks, so no barrier comes first: a rank reads its table only in its own dispatch, and a peer
-  // writes it again only in its next dispatch, which begins (griddepcontrol.wait) after the whole
-  // previous dispatch grid of that peer completed; each of those blocks met this rank's block of
-  // the same index at kEnd (the grids are equal), or every block of it at a dedup call's meeting,
-  // which that block reached after reading the table. A pool buffer could have served some other use on this rank until this call, so
-  // writing one needed a start barrier. The kMid barrier still proves every rank got here after
-  // all its earlier work, before any row moves into its pool buffers. Every block writes the
-  // whole row, W * (E + 1) words to the peers: 8 KiB a block at 256 experts and world 8.
+  // This rank's row of every rank's counts table for this block: its counts, then its fingerprint
+  // (one more column), each word stamped with the call's number (every rank's block b has run the
+  // same dispatches, so the numbers agree), 8 bytes stored at once so that a reader never sees a
+  // stamp with another call's value. Block b of each rank writes into table b of every rank and
+  // reads its own table b, waiting only for words not yet stamped: that is the meeting with the
+  // peers' block b, with no flag, no release fence and no second round trip for the table
+  // (bench/NOTES.md, thirty-ninth session). A stamped row proves its writer began this call after
+  // all its earlier work completed (begin_epoch), so the pool buffers the rows go to are free.
+  // The tables are context memory, in the Signal blocks, so no barrier comes first: a peer writes
+  // table b again only in its next dispatch, which begins (griddepcontrol.wait) after the whole
+  // previous dispatch grid of that peer completed; its block b met this rank's block b at kEnd
+  // (the grids are equal), or every block of it at a dedup call's meeting, and this rank's block b
+  // reached either after reading the table. Every block writes the whole row, W * (E + 1) words
+  // to the peers: 16 KiB a block at 256 experts and world 8.
   const int row = E + 1;
   const int32_t mark = job.mark;
+  const uint32_t stamp = call;
   for (int i = threadIdx.x; i < W * row; i += blockDim.x) {
     const int q = (s.rank + i / row) % W;  // ranks do not all start on one peer
     const int col = i % row;
     // The fingerprint sits in the last column whatever E is, so a rank reads a peer's current
     // one even where the peer passed another expert count.
-    signal_at[q]->ep_table[s.rank][col < E ? col : kMaxExperts] = col < E ? counts[col] : mark;
+    const uint32_t value = col < E ? uint32_t(counts[col]) : uint32_t(mark);
+    *reinterpret_cast<volatile uint64_t*>(&signal_at[q]->ep_table[blockIdx.x][s.rank][col < E ? col : kMaxExperts]) =
+        uint64_t(stamp) << 32 | value;
   }
-  if (!barrier(s, kMid, W, epoch)) return;
-  const auto& all = signal_at[s.rank]->ep_table;
+  __syncthreads();  // counts[] is rewritten below
+  const auto& all = signal_at[s.rank]->ep_table[blockIdx.x];
   const bool writer = blockIdx.x == 0;  // of the outputs the handle keeps; every block computes them
   // Every rank sees every fingerprint, so every rank stops alike, before any row moves. The
   // fingerprints are read in the same pass as the counts, which also go to the handle's table.
-  // A block of this rank that gave up at kMid (a peer's block never came) stops the others here,
-  // in the same round trip, before they send rows into the peers that did come.
+  // A block of this rank that gave up (a peer's block never came) stops the others here, in the
+  // same round trip, before they send rows into the peers that did come.
   bool agree = !(threadIdx.x == 0 && has_given_up(s));
-  if (threadIdx.x < W) {
-    const int32_t theirs = all[threadIdx.x][kMaxExperts];
-    if (writer) table_here[threadIdx.x * row + E] = theirs;
-    if (theirs != mark) {
-      give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kMid, int(threadIdx.x)));
-      agree = false;
-    }
-  }
+  uint64_t since = 0;  // when this thread began waiting: one bound for all its words
   int32_t my_valid = 0;
+  // Threads below W read a fingerprint too, and have an expert of their own (E >= W): the words of
+  // their first one are loaded with it, then waited for one by one.
+  const uint64_t* const mark_at = &all[threadIdx.x < W ? threadIdx.x : 0][kMaxExperts];
+  uint64_t mark_word = threadIdx.x < W ? *reinterpret_cast<const volatile uint64_t*>(mark_at) : 0;
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
+    uint64_t words[W];
+#pragma unroll
+    for (int q = 0; q < W; ++q) words[q] = *reinterpret_cast<const volatile uint64_t*>(&all[q][id]);
+    if (id < W) {  // this thread's fingerprint
+      if (!stamped(s, mark_at, mark_word, stamp, id, since)) {
+        agree = false;
+      } else {
+        const int32_t theirs = int32_t(uint32_t(mark_word));
+        if (writer) table_here[id * row + E] = theirs;
+        if (theirs != mark) {
+          give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kMid, id));
+          agree = false;
+        }
+      }
+    }
     int32_t total = 0, before = 0;
 #pragma unroll
     for (int q = 0; q < W; ++q) {
-      const int32_t c = all[q][id];
+      if (agree && !stamped(s, &all[q][id], words[q], stamp, q, since)) agree = false;
+      const int32_t c = int32_t(uint32_t(words[q]));
       if (writer) table_here[q * row + id] = c;
       before += q < s.rank ? c : 0;
       total += c;

@@ -104,10 +104,13 @@ struct Signal {
   uint32_t flagfree_prev[kFlagFreeRecords];  // the most vectors a peer wrote per slot in the previous call
   uint32_t probe[kMaxRanks];           // P2P test: written by peer p into probe[p]
   uint32_t ep_dispatched;              // 1 from a peer-push layout to the next peer-push combine (local)
-  // EP dispatch's counts table (csrc/ep.cu's ep_dispatch): row p written by peer p, its counts per
-  // expert, its fingerprint in the last column. On lines of its own: peers write it while this
-  // rank's blocks spin on the words above.
-  alignas(128) int32_t ep_table[kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
+  uint32_t ep_calls[kGridBlocks];      // EP dispatches block b of this rank has run (local): their stamp
+  // EP dispatch's counts tables (csrc/ep.cu's ep_dispatch), one per block of its grid (at most
+  // grid_blocks <= kGridBlocks): ep_table[b][p] written by peer p's block b, its counts per expert
+  // and its fingerprint in the last column, each word stamped with the call's number. 4 MiB in
+  // all (docs/memory.md). On lines of their own: peers write them while this rank's blocks spin on
+  // the words above.
+  alignas(128) uint64_t ep_table[kGridBlocks][kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
 };
 
 constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
