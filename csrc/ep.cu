@@ -419,23 +419,6 @@ __device__ void expand_duplicates(const Dispatch& job, char* recv, char* scales,
   }
 }
 
-// Waits until a counts-table word (`seen`, loaded from `word`) carries this call's stamp. False
-// once this rank gave up: this thread's bound expired (`since`: when it began waiting, 0 until
-// then, shared by all its words so that one bound covers them) or another thread did.
-__device__ __forceinline__ bool stamped(const Sync& s, const uint64_t* word, uint64_t& seen, uint32_t stamp, int peer,
-                                        uint64_t& since) {
-  while (uint32_t(seen >> 32) != stamp) {
-    if (since == 0) since = now_ns();
-    if (has_given_up(s)) return false;
-    if (now_ns() - since > s.timeout_ns) {
-      give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kMid, peer));
-      return false;
-    }
-    seen = *reinterpret_cast<const volatile uint64_t*>(word);
-  }
-  return true;
-}
-
 template <int Q, typename T, typename Id, int W>
 __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Peers* slots, Dispatch job) {
   // [warp][expert]: counts, then each warp's running row numbers; then each counting warp's first
@@ -555,34 +538,52 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
   bool agree = !(threadIdx.x == 0 && has_given_up(s));
   uint64_t since = 0;  // when this thread began waiting: one bound for all its words
   int32_t my_valid = 0;
-  // Threads below W read a fingerprint too, and have an expert of their own (E >= W): the words of
-  // their first one are loaded with it, then waited for one by one.
-  const uint64_t* const mark_at = &all[threadIdx.x < W ? threadIdx.x : 0][kMaxExperts];
-  uint64_t mark_word = threadIdx.x < W ? *reinterpret_cast<const volatile uint64_t*>(mark_at) : 0;
   for (int id = threadIdx.x; id < E; id += blockDim.x) {
-    uint64_t words[W];
-#pragma unroll
-    for (int q = 0; q < W; ++q) words[q] = *reinterpret_cast<const volatile uint64_t*>(&all[q][id]);
-    if (id < W) {  // this thread's fingerprint
-      if (!stamped(s, mark_at, mark_word, stamp, id, since)) {
-        agree = false;
-      } else {
-        const int32_t theirs = int32_t(uint32_t(mark_word));
-        if (writer) table_here[id * row + E] = theirs;
-        if (theirs != mark) {
-          give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kMid, id));
+    // Every rank's word of this expert, and for threads below W (each has an expert: E >= W) rank
+    // id's fingerprint, loaded in one round trip; again only while one is not yet stamped. Only
+    // the values and a bit per stale word stay live (bit W: the fingerprint): with the whole words
+    // kept, the 1024-thread NVFP4 dispatch spilled more and took 1.03x at 2048 tokens (bench/NOTES.md,
+    // thirty-ninth session).
+    int32_t c[W], theirs = 0;
+    unsigned stale = 0;
+    for (bool first = true;; first = false) {
+      if (!first) {
+        if (since == 0) since = now_ns();
+        if (has_given_up(s)) {
+          agree = false;
+        } else if (now_ns() - since > s.timeout_ns) {
+          give_up(s, abort_code(SYMCOMM_AR_ABORT_TIMEOUT, kMid, stale >> W ? id : __ffs(stale) - 1));
           agree = false;
         }
+        if (!agree) break;
+      }
+      stale = 0;
+#pragma unroll
+      for (int q = 0; q < W; ++q) {
+        const uint64_t word = *reinterpret_cast<const volatile uint64_t*>(&all[q][id]);
+        c[q] = int32_t(uint32_t(word));
+        stale |= unsigned(uint32_t(word >> 32) != stamp) << q;
+      }
+      if (id < W) {
+        const uint64_t word = *reinterpret_cast<const volatile uint64_t*>(&all[id][kMaxExperts]);
+        theirs = int32_t(uint32_t(word));
+        stale |= unsigned(uint32_t(word >> 32) != stamp) << W;
+      }
+      if (stale == 0 || !agree) break;
+    }
+    if (id < W && agree) {
+      if (writer) table_here[id * row + E] = theirs;
+      if (theirs != mark) {
+        give_up(s, abort_code(SYMCOMM_AR_ABORT_MISMATCH, kMid, id));
+        agree = false;
       }
     }
     int32_t total = 0, before = 0;
 #pragma unroll
     for (int q = 0; q < W; ++q) {
-      if (agree && !stamped(s, &all[q][id], words[q], stamp, q, since)) agree = false;
-      const int32_t c = int32_t(uint32_t(words[q]));
-      if (writer) table_here[q * row + id] = c;
-      before += q < s.rank ? c : 0;
-      total += c;
+      if (writer) table_here[q * row + id] = c[q];
+      before += q < s.rank ? c[q] : 0;
+      total += c[q];
     }
     counts[id] = total;
     base[id] = before;
