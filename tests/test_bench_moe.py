@@ -29,6 +29,8 @@ def test_shape_flags_are_checked_before_any_rank_starts():
     cfg = cli.build_config(args, "cpu")
     assert cfg.options == {"hidden": 256, "topk": 3, "experts": 8}
     assert cfg.sizes == [1 * 3 * 256 * 2, 4 * 3 * 256 * 2]
+    # A list, not a sweep: the header must not quote -f's default step
+    assert cfg.stepfactor == 0 and "sizes: --tokens 1,4 per rank, 1536 dispatched bytes a token" in cfg.notes
     for argv, pattern in [(["all_reduce", "--hidden", "64"], "only moe take shape flags, not all_reduce"),
                           (["moe", "--hidden", "100"], "multiple of 128"),
                           (["moe", "--topk", "9", "--experts", "8"], r"--topk \(9\) must be from 1"),

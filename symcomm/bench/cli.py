@@ -131,7 +131,11 @@ def shape_options(args: argparse.Namespace, op: str, datatype: str, fields: dict
         if counts[0] < 1:
             raise BenchError("--tokens: counts must be at least 1")
         step = spec.smallest_size(1, torch.empty((), dtype=getattr(torch, DATATYPES[datatype][1])).element_size())
-        fields.update(sizes=[t * step for t in counts], minbytes=counts[0] * step, maxbytes=counts[-1] * step)
+        # stepfactor 0: the sizes are a list, not a sweep (the header line says so, not -f's default).
+        fields.update(sizes=[t * step for t in counts], minbytes=counts[0] * step, maxbytes=counts[-1] * step,
+                      stepfactor=0)
+        fields["notes"] = [*fields["notes"], f"sizes: --tokens {','.join(map(str, counts))} per rank, "
+                                             f"{step} dispatched bytes a token"]
     return options
 
 

@@ -159,7 +159,8 @@ def header_lines(info: RunInfo) -> list[str]:
         f"torch={info.torch_version}",
         f"# Collective test starting: {test_name(info.op)}",
         f"# nThread 1 nGpus 1 minBytes {info.minbytes} maxBytes {info.maxbytes} "
-        f"step: {info.stepfactor}(factor) warmup iters: {info.warmup} iters: {info.iters} "
+        f"step: {f'{info.stepfactor}(factor)' if info.stepfactor else 'none(--tokens)'} "
+        f"warmup iters: {info.warmup} iters: {info.iters} "
         f"agg iters: 1 validation: {int(info.check)} graph: {info.graph} unalign: 0",
         "#",
         "# Using devices",
