@@ -21,8 +21,8 @@
 // (recv_group, symcomm/ep/layout.py's groups). Combine is one launch, ep_combine (many blocks). It
 // meets the peers first, because the owners of the tokens must have finished adding the previous
 // combine's partials, which they read from the buffer this call writes; that start barrier is
-// skipped when a dispatch ran since the last combine, since the dispatch's barriers already proved
-// it (every rank reached them only after finishing the combine before). The flag that records a
+// skipped when a dispatch ran since the last combine, since the dispatch's meetings with the peers
+// already proved it (every rank reached them only after finishing the combine before). The flag that records a
 // dispatch (ep_dispatched) is the peer-push paths' own: an a2a dispatch leaves it alone, and an a2a
 // combine never reads `returned`. It adds up each listed group of expert_out rows in slot order,
 // weighted, in fp32, and writes the rounded partial (FP8-quantized on the way) into the owner's
@@ -482,7 +482,10 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     if (lane == 0) mapped = ready;
   }
   if (threadIdx.x == 0) {
-    // Never 0, the tables' first contents; a stale word holds the previous call's number.
+    // Never 0, the tables' first contents; a stale word holds the previous call's number, but for
+    // a column past the experts of every call since it was written: after 2^32 - 1 calls of this
+    // block its number can come round, and a call with more experts would read it as current
+    // (bench/NOTES.md, thirty-ninth session, names the fix: rewrite every column once written).
     call = calls_before + 1 == 0 ? 1 : calls_before + 1;
     own_signal(s)->ep_calls[blockIdx.x] = call;
   }
@@ -528,7 +531,7 @@ __global__ void __launch_bounds__(kDispatchThreads) ep_dispatch(Sync s, const Pe
     *reinterpret_cast<volatile uint64_t*>(&signal_at[q]->ep_table[blockIdx.x][s.rank][col < E ? col : kMaxExperts]) =
         uint64_t(stamp) << 32 | value;
   }
-  __syncthreads();  // counts[] is rewritten below
+  __syncthreads();  // counts[] is rewritten below, and this block's own row is read back
   const auto& all = signal_at[s.rank]->ep_table[blockIdx.x];
   const bool writer = blockIdx.x == 0;  // of the outputs the handle keeps; every block computes them
   // Every rank sees every fingerprint, so every rank stops alike, before any row moves. The

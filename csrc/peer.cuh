@@ -108,8 +108,8 @@ struct Signal {
   // EP dispatch's counts tables (csrc/ep.cu's ep_dispatch), one per block of its grid (at most
   // grid_blocks <= kGridBlocks): ep_table[b][p] written by peer p's block b, its counts per expert
   // and its fingerprint in the last column, each word stamped with the call's number. 4 MiB in
-  // all (docs/memory.md). On lines of their own: peers write them while this rank's blocks spin on
-  // the words above.
+  // all (docs/memory.md). Apart from the flags above: peers write the tables while this rank's
+  // blocks spin on those.
   alignas(128) uint64_t ep_table[kGridBlocks][kMaxRanks][SYMCOMM_EP_MAX_EXPERTS + 1];
 };
 

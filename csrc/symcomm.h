@@ -99,10 +99,10 @@ typedef struct symcomm_ar_ctx* symcomm_ar_t;
 /*
  * Why a context's kernels stopped: the word symcomm_ar_alarm points at holds 0 while the
  * context is healthy, else (kind << 32) | (phase << 16) | peer. phase: 0, 1, 2 for the start,
- * middle and end barrier (2 also for a meeting of every block of every rank), 3 for the
- * flag-free kernel's data, 4 for a meeting's wait for a block of the rank's own grid (then peer
- * is the rank itself). Once set it stays set, and every
- * later kernel of the context returns at once without writing its output.
+ * middle and end barrier (1 also for the MoE dispatch's wait for every peer's counts, 2 for a
+ * meeting of every block of every rank), 3 for the flag-free kernel's data, 4 for a meeting's
+ * wait for a block of the rank's own grid (then peer is the rank itself). Once set it stays set,
+ * and every later kernel of the context returns at once without writing its output.
  */
 enum {
   SYMCOMM_AR_ABORT_TIMEOUT = 1,      /* peer `peer` did not arrive within timeout_s */
@@ -507,7 +507,7 @@ typedef struct {
 } symcomm_ep_dispatch_args_t;
 
 /* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (a bounded
- * barrier; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH before any row
+ * wait for every peer's stamped counts; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH before any row
  * moves), places this rank's entries, then writes each token (quantized per quant) into the
  * receive buffers of the ranks holding its experts, with its origin in their recv_src and its
  * group and weight in their recv_group, and meets

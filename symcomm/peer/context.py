@@ -49,8 +49,8 @@ def default_flagfree_bytes(world_size: int) -> int:
 DEFAULT_GRAPH_SLOTS = 4096
 # symcomm.h's SYMCOMM_AR_ABORT_* kinds and phases, for the alarm's message.
 ABORT_TIMEOUT, ABORT_UNREGISTERED, ABORT_CLOSED, ABORT_MISMATCH = 1, 2, 3, 4
-ABORT_PHASES = ("start barrier", "middle barrier", "end barrier", "wait for its data",
-                "wait for its own blocks (perhaps one could not start: too few SMs free)")
+ABORT_PHASES = ("start barrier", "middle barrier (a MoE dispatch: the counts exchange)", "end barrier",
+                "wait for its data", "wait for its own blocks (perhaps one could not start: too few SMs free)")
 
 
 def handle_ints(raw: bytes) -> list[int]:
