@@ -6,30 +6,29 @@
 // per expert and numbers them in token order, writes this rank's counts row into every rank's
 // counts table of its block index (context memory, in the Signal blocks), each word stamped with
 // the call's number, and waits until every peer's row of its own table carries the stamp (the
-// meeting, kMid: every rank got here only after finishing its earlier work, so the pool buffers
-// the rows go to are free). Each block then turns the table
-// into rows: each entry's row on its destination (send_rows), and, in block 0, this rank's receive
-// layout, a copy of the table in the handle, and -1 in the padding rows of its recv_src. Then the
-// blocks write every token, quantized on the way, into the receive buffers of its entries' ranks,
-// with its origin in their recv_src, and meet the peers again (kEnd): when that completes on a
-// rank, every peer's block b has arrived after its writes for every b, so everything sent there
-// has landed. Past kDedupFromBytes of rows a token's row crosses once to each peer rank instead, and
-// after a meeting of every block the receiver copies it into that token's other rows there
-// (expand_duplicates).
+// meeting, kMid: every rank got here only after finishing its earlier work, so the pool buffers the
+// rows go to are free). Each block then turns the table into rows: each entry's row on its
+// destination (send_rows), and, in block 0, this rank's receive layout, a copy of the table in the
+// handle, and -1 in the padding rows of its recv_src. Then the blocks write every token, quantized
+// on the way, into the receive buffers of its entries' ranks, with its origin in their recv_src,
+// and meet the peers again (kEnd): when that completes on a rank, every peer's block b has arrived
+// after its writes for every b, so everything sent there has landed. Past kDedupFromBytes of rows a
+// token's row crosses once to each peer rank instead, and after a meeting of every block the
+// receiver copies it into that token's other rows there (expand_duplicates).
 //
 // Dispatch also lists, on every rank, each source token's rows there with their top-k weights
 // (recv_group, symcomm/ep/layout.py's groups). Combine is one launch, ep_combine (many blocks). It
 // meets the peers first, because the owners of the tokens must have finished adding the previous
 // combine's partials, which they read from the buffer this call writes; that start barrier is
 // skipped when a dispatch ran since the last combine, since the dispatch's meetings with the peers
-// already proved it (every rank reached them only after finishing the combine before). The flag that records a
-// dispatch (ep_dispatched) is the peer-push paths' own: an a2a dispatch leaves it alone, and an a2a
-// combine never reads `returned`. It adds up each listed group of expert_out rows in slot order,
-// weighted, in fp32, and writes the rounded partial (FP8-quantized on the way) into the owner's
-// returned buffer, one row a token and rank; meets every block of every peer (meet_all_blocks: a
-// block sums tokens whose partials any peer block may have sent; the meeting's flags carry each
-// rank's combine_mark, so ranks that passed another quant or dtype stop there, before any sum);
-// and adds each token's partials in rank order, in fp32.
+// already proved it (every rank reached them only after finishing the combine before). The flag
+// that records a dispatch (ep_dispatched) is the peer-push paths' own: an a2a dispatch leaves it
+// alone, and an a2a combine never reads `returned`. It adds up each listed group of expert_out rows
+// in slot order, weighted, in fp32, and writes the rounded partial (FP8-quantized on the way) into
+// the owner's returned buffer, one row a token and rank; meets every block of every peer
+// (meet_all_blocks: a block sums tokens whose partials any peer block may have sent; the meeting's
+// flags carry each rank's combine_mark, so ranks that passed another quant or dtype stop there,
+// before any sum); and adds each token's partials in rank order, in fp32.
 //
 // No count ever reaches the host: the grids follow max_tokens and capacity, equal on every rank,
 // and the kernels read the counts on the device, so every launch can be captured in a graph.

@@ -507,12 +507,11 @@ typedef struct {
 } symcomm_ep_dispatch_args_t;
 
 /* Dispatch: exchanges every rank's per-expert counts and the fingerprint of its sizes (a bounded
- * wait for every peer's stamped counts; ranks whose fingerprints differ all stop with SYMCOMM_AR_ABORT_MISMATCH before any row
- * moves), places this rank's entries, then writes each token (quantized per quant) into the
- * receive buffers of the ranks holding its experts, with its origin in their recv_src and its
- * group and weight in their recv_group, and meets
- * the peers again. When it completes on a rank, every row sent to that rank has landed. One
- * launch. */
+ * wait for every peer's stamped counts; ranks whose fingerprints differ all stop with
+ * SYMCOMM_AR_ABORT_MISMATCH before any row moves), places this rank's entries, then writes each
+ * token (quantized per quant) into the receive buffers of the ranks holding its experts, with its
+ * origin in their recv_src and its group and weight in their recv_group, and meets the peers again.
+ * When it completes on a rank, every row sent to that rank has landed. One launch. */
 symcomm_status_t symcomm_ep_dispatch(symcomm_ar_t ctx, const symcomm_ep_dispatch_args_t* args,
                                      symcomm_stream_t stream);
 
